@@ -1,0 +1,97 @@
+//! The admin HTTP server: `/healthz` (the process is alive) and `/readyz` (the database and
+//! the broker are reachable), on a loopback port from settings.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json};
+use axum::routing::get;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// One dependency readiness depends on: `Ok` when reachable, else why not.
+pub trait ReadinessCheck: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>>;
+}
+
+#[derive(Clone)]
+pub struct AdminState {
+    checks: Arc<Vec<Box<dyn ReadinessCheck>>>,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.checks.iter().map(|c| c.name()).collect();
+        f.debug_struct("AdminState")
+            .field("checks", &names)
+            .finish()
+    }
+}
+
+impl AdminState {
+    pub fn new(checks: Vec<Box<dyn ReadinessCheck>>) -> Self {
+        Self {
+            checks: Arc::new(checks),
+        }
+    }
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+/// Binds the admin port (failing at start, with the address, when it is taken) and serves
+/// until `shutdown` fires.
+pub async fn serve(
+    listen: SocketAddr,
+    state: AdminState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<impl std::future::Future<Output = std::io::Result<()>>> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("the admin server cannot listen on {listen}: {e}"))?;
+    tracing::info!(%listen, "admin server listening");
+    Ok(axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .into_future())
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// How long one dependency may take to answer a readiness check.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    let mut ready = true;
+    let mut body = serde_json::Map::new();
+    for check in state.checks.iter() {
+        let result = match tokio::time::timeout(CHECK_TIMEOUT, check.check()).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {CHECK_TIMEOUT:?}")),
+        };
+        let value = match result {
+            Ok(()) => json!({"status": "up"}),
+            Err(why) => {
+                ready = false;
+                json!({"status": "down", "error": why})
+            }
+        };
+        body.insert(check.name().to_string(), value);
+    }
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(json!({"ready": ready, "checks": body})))
+}

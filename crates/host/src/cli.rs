@@ -1,0 +1,45 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// The worker host: runs this installation's background jobs against RabbitMQ, PostgreSQL,
+/// IMAP and SMTP.
+///
+/// Settings come from one TOML file (`config/worker-host.toml` unless `--config` or
+/// WORKER_HOST_CONFIG names another); any key can be overridden from the environment as
+/// WORKER_HOST__SECTION__KEY, e.g. WORKER_HOST__DATABASE__PORT=5433. See
+/// config/worker-host.example.toml for every key.
+///
+/// Exit codes: 0 done, 64 bad usage or settings, 69 a server stayed unreachable, 70 other failure.
+#[derive(Debug, Parser)]
+#[command(name = "worker-host", version, about, long_about)]
+pub struct Cli {
+    /// The settings file.
+    #[arg(long, global = true, env = "WORKER_HOST_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the host until SIGTERM or SIGINT (the default): reach the database and the broker,
+    /// apply migrations unless `database.migrate_on_start = false`, serve the admin endpoints.
+    Run,
+    /// Apply the database migrations that have not been applied yet, then exit.
+    Migrate,
+    /// Inspect the settings.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Validate the settings, then print the effective settings with every secret redacted.
+    Check,
+}

@@ -1,0 +1,920 @@
+//! The settings tree: one TOML file, every key overridable from the environment as
+//! `WORKER_HOST__SECTION__KEY`, validated as a whole before anything starts.
+//!
+//! Loading goes: defaults → the TOML file → the environment → secrets from `*_file` keys →
+//! validation. Every error names the file, the key and what was expected.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use worker_core::RetryPolicy;
+
+use crate::secret::Secret;
+
+/// The settings file used when neither `--config` nor `WORKER_HOST_CONFIG` names one.
+pub const DEFAULT_PATH: &str = "config/worker-host.toml";
+/// The prefix of environment overrides; levels are separated by a double underscore.
+pub const ENV_PREFIX: &str = "WORKER_HOST__";
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Which client installation this host serves; a resource attribute of every trace.
+    pub installation: String,
+    pub database: DatabaseSettings,
+    pub broker: BrokerSettings,
+    pub smtp: SmtpSettings,
+    pub imap: ImapSettings,
+    pub telemetry: TelemetrySettings,
+    pub admin: AdminSettings,
+    pub workers: WorkersSettings,
+    pub jobs: JobsSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            installation: "local".into(),
+            database: DatabaseSettings::default(),
+            broker: BrokerSettings::default(),
+            smtp: SmtpSettings::default(),
+            imap: ImapSettings::default(),
+            telemetry: TelemetrySettings::default(),
+            admin: AdminSettings::default(),
+            workers: WorkersSettings::default(),
+            jobs: JobsSettings::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub host: String,
+    pub port: u16,
+    pub name: String,
+    pub username: String,
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    pub max_connections: u32,
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// Attempts to reach the database at start before giving up.
+    pub connect_attempts: u32,
+    pub migrate_on_start: bool,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 5432,
+            name: "worker_host".into(),
+            username: "worker_host".into(),
+            password: None,
+            password_file: None,
+            max_connections: 20,
+            acquire_timeout: Duration::from_secs(10),
+            connect_attempts: 10,
+            migrate_on_start: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerSettings {
+    pub host: String,
+    pub port: u16,
+    pub vhost: String,
+    pub username: String,
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Attempts to reach the broker at start before giving up.
+    pub connect_attempts: u32,
+}
+
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 5672,
+            vhost: "/".into(),
+            username: "guest".into(),
+            password: None,
+            password_file: None,
+            heartbeat: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            connect_attempts: 10,
+        }
+    }
+}
+
+/// How a mail connection is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Security {
+    /// No encryption: for a server on loopback only.
+    Plain,
+    /// Plain connect, then upgrade with STARTTLS (refusing to go on without it).
+    Starttls,
+    /// TLS from the first byte.
+    Tls,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpSettings {
+    pub host: String,
+    pub port: u16,
+    pub security: Security,
+    /// Leave empty for a server that takes mail without logging in.
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    /// The sender of mail that does not name one.
+    pub from: String,
+    /// Connections kept open to the server.
+    pub pool_size: u32,
+}
+
+impl Default for SmtpSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 2525,
+            security: Security::Plain,
+            username: None,
+            password: None,
+            password_file: None,
+            from: "worker-host@localhost".into(),
+            pool_size: 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImapSettings {
+    pub accounts: Vec<ImapAccount>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImapAccount {
+    /// A short name for logs, metrics and the poll state.
+    pub name: String,
+    #[serde(default = "default_imap_host")]
+    pub host: String,
+    #[serde(default = "default_imap_port")]
+    pub port: u16,
+    #[serde(default = "default_imap_security")]
+    pub security: Security,
+    pub username: String,
+    #[serde(default)]
+    pub password: Option<Secret>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    #[serde(default = "default_mailbox")]
+    pub mailbox: String,
+}
+
+fn default_imap_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_imap_port() -> u16 {
+    10143
+}
+fn default_imap_security() -> Security {
+    Security::Plain
+}
+fn default_mailbox() -> String {
+    "INBOX".into()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySettings {
+    pub log_format: LogFormat,
+    /// A tracing filter (`info`, `worker_broker=debug,info`); `RUST_LOG` wins when set.
+    pub log_level: String,
+    /// The OTLP/HTTP endpoint (`http://127.0.0.1:4318`); traces are exported only when set.
+    pub otlp_endpoint: Option<String>,
+    pub service_name: String,
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: Duration,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            log_format: LogFormat::Human,
+            log_level: "info".into(),
+            otlp_endpoint: None,
+            service_name: "worker-host".into(),
+            export_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSettings {
+    pub enabled: bool,
+    /// Where `/healthz`, `/readyz` and the other admin endpoints listen; keep it on loopback.
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9180)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkersSettings {
+    /// How long a graceful shutdown may take before work in flight is abandoned.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// How long processed-message marks are kept: longer than any retry tier or replay.
+    #[serde(with = "humantime_serde")]
+    pub dedup_retention: Duration,
+    /// The in-process retry policy of every job that does not set its own.
+    pub retry: RetryPolicy,
+    pub timeouts: TimeoutSettings,
+}
+
+impl Default for WorkersSettings {
+    fn default() -> Self {
+        Self {
+            shutdown_grace: Duration::from_secs(30),
+            dedup_retention: Duration::from_secs(7 * 24 * 3600),
+            retry: RetryPolicy::default(),
+            timeouts: TimeoutSettings::default(),
+        }
+    }
+}
+
+/// The shared timeouts of seed 000: 30 s for automation, health and draft work, 60 s for an
+/// email send and an IMAP account connect, 15 to 30 s for narrower per-item work.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimeoutSettings {
+    #[serde(with = "humantime_serde")]
+    pub automation: Duration,
+    #[serde(with = "humantime_serde")]
+    pub health: Duration,
+    #[serde(with = "humantime_serde")]
+    pub draft: Duration,
+    #[serde(with = "humantime_serde")]
+    pub email_send: Duration,
+    #[serde(with = "humantime_serde")]
+    pub imap_connect: Duration,
+    /// One inbound message: fetch, parse and store.
+    #[serde(with = "humantime_serde")]
+    pub imap_message: Duration,
+    /// One outbox batch: publish with confirms and mark.
+    #[serde(with = "humantime_serde")]
+    pub outbox_batch: Duration,
+    /// One webhook call of an automation action.
+    #[serde(with = "humantime_serde")]
+    pub webhook: Duration,
+}
+
+impl Default for TimeoutSettings {
+    fn default() -> Self {
+        Self {
+            automation: Duration::from_secs(30),
+            health: Duration::from_secs(30),
+            draft: Duration::from_secs(30),
+            email_send: Duration::from_secs(60),
+            imap_connect: Duration::from_secs(60),
+            imap_message: Duration::from_secs(30),
+            outbox_batch: Duration::from_secs(30),
+            webhook: Duration::from_secs(15),
+        }
+    }
+}
+
+/// When a timer job ticks: `every 5s` (any humantime duration) or a cron expression with
+/// optional seconds (`0 */5 * * * *`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Schedule {
+    Every(Duration),
+    Cron(String),
+}
+
+impl Schedule {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Some(interval) = text.strip_prefix("every ") {
+            let every = humantime::parse_duration(interval.trim()).map_err(|e| {
+                format!("`{text}`: the interval is not a duration like `5s` or `2m` ({e})")
+            })?;
+            if every.is_zero() {
+                return Err(format!("`{text}`: the interval must be longer than zero"));
+            }
+            return Ok(Self::Every(every));
+        }
+        crate::schedule::parse_cron(text)
+            .map(|_| Self::Cron(text.to_string()))
+            .map_err(|e| {
+                format!("`{text}` is neither `every <duration>` nor a valid cron expression: {e}")
+            })
+    }
+}
+
+impl TryFrom<String> for Schedule {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<Schedule> for String {
+    fn from(schedule: Schedule) -> Self {
+        schedule.to_string()
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Every(every) => write!(f, "every {}", humantime::format_duration(*every)),
+            Self::Cron(expr) => f.write_str(expr),
+        }
+    }
+}
+
+/// The settings of one RabbitMQ consumer job.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerJobSettings {
+    pub queue: String,
+    /// Deliveries the broker sends ahead of acks.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: u16,
+    /// Handlers in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Deliveries (across parks in retry tiers) before a message is dead-lettered `gave-up`.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// One handler try; unset means the shared timeout of its kind.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timeout: Option<Duration>,
+    /// The in-process retry; unset means `workers.retry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+}
+
+fn default_prefetch() -> u16 {
+    50
+}
+fn default_concurrency() -> u32 {
+    8
+}
+fn default_max_attempts() -> u32 {
+    5
+}
+
+impl ConsumerJobSettings {
+    fn named(queue: &str) -> Self {
+        Self {
+            queue: queue.into(),
+            prefetch: default_prefetch(),
+            concurrency: default_concurrency(),
+            max_attempts: default_max_attempts(),
+            timeout: None,
+            retry: None,
+        }
+    }
+}
+
+/// The settings of one timer job.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerJobSettings {
+    pub schedule: Schedule,
+    /// One tick; unset means the shared timeout of its kind.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timeout: Option<Duration>,
+    /// Rows or items handled per tick, where the job works in batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
+}
+
+impl TimerJobSettings {
+    fn every(every: Duration, batch_size: Option<u32>) -> Self {
+        Self {
+            schedule: Schedule::Every(every),
+            timeout: None,
+            batch_size,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobsSettings {
+    pub automation_trigger: ConsumerJobSettings,
+    pub automation_action: ConsumerJobSettings,
+    pub email_send: ConsumerJobSettings,
+    pub outbox_drain: TimerJobSettings,
+    pub inbound_email_poller: TimerJobSettings,
+    pub db_health: TimerJobSettings,
+    pub draft_expiry: TimerJobSettings,
+}
+
+impl Default for JobsSettings {
+    fn default() -> Self {
+        Self {
+            automation_trigger: ConsumerJobSettings::named("automation.trigger"),
+            automation_action: ConsumerJobSettings::named("automation.action"),
+            email_send: ConsumerJobSettings::named("email.send"),
+            outbox_drain: TimerJobSettings::every(Duration::from_secs(1), Some(500)),
+            inbound_email_poller: TimerJobSettings::every(Duration::from_secs(10), Some(100)),
+            db_health: TimerJobSettings::every(Duration::from_secs(5), None),
+            draft_expiry: TimerJobSettings::every(Duration::from_secs(60), Some(1000)),
+        }
+    }
+}
+
+/// A settings file, or the environment, that cannot be used; names where and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingsError {
+    /// The file the offending value came from, when it came from one.
+    pub source: Option<String>,
+    /// The dotted key (`database.port`), empty for the file as a whole.
+    pub key: String,
+    /// What was wrong and what was expected.
+    pub problem: String,
+}
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(source) = &self.source {
+            write!(f, "{source}: ")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, "key `{}`: ", self.key)?;
+        }
+        f.write_str(&self.problem)
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+/// Where the settings come from.
+#[derive(Debug, Clone)]
+pub struct SettingsSource {
+    pub path: PathBuf,
+    /// True when the path was asked for (by flag or variable): a missing file is then an
+    /// error, where a missing default file only means "defaults and environment".
+    pub explicit: bool,
+}
+
+impl Settings {
+    /// Loads, resolves secrets and validates. `env` is the environment to read overrides
+    /// from (the process's in production, a fixed list in tests).
+    pub fn load(
+        source: &SettingsSource,
+        env: &[(String, String)],
+    ) -> Result<Self, Vec<SettingsError>> {
+        let path_text = source.path.display().to_string();
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        if source.path.exists() {
+            if let Err(e) = std::fs::read_to_string(&source.path) {
+                return Err(vec![SettingsError {
+                    source: Some(path_text),
+                    key: String::new(),
+                    problem: format!("cannot be read: {e}"),
+                }]);
+            }
+            figment = figment.merge(Toml::file_exact(&source.path));
+        } else if source.explicit {
+            return Err(vec![SettingsError {
+                source: Some(path_text),
+                key: String::new(),
+                problem: "no such settings file".into(),
+            }]);
+        }
+        // The environment is handed in rather than read here, so that tests need no
+        // `set_var`; values are parsed as figment parses environment variables.
+        let mut overridden = Vec::new();
+        for (var, value) in env {
+            if let Some(key) = env_key(var) {
+                let value: figment::value::Value =
+                    value.parse().unwrap_or_else(|_| value.clone().into());
+                figment = figment.merge(Serialized::default(&key, value));
+                overridden.push(key);
+            }
+        }
+        let mut settings: Settings = figment
+            .extract()
+            .map_err(|e| from_figment(e, &path_text, &overridden))?;
+        let mut errors = Vec::new();
+        settings.resolve_secrets(&path_text, &mut errors);
+        settings.validate(&path_text, &mut errors);
+        if errors.is_empty() {
+            Ok(settings)
+        } else {
+            Err(errors)
+        }
+    }
+
+    fn resolve_secrets(&mut self, file: &str, errors: &mut Vec<SettingsError>) {
+        resolve(
+            file,
+            "database",
+            &mut self.database.password,
+            &self.database.password_file,
+            true,
+            errors,
+        );
+        resolve(
+            file,
+            "broker",
+            &mut self.broker.password,
+            &self.broker.password_file,
+            true,
+            errors,
+        );
+        let smtp_needs = self.smtp.username.is_some();
+        resolve(
+            file,
+            "smtp",
+            &mut self.smtp.password,
+            &self.smtp.password_file,
+            smtp_needs,
+            errors,
+        );
+        for (i, account) in self.imap.accounts.iter_mut().enumerate() {
+            let section = format!("imap.accounts[{i}]");
+            resolve(
+                file,
+                &section,
+                &mut account.password,
+                &account.password_file,
+                true,
+                errors,
+            );
+        }
+    }
+
+    fn validate(&self, file: &str, errors: &mut Vec<SettingsError>) {
+        let mut fail = |key: &str, problem: String| {
+            errors.push(SettingsError {
+                source: Some(file.to_string()),
+                key: key.to_string(),
+                problem,
+            })
+        };
+        if self.installation.trim().is_empty() {
+            fail(
+                "installation",
+                "expected the name of this client installation, found an empty string".into(),
+            );
+        }
+        for (key, port) in [
+            ("database.port", self.database.port),
+            ("broker.port", self.broker.port),
+            ("smtp.port", self.smtp.port),
+        ] {
+            if port == 0 {
+                fail(
+                    key,
+                    "expected a port number from 1 to 65535, found 0".into(),
+                );
+            }
+        }
+        for (key, value) in [
+            ("database.max_connections", self.database.max_connections),
+            ("database.connect_attempts", self.database.connect_attempts),
+            ("broker.connect_attempts", self.broker.connect_attempts),
+            ("smtp.pool_size", self.smtp.pool_size),
+        ] {
+            if value == 0 {
+                fail(key, "expected a positive number, found 0".into());
+            }
+        }
+        let mut durations: Vec<(String, Duration)> = vec![
+            (
+                "database.acquire_timeout".into(),
+                self.database.acquire_timeout,
+            ),
+            ("broker.heartbeat".into(), self.broker.heartbeat),
+            ("broker.connect_timeout".into(), self.broker.connect_timeout),
+            (
+                "telemetry.export_timeout".into(),
+                self.telemetry.export_timeout,
+            ),
+            ("workers.shutdown_grace".into(), self.workers.shutdown_grace),
+            (
+                "workers.dedup_retention".into(),
+                self.workers.dedup_retention,
+            ),
+            (
+                "workers.retry.max_delay".into(),
+                self.workers.retry.max_delay,
+            ),
+            (
+                "workers.timeouts.automation".into(),
+                self.workers.timeouts.automation,
+            ),
+            (
+                "workers.timeouts.health".into(),
+                self.workers.timeouts.health,
+            ),
+            ("workers.timeouts.draft".into(), self.workers.timeouts.draft),
+            (
+                "workers.timeouts.email_send".into(),
+                self.workers.timeouts.email_send,
+            ),
+            (
+                "workers.timeouts.imap_connect".into(),
+                self.workers.timeouts.imap_connect,
+            ),
+            (
+                "workers.timeouts.imap_message".into(),
+                self.workers.timeouts.imap_message,
+            ),
+            (
+                "workers.timeouts.outbox_batch".into(),
+                self.workers.timeouts.outbox_batch,
+            ),
+            (
+                "workers.timeouts.webhook".into(),
+                self.workers.timeouts.webhook,
+            ),
+        ];
+        if let Err(problem) = self.workers.retry.validate() {
+            fail("workers.retry", problem);
+        }
+        for (name, job) in self.jobs.consumers() {
+            if job.queue.trim().is_empty() {
+                fail(
+                    &format!("jobs.{name}.queue"),
+                    "expected a queue name, found an empty string".into(),
+                );
+            }
+            for (field, value) in [
+                ("prefetch", u32::from(job.prefetch)),
+                ("concurrency", job.concurrency),
+                ("max_attempts", job.max_attempts),
+            ] {
+                if value == 0 {
+                    fail(
+                        &format!("jobs.{name}.{field}"),
+                        "expected a positive number, found 0".into(),
+                    );
+                }
+            }
+            if let Some(timeout) = job.timeout {
+                durations.push((format!("jobs.{name}.timeout"), timeout));
+            }
+            if let Some(retry) = &job.retry {
+                if let Err(problem) = retry.validate() {
+                    fail(&format!("jobs.{name}.retry"), problem);
+                }
+                durations.push((format!("jobs.{name}.retry.max_delay"), retry.max_delay));
+            }
+        }
+        for (name, job) in self.jobs.timers() {
+            if let Some(timeout) = job.timeout {
+                durations.push((format!("jobs.{name}.timeout"), timeout));
+            }
+            if job.batch_size == Some(0) {
+                fail(
+                    &format!("jobs.{name}.batch_size"),
+                    "expected a positive number, found 0".into(),
+                );
+            }
+        }
+        for (key, duration) in durations {
+            if duration.is_zero() {
+                fail(
+                    &key,
+                    "expected a duration longer than zero (like `30s`), found 0".into(),
+                );
+            }
+        }
+        for (i, account) in self.imap.accounts.iter().enumerate() {
+            if account.name.trim().is_empty() {
+                fail(
+                    &format!("imap.accounts[{i}].name"),
+                    "expected a short account name, found an empty string".into(),
+                );
+            }
+            if account.port == 0 {
+                fail(
+                    &format!("imap.accounts[{i}].port"),
+                    "expected a port number from 1 to 65535, found 0".into(),
+                );
+            }
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            fail(
+                "telemetry.otlp_endpoint",
+                format!("expected an http:// or https:// URL, found `{endpoint}`"),
+            );
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level) {
+            fail(
+                "telemetry.log_level",
+                format!("expected a level or tracing filter like `info`: {e}"),
+            );
+        }
+    }
+
+    /// The effective settings as TOML, with every secret redacted.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("# the settings could not be printed: {e}\n"))
+    }
+}
+
+impl JobsSettings {
+    pub fn consumers(&self) -> [(&'static str, &ConsumerJobSettings); 3] {
+        [
+            ("automation_trigger", &self.automation_trigger),
+            ("automation_action", &self.automation_action),
+            ("email_send", &self.email_send),
+        ]
+    }
+
+    pub fn timers(&self) -> [(&'static str, &TimerJobSettings); 4] {
+        [
+            ("outbox_drain", &self.outbox_drain),
+            ("inbound_email_poller", &self.inbound_email_poller),
+            ("db_health", &self.db_health),
+            ("draft_expiry", &self.draft_expiry),
+        ]
+    }
+}
+
+/// `WORKER_HOST__JOBS__OUTBOX_DRAIN__BATCH_SIZE` → `jobs.outbox_drain.batch_size`.
+fn env_key(var: &str) -> Option<String> {
+    let rest = var.strip_prefix(ENV_PREFIX)?;
+    (!rest.is_empty()).then(|| {
+        rest.split("__")
+            .map(str::to_ascii_lowercase)
+            .collect::<Vec<_>>()
+            .join(".")
+    })
+}
+
+/// The environment variable that overrides a dotted key.
+fn env_var_for(key: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        key.replace('.', "__").to_ascii_uppercase()
+    )
+}
+
+fn resolve(
+    file: &str,
+    section: &str,
+    password: &mut Option<Secret>,
+    password_file: &Option<PathBuf>,
+    required: bool,
+    errors: &mut Vec<SettingsError>,
+) {
+    let key = format!("{section}.password_file");
+    match (password.as_ref(), password_file) {
+        (Some(_), Some(_)) => errors.push(SettingsError {
+            source: Some(file.to_string()),
+            key,
+            problem: format!(
+                "set either `{section}.password` or `{section}.password_file`, not both"
+            ),
+        }),
+        (None, Some(path)) => match Secret::from_file(path) {
+            Ok(secret) => *password = Some(secret),
+            Err(e) => errors.push(SettingsError {
+                source: Some(file.to_string()),
+                key,
+                problem: format!(
+                    "expected a readable file holding the secret, but {} cannot be read: {e}",
+                    path.display()
+                ),
+            }),
+        },
+        (None, None) if required => {
+            let env = env_var_for(&format!("{section}.password"));
+            errors.push(SettingsError {
+                source: Some(file.to_string()),
+                key: format!("{section}.password"),
+                problem: format!(
+                    "missing secret: expected `{section}.password`, the environment variable {env}, or `{section}.password_file`"
+                ),
+            })
+        }
+        _ => {}
+    }
+}
+
+fn from_figment(error: figment::Error, file: &str, overridden: &[String]) -> Vec<SettingsError> {
+    error
+        .into_iter()
+        .map(|e| {
+            let key = e
+                .path
+                .iter()
+                .filter(|p| p.as_str() != "default")
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(".");
+            let from_env = overridden
+                .iter()
+                .any(|o| *o == key || key.starts_with(&format!("{o}.")));
+            let source = match e.metadata.as_ref().and_then(|m| m.source.as_ref()) {
+                Some(figment::Source::File(path)) => path.display().to_string(),
+                _ if from_env => format!("environment variable {}", env_var_for(&key)),
+                _ => file.to_string(),
+            };
+            let source = Some(source);
+            let problem = describe_kind(&e.kind, &key);
+            SettingsError {
+                source,
+                key,
+                problem,
+            }
+        })
+        .collect()
+}
+
+fn describe_kind(kind: &figment::error::Kind, key: &str) -> String {
+    use figment::error::Kind;
+    match kind {
+        Kind::UnknownField(field, expected) => {
+            let full = if key.is_empty() {
+                field.clone()
+            } else {
+                format!("{key}.{field}")
+            };
+            format!(
+                "unknown key `{full}`; expected one of: {}",
+                expected.join(", ")
+            )
+        }
+        Kind::MissingField(field) => format!("missing key `{field}`"),
+        Kind::InvalidType(actual, expected) => format!("expected {expected}, found {actual}"),
+        Kind::InvalidValue(actual, expected) => format!("expected {expected}, found {actual}"),
+        Kind::InvalidLength(len, expected) => format!("expected {expected}, found {len} elements"),
+        Kind::UnknownVariant(found, expected) => {
+            format!("expected one of {}, found `{found}`", expected.join(", "))
+        }
+        Kind::Message(message) => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The settings path from `--config` (or `WORKER_HOST_CONFIG`, which clap folds into the
+/// flag), else the default.
+pub fn source_from(flag: Option<&Path>) -> SettingsSource {
+    match flag {
+        Some(path) => SettingsSource {
+            path: path.to_path_buf(),
+            explicit: true,
+        },
+        None => SettingsSource {
+            path: PathBuf::from(DEFAULT_PATH),
+            explicit: false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,310 @@
+use super::*;
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> SettingsSource {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    SettingsSource {
+        path,
+        explicit: true,
+    }
+}
+
+const SECRETS: &str = "[database]\npassword = \"pw\"\n[broker]\npassword = \"guest\"\n";
+
+fn load_text(text: &str) -> Result<Settings, Vec<SettingsError>> {
+    let dir = tempfile::tempdir().unwrap();
+    let source = write(&dir, "worker-host.toml", text);
+    Settings::load(&source, &[])
+}
+
+fn only_error(text: &str) -> SettingsError {
+    let errors = load_text(text).expect_err("the settings should be rejected");
+    assert_eq!(errors.len(), 1, "expected one error, got {errors:?}");
+    errors.into_iter().next().unwrap()
+}
+
+#[test]
+fn minimal_file_with_secrets_loads_with_defaults() {
+    let settings = load_text(SECRETS).unwrap();
+    assert_eq!(settings.database.port, 5432);
+    assert_eq!(
+        settings.workers.timeouts.email_send,
+        Duration::from_secs(60)
+    );
+    assert_eq!(
+        settings.workers.timeouts.automation,
+        Duration::from_secs(30)
+    );
+    assert_eq!(settings.jobs.email_send.queue, "email.send");
+    assert_eq!(settings.database.password.as_ref().unwrap().expose(), "pw");
+}
+
+#[test]
+fn an_unknown_key_is_named_with_its_file() {
+    let text = "[database]\npassword = \"pw\"\nprot = 5433\n[broker]\npassword = \"guest\"\n";
+    let error = only_error(text);
+    assert!(error.to_string().contains("prot"), "{error}");
+    assert!(error.to_string().contains("worker-host.toml"), "{error}");
+    assert!(error.problem.contains("unknown key"), "{error}");
+}
+
+#[test]
+fn a_wrong_type_names_the_key_and_the_expected_type() {
+    let error = only_error(&format!("{SECRETS}[smtp]\nport = \"twenty-five\"\n"));
+    assert_eq!(error.key, "smtp.port", "{error}");
+    assert!(error.problem.contains("expected"), "{error}");
+    assert!(
+        error
+            .source
+            .as_deref()
+            .unwrap()
+            .ends_with("worker-host.toml"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_zero_duration_is_rejected() {
+    let error = only_error(&format!(
+        "{SECRETS}[workers.timeouts]\nemail_send = \"0s\"\n"
+    ));
+    assert_eq!(error.key, "workers.timeouts.email_send");
+    assert!(error.problem.contains("longer than zero"), "{error}");
+}
+
+#[test]
+fn a_negative_duration_is_rejected() {
+    let error = only_error(&format!("{SECRETS}[workers]\nshutdown_grace = \"-5s\"\n"));
+    assert_eq!(error.key, "workers.shutdown_grace", "{error}");
+}
+
+#[test]
+fn a_bad_cron_expression_is_rejected() {
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.draft_expiry]\nschedule = \"every tuesday-ish\"\n"
+    ));
+    assert_eq!(error.key, "jobs.draft_expiry.schedule", "{error}");
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.draft_expiry]\nschedule = \"99 * * * *\"\n"
+    ));
+    assert!(error.problem.contains("cron"), "{error}");
+}
+
+#[test]
+fn schedules_parse_as_intervals_or_cron() {
+    let settings =
+        load_text(&format!("{SECRETS}[jobs.draft_expiry]\nschedule = \"0 */5 * * * *\"\n[jobs.db_health]\nschedule = \"every 2s\"\n"))
+            .unwrap();
+    assert_eq!(
+        settings.jobs.draft_expiry.schedule,
+        Schedule::Cron("0 */5 * * * *".into())
+    );
+    assert_eq!(
+        settings.jobs.db_health.schedule,
+        Schedule::Every(Duration::from_secs(2))
+    );
+}
+
+#[test]
+fn a_missing_secret_names_the_key_and_the_ways_to_give_it() {
+    let error = only_error("[broker]\npassword = \"guest\"\n");
+    assert_eq!(error.key, "database.password");
+    assert!(
+        error.problem.contains("WORKER_HOST__DATABASE__PASSWORD"),
+        "{error}"
+    );
+    assert!(error.problem.contains("password_file"), "{error}");
+}
+
+#[test]
+fn an_unreadable_secret_file_is_rejected() {
+    let error = only_error(
+        "[database]\npassword_file = \"/nonexistent/db-password\"\n[broker]\npassword = \"guest\"\n",
+    );
+    assert_eq!(error.key, "database.password_file");
+    assert!(
+        error.problem.contains("/nonexistent/db-password"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_secret_file_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pw"), "from-file\n").unwrap();
+    let text = format!(
+        "[database]\npassword_file = \"{}\"\n[broker]\npassword = \"guest\"\n",
+        dir.path().join("pw").display()
+    );
+    let source = write(&dir, "s.toml", &text);
+    let settings = Settings::load(&source, &[]).unwrap();
+    assert_eq!(settings.database.password.unwrap().expose(), "from-file");
+}
+
+#[test]
+fn an_imap_account_needs_its_password() {
+    let error = only_error(&format!(
+        "{SECRETS}[[imap.accounts]]\nname = \"support\"\nusername = \"alice\"\n"
+    ));
+    assert_eq!(error.key, "imap.accounts[0].password");
+}
+
+#[test]
+fn the_environment_overrides_any_key() {
+    let env = vec![
+        (
+            "WORKER_HOST__DATABASE__PORT".to_string(),
+            "6543".to_string(),
+        ),
+        (
+            "WORKER_HOST__JOBS__OUTBOX_DRAIN__BATCH_SIZE".to_string(),
+            "42".to_string(),
+        ),
+        (
+            "WORKER_HOST__BROKER__PASSWORD".to_string(),
+            "from-env".to_string(),
+        ),
+        ("WORKER_HOST_CONFIG".to_string(), "ignored-here".to_string()),
+        ("UNRELATED".to_string(), "x".to_string()),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let source = write(&dir, "s.toml", "[database]\npassword = \"pw\"\n");
+    let settings = Settings::load(&source, &env).unwrap();
+    assert_eq!(settings.database.port, 6543);
+    assert_eq!(settings.jobs.outbox_drain.batch_size, Some(42));
+    assert_eq!(settings.broker.password.unwrap().expose(), "from-env");
+}
+
+#[test]
+fn a_bad_environment_value_names_the_variable() {
+    let env = vec![(
+        "WORKER_HOST__DATABASE__PORT".to_string(),
+        "lots".to_string(),
+    )];
+    let dir = tempfile::tempdir().unwrap();
+    let source = write(&dir, "s.toml", SECRETS);
+    let errors = Settings::load(&source, &env).unwrap_err();
+    assert_eq!(errors[0].key, "database.port");
+    assert!(
+        errors[0]
+            .to_string()
+            .contains("WORKER_HOST__DATABASE__PORT"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn a_missing_explicit_file_is_an_error_and_a_missing_default_is_not() {
+    let missing = SettingsSource {
+        path: "/nonexistent/worker-host.toml".into(),
+        explicit: true,
+    };
+    let errors = Settings::load(&missing, &[]).unwrap_err();
+    assert!(errors[0].problem.contains("no such settings file"));
+    let default = SettingsSource {
+        path: "/nonexistent/worker-host.toml".into(),
+        explicit: false,
+    };
+    let env = vec![
+        (
+            "WORKER_HOST__DATABASE__PASSWORD".to_string(),
+            "a".to_string(),
+        ),
+        ("WORKER_HOST__BROKER__PASSWORD".to_string(), "b".to_string()),
+    ];
+    assert!(Settings::load(&default, &env).is_ok());
+}
+
+#[test]
+fn broken_toml_names_the_file() {
+    let errors = load_text("[database\npassword = 1").unwrap_err();
+    assert!(
+        errors[0].to_string().contains("worker-host.toml"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn redacted_output_holds_no_secret() {
+    let text = "[database]\npassword = \"db-Secret-1\"\n[broker]\npassword = \"mq-Secret-2\"\n[smtp]\nusername = \"u\"\npassword = \"smtp-Secret-3\"\n[[imap.accounts]]\nname = \"a\"\nusername = \"alice\"\npassword = \"imap-Secret-4\"\n";
+    let settings = load_text(text).unwrap();
+    let printed = settings.to_redacted_toml();
+    let debug = format!("{settings:?}");
+    for secret in [
+        "db-Secret-1",
+        "mq-Secret-2",
+        "smtp-Secret-3",
+        "imap-Secret-4",
+    ] {
+        assert!(!printed.contains(secret), "{secret} printed");
+        assert!(!debug.contains(secret), "{secret} in Debug");
+    }
+    assert!(printed.contains(crate::secret::REDACTED));
+}
+
+/// The annotated example must hold every key, each at its default, so that it stays a true
+/// reference: parsing it gives exactly the defaults.
+#[test]
+fn the_annotated_example_lists_every_key_at_its_default() {
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/worker-host.example.toml");
+    let text = std::fs::read_to_string(&example).unwrap();
+    let parsed: toml::Value = toml::from_str(&text).unwrap();
+    let defaults = toml::Value::try_from(Settings::default()).unwrap();
+    let mut missing = Vec::new();
+    collect_missing("", &defaults, &parsed, &mut missing, false);
+    assert!(
+        missing.is_empty(),
+        "keys missing from the example: {missing:?}"
+    );
+
+    let source = SettingsSource {
+        path: example,
+        explicit: true,
+    };
+    let env = vec![
+        (
+            "WORKER_HOST__DATABASE__PASSWORD".to_string(),
+            "a".to_string(),
+        ),
+        ("WORKER_HOST__BROKER__PASSWORD".to_string(), "b".to_string()),
+    ];
+    let mut loaded = Settings::load(&source, &env).unwrap();
+    loaded.database.password = None;
+    loaded.broker.password = None;
+    let loaded = toml::Value::try_from(loaded).unwrap();
+    let mut differing = Vec::new();
+    collect_missing("", &defaults, &loaded, &mut differing, true);
+    assert!(
+        differing.is_empty(),
+        "keys whose example value is not the default: {differing:?}"
+    );
+}
+
+fn collect_missing(
+    prefix: &str,
+    defaults: &toml::Value,
+    example: &toml::Value,
+    missing: &mut Vec<String>,
+    compare: bool,
+) {
+    match (defaults, example) {
+        (toml::Value::Table(d), toml::Value::Table(e)) => {
+            for (key, value) in d {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                match e.get(key) {
+                    Some(found) => collect_missing(&path, value, found, missing, compare),
+                    None => missing.push(path),
+                }
+            }
+        }
+        (d, e) if compare && d != e => missing.push(format!("{prefix} (example {e}, default {d})")),
+        _ => {}
+    }
+}

@@ -1,0 +1,97 @@
+//! Logs and traces: tracing with a human or JSON format, and OpenTelemetry traces over
+//! OTLP/HTTP (protobuf) when an endpoint is set.
+//!
+//! Set up before the async runtime starts and shut down after it ends: the OTLP exporter
+//! runs its own blocking HTTP client on a thread of its own, which must not be created or
+//! dropped inside the runtime.
+
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::settings::{LogFormat, TelemetrySettings};
+
+/// The resource attribute naming the client installation.
+pub const INSTALLATION_ATTRIBUTE: &str = "worker_host.installation";
+
+/// Keeps the exporters alive; `shutdown` flushes what is buffered.
+#[derive(Debug)]
+pub struct Telemetry {
+    tracer_provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Flushes and stops the exporters. Call outside the async runtime.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.tracer_provider
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("worker-host: flushing traces at exit failed: {e}");
+        }
+    }
+}
+
+/// Installs the global subscriber. `RUST_LOG` wins over the settings' level when set.
+pub fn init(settings: &TelemetrySettings, installation: &str) -> anyhow::Result<Telemetry> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(value) if !value.is_empty() => EnvFilter::try_new(&value).map_err(|e| {
+            anyhow::anyhow!("RUST_LOG `{value}` is not a valid tracing filter: {e}")
+        })?,
+        _ => EnvFilter::try_new(&settings.log_level)?,
+    };
+    let fmt_layer = match settings.log_format {
+        LogFormat::Human => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let (otel_layer, tracer_provider) = match &settings.otlp_endpoint {
+        Some(endpoint) => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+                .with_timeout(settings.export_timeout)
+                .build()?;
+            let resource = Resource::builder()
+                .with_service_name(settings.service_name.clone())
+                .with_attribute(KeyValue::new(
+                    INSTALLATION_ATTRIBUTE,
+                    installation.to_string(),
+                ))
+                .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+                .build();
+            let provider = SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(resource)
+                .build();
+            let tracer = provider.tracer("worker-host");
+            opentelemetry::global::set_tracer_provider(provider.clone());
+            (
+                Some(tracing_opentelemetry::layer().with_tracer(tracer)),
+                Some(provider),
+            )
+        }
+        None => (None, None),
+    };
+
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt_layer)
+        .with(otel_layer)
+        .try_init()?;
+    Ok(Telemetry { tracer_provider })
+}

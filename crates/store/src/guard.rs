@@ -1,0 +1,86 @@
+use std::time::Duration;
+
+use sqlx::{PgPool, Postgres};
+use worker_core::{Failure, ProcessedGuard};
+
+use crate::classify;
+
+/// The one shared processed-message guard, on the `processed_messages` table.
+///
+/// A mark is written inside the caller's transaction, so that it commits together with the
+/// effect it guards, or not at all.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessedMessages;
+
+impl ProcessedMessages {
+    pub fn new() -> Self {
+        Self
+    }
+
+    /// Marks `id` in `scope` as processed inside `tx`; `true` when this call made the mark,
+    /// `false` when it was already there (a duplicate).
+    pub async fn mark(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        scope: &str,
+        id: &str,
+    ) -> Result<bool, Failure> {
+        let done = sqlx::query(
+            "INSERT INTO processed_messages (scope, id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(scope)
+        .bind(id)
+        .execute(tx)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Marks many ids in one statement, for a consumer whose only write is the mark.
+    /// Returns, in input order, whether each id was new. An id repeated within `ids` is new
+    /// only at its first position.
+    pub async fn mark_many(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        scope: &str,
+        ids: &[String],
+    ) -> Result<Vec<bool>, Failure> {
+        let inserted: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO processed_messages (scope, id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .bind(scope)
+        .bind(ids)
+        .fetch_all(tx)
+        .await
+        .map_err(classify)?;
+        let mut fresh: std::collections::HashSet<String> = inserted.into_iter().collect();
+        Ok(ids.iter().map(|id| fresh.remove(id)).collect())
+    }
+
+    /// Deletes marks older than `retention`; returns how many went. The retention must
+    /// outlast every retry tier and any replay of a dead letter.
+    pub async fn sweep(&self, pool: &PgPool, retention: Duration) -> Result<u64, Failure> {
+        let seconds = retention.as_secs_f64();
+        let done = sqlx::query(
+            "DELETE FROM processed_messages WHERE processed_at < now() - make_interval(secs => $1)",
+        )
+        .bind(seconds)
+        .execute(pool)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl ProcessedGuard for ProcessedMessages {
+    type Tx = sqlx::Transaction<'static, Postgres>;
+
+    async fn try_mark_processed(
+        &self,
+        tx: &mut Self::Tx,
+        scope: &str,
+        id: &str,
+    ) -> Result<bool, Failure> {
+        self.mark(tx, scope, id).await
+    }
+}

@@ -1,0 +1,23 @@
+//! The PostgreSQL adapter: the connection pool, the embedded migrations, the processed-message
+//! guard and the singleton lease for timer jobs.
+//!
+//! Everything that knows sqlx lives here; the jobs see the core traits
+//! ([`worker_core::ProcessedGuard`], [`worker_core::SingletonLease`]) and this crate's
+//! concrete types. Database errors are classified once, in [`classify`], into the core's
+//! transient or permanent failures.
+
+mod classify;
+mod guard;
+mod lease;
+mod pool;
+
+pub use classify::{classify, classify_sqlx};
+pub use guard::ProcessedMessages;
+pub use lease::{AdvisoryLease, LeaseGuard};
+pub use pool::{ConnectError, PoolOptions, connect, migrate};
+
+/// The migrations in `migrations/` at the workspace root, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// The transaction type the adapters hand to jobs.
+pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;

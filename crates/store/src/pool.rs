@@ -1,0 +1,70 @@
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// How to reach the database and how patiently.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub connect: PgConnectOptions,
+    pub max_connections: u32,
+    pub min_connections: u32,
+    pub acquire_timeout: Duration,
+    /// Attempts at start before giving up (at least one).
+    pub connect_attempts: u32,
+    /// Delay before the second attempt; doubles each time, capped at 10 s.
+    pub connect_backoff: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("PostgreSQL at {server} stayed unreachable after {attempts} attempts: {cause}")]
+    Unreachable {
+        server: String,
+        attempts: u32,
+        cause: String,
+    },
+}
+
+/// Opens the pool, retrying a bounded number of times with backoff, and names the server in
+/// the error when it stays unreachable.
+pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
+    let attempts = options.connect_attempts.max(1);
+    let server = format!(
+        "{}:{}/{}",
+        options.connect.get_host(),
+        options.connect.get_port(),
+        options.connect.get_database().unwrap_or("")
+    );
+    let mut delay = options.connect_backoff;
+    let mut last_error = String::new();
+    for attempt in 1..=attempts {
+        let result = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .min_connections(options.min_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(options.connect.clone())
+            .await;
+        match result {
+            Ok(pool) => return Ok(pool),
+            Err(err) => {
+                last_error = worker_core::error_chain(&err);
+                tracing::warn!(%server, attempt, attempts, error = %last_error, "PostgreSQL not reachable yet");
+                if attempt < attempts {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+    Err(ConnectError::Unreachable {
+        server,
+        attempts,
+        cause: last_error,
+    })
+}
+
+/// Applies the embedded migrations that have not been applied yet.
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    crate::MIGRATOR.run(pool).await
+}

@@ -1,0 +1,359 @@
+//! Test support for integration tests on the real local services.
+//!
+//! Every test gets resources of its own, so tests never share state:
+//! - [`TestDb`]: a fresh PostgreSQL database with the project's migrations applied;
+//! - [`TestVhost`]: a fresh RabbitMQ virtual host, created through the management API.
+//!
+//! Both are removed when dropped. Names carry their creation time, so that leftovers of a
+//! test run that was killed are swept by a later run ([`TestDb::create`] and
+//! [`TestVhost::create`] remove those older than two hours).
+//!
+//! The services are the ones `scripts/services.sh up` starts; their addresses come from the
+//! `WH_TEST_*` variables that `scripts/services.sh env` prints, with the same defaults.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+/// How old a leftover test database or vhost must be before a later run removes it.
+const LEFTOVER_AGE: Duration = Duration::from_secs(2 * 3600);
+
+/// The admin URL of the local PostgreSQL (a role that may create databases).
+pub fn database_url() -> String {
+    std::env::var("WH_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://worker_host:worker_host@127.0.0.1:5432/worker_host".into())
+}
+
+/// The base URL of the RabbitMQ management API, with credentials.
+pub fn rabbit_api() -> String {
+    std::env::var("WH_TEST_RABBIT_API")
+        .unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15672".into())
+}
+
+/// `host:port` of the local IMAP server.
+pub fn imap_addr() -> String {
+    std::env::var("WH_TEST_IMAP").unwrap_or_else(|_| "127.0.0.1:10143".into())
+}
+
+/// `host:port` of the local SMTP server.
+pub fn smtp_addr() -> String {
+    std::env::var("WH_TEST_SMTP").unwrap_or_else(|_| "127.0.0.1:2525".into())
+}
+
+/// The folder the local services keep their data in (mail folders, SMTP failure switches).
+pub fn services_dir() -> std::path::PathBuf {
+    match std::env::var("WH_SERVICES_DIR") {
+        Ok(dir) => dir.into(),
+        Err(_) => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.services"),
+    }
+}
+
+fn unique_name() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let rand = uuid::Uuid::new_v4().simple().to_string();
+    format!("wh_test_{now}_{}", &rand[..12])
+}
+
+/// The creation time encoded in a test resource's name, if it is one of ours.
+fn created_at(name: &str) -> Option<u64> {
+    name.strip_prefix("wh_test_")?
+        .split('_')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn is_leftover(name: &str) -> bool {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    created_at(name).is_some_and(|at| now.saturating_sub(at) > LEFTOVER_AGE.as_secs())
+}
+
+/// Runs `f` to completion on a runtime of its own, on a thread of its own, so that `Drop`
+/// can clean up from inside an async test.
+fn block_on_side<F>(f: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(f);
+        }
+    })
+    .join();
+}
+
+/// A PostgreSQL database of one test's own, migrated, dropped with the value.
+#[derive(Debug)]
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+    admin_url: String,
+}
+
+impl TestDb {
+    /// Creates a fresh database and applies the project's migrations to it.
+    pub async fn create() -> anyhow::Result<Self> {
+        let db = Self::create_empty().await?;
+        worker_store::migrate(&db.pool)
+            .await
+            .context("migrating the test database")?;
+        Ok(db)
+    }
+
+    /// Creates a fresh database without applying migrations.
+    pub async fn create_empty() -> anyhow::Result<Self> {
+        let admin_url = database_url();
+        let admin_options: PgConnectOptions =
+            admin_url.parse().context("parsing WH_TEST_DATABASE_URL")?;
+        let mut admin = admin_options
+            .clone()
+            .connect()
+            .await
+            .with_context(|| format!("connecting to the test PostgreSQL at {admin_url}: is it up (scripts/services.sh up)?"))?;
+        sweep_leftover_databases(&mut admin).await;
+        let name = unique_name();
+        sqlx::query(&format!(r#"CREATE DATABASE "{name}""#))
+            .execute(&mut admin)
+            .await
+            .with_context(|| format!("creating test database {name}"))?;
+        let options = admin_options.database(&name);
+        let url = options.to_url_lossy().to_string();
+        let pool = PgPoolOptions::new()
+            .max_connections(20)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .with_context(|| format!("connecting to test database {name}"))?;
+        Ok(Self {
+            name,
+            url,
+            pool,
+            admin_url,
+        })
+    }
+
+    /// A second, independent pool on the same database (as another replica would have).
+    pub async fn another_pool(&self, max_connections: u32) -> anyhow::Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect(&self.url)
+            .await?)
+    }
+}
+
+async fn sweep_leftover_databases(admin: &mut sqlx::PgConnection) {
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'wh\\_test\\_%'")
+            .fetch_all(&mut *admin)
+            .await
+            .unwrap_or_default();
+    for name in names.into_iter().filter(|n| is_leftover(n)) {
+        let _ = sqlx::query(&format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#))
+            .execute(&mut *admin)
+            .await;
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let pool = self.pool.clone();
+        let admin_url = self.admin_url.clone();
+        let name = self.name.clone();
+        block_on_side(async move {
+            pool.close().await;
+            if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
+                let _ = sqlx::query(&format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#))
+                    .execute(&mut admin)
+                    .await;
+            }
+        });
+    }
+}
+
+/// A RabbitMQ virtual host of one test's own, with full permissions for the test user,
+/// deleted with the value (which also deletes its queues and exchanges).
+#[derive(Debug)]
+pub struct TestVhost {
+    pub name: String,
+    api: String,
+}
+
+impl TestVhost {
+    pub async fn create() -> anyhow::Result<Self> {
+        let api = rabbit_api();
+        let client = reqwest::Client::new();
+        sweep_leftover_vhosts(&client, &api).await;
+        let name = unique_name();
+        let (base, user, password) = split_credentials(&api)?;
+        let response = client
+            .put(format!("{base}/api/vhosts/{name}"))
+            .basic_auth(&user, Some(&password))
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .with_context(|| format!("creating vhost {name} through {base}: is RabbitMQ's management API up (scripts/services.sh up)?"))?;
+        if !response.status().is_success() {
+            bail!("creating vhost {name}: HTTP {}", response.status());
+        }
+        let response = client
+            .put(format!("{base}/api/permissions/{name}/{user}"))
+            .basic_auth(&user, Some(&password))
+            .json(&serde_json::json!({"configure": ".*", "write": ".*", "read": ".*"}))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!(
+                "granting {user} on vhost {name}: HTTP {}",
+                response.status()
+            );
+        }
+        Ok(Self { name, api })
+    }
+
+    /// The AMQP URL of this vhost for the management user (guest by default).
+    pub fn amqp_url(&self) -> String {
+        let host = std::env::var("WH_TEST_AMQP_HOST").unwrap_or_else(|_| "127.0.0.1:5672".into());
+        let (user, password) = split_credentials(&self.api)
+            .map(|(_, u, p)| (u, p))
+            .unwrap_or_else(|_| ("guest".into(), "guest".into()));
+        format!("amqp://{user}:{password}@{host}/{}", self.name)
+    }
+
+    /// Calls the management API on this vhost: `path` is appended to `/api/`, with `{vhost}`
+    /// replaced by this vhost's name. Returns the JSON answer (or `null` for an empty one).
+    pub async fn api(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> anyhow::Result<serde_json::Value> {
+        let (base, user, password) = split_credentials(&self.api)?;
+        let url = format!("{base}/api/{}", path.replace("{vhost}", &self.name));
+        let mut request = reqwest::Client::new()
+            .request(method, &url)
+            .basic_auth(&user, Some(&password));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("calling {url}"))?;
+        let status = response.status();
+        let text = response.text().await?;
+        if !status.is_success() {
+            bail!("{url}: HTTP {status}: {text}");
+        }
+        if text.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The number of messages ready in a queue of this vhost, as the management API last saw it.
+    pub async fn queue_depth(&self, queue: &str) -> anyhow::Result<u64> {
+        let info = self
+            .api(
+                reqwest::Method::GET,
+                &format!("queues/{{vhost}}/{queue}"),
+                None,
+            )
+            .await?;
+        Ok(info.get("messages").and_then(|v| v.as_u64()).unwrap_or(0))
+    }
+}
+
+/// Splits `http://user:password@host:port` into the base URL without credentials, the user
+/// and the password.
+fn split_credentials(api: &str) -> anyhow::Result<(String, String, String)> {
+    let url =
+        reqwest::Url::parse(api).with_context(|| format!("parsing WH_TEST_RABBIT_API {api}"))?;
+    let user = if url.username().is_empty() {
+        "guest".to_string()
+    } else {
+        url.username().to_string()
+    };
+    let password = url.password().unwrap_or("guest").to_string();
+    let host = url.host_str().unwrap_or("127.0.0.1");
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    Ok((format!("{}://{host}{port}", url.scheme()), user, password))
+}
+
+async fn sweep_leftover_vhosts(client: &reqwest::Client, api: &str) {
+    let Ok((base, user, password)) = split_credentials(api) else {
+        return;
+    };
+    let Ok(response) = client
+        .get(format!("{base}/api/vhosts"))
+        .basic_auth(&user, Some(&password))
+        .send()
+        .await
+    else {
+        return;
+    };
+    let Ok(vhosts) = response.json::<Vec<serde_json::Value>>().await else {
+        return;
+    };
+    for name in vhosts
+        .iter()
+        .filter_map(|v| v.get("name")?.as_str())
+        .filter(|n| is_leftover(n))
+    {
+        let _ = client
+            .delete(format!("{base}/api/vhosts/{name}"))
+            .basic_auth(&user, Some(&password))
+            .send()
+            .await;
+    }
+}
+
+impl Drop for TestVhost {
+    fn drop(&mut self) {
+        let Ok((base, user, password)) = split_credentials(&self.api) else {
+            return;
+        };
+        let name = self.name.clone();
+        block_on_side(async move {
+            let _ = reqwest::Client::new()
+                .delete(format!("{base}/api/vhosts/{name}"))
+                .basic_auth(&user, Some(&password))
+                .send()
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftover_names_are_recognised_by_age() {
+        assert!(is_leftover("wh_test_1000_abcdef"));
+        let fresh = unique_name();
+        assert!(!is_leftover(&fresh));
+        assert!(!is_leftover("worker_host"));
+        assert!(!is_leftover("wh_test_notanumber_x"));
+    }
+
+    #[test]
+    fn credentials_are_split_from_the_api_url() {
+        let (base, user, password) = split_credentials("http://u:p@127.0.0.1:15672").unwrap();
+        assert_eq!(
+            (base.as_str(), user.as_str(), password.as_str()),
+            ("http://127.0.0.1:15672", "u", "p")
+        );
+    }
+}
