@@ -1,0 +1,296 @@
+//! Failure classification: every error a job returns says, once, whether trying again can help.
+//!
+//! A job classifies its own errors where it understands them (an SMTP 4xx is transient, a 5xx
+//! permanent) and returns a [`Failure`]. Everything downstream — the in-process retry, the
+//! broker action (ack, park, dead-letter), the timer loop's log line — decides from
+//! [`Failure::class`] alone and never inspects error types again.
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+/// What kind of failure a unit of work ended with, and so what should happen next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// May succeed if tried again later: a dropped connection, a lock timeout, a deadline.
+    Transient,
+    /// Will fail the same way every time: retrying only wastes work. Dead-lettered with why.
+    Permanent,
+    /// The other side asked us to slow down; retry no sooner than it said.
+    Throttled,
+    /// The input itself cannot be read (bad header, body that does not decode).
+    /// Dead-lettered at once; never retried.
+    Malformed,
+}
+
+impl FailureClass {
+    /// The stable, lower-case name used in logs, metrics and dead-letter headers.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Permanent => "permanent",
+            Self::Throttled => "throttled",
+            Self::Malformed => "malformed",
+        }
+    }
+
+    /// Whether trying the same input again can succeed.
+    pub const fn is_retryable(&self) -> bool {
+        matches!(self, Self::Transient | Self::Throttled)
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error type of every job: a classified failure with a human-readable detail.
+///
+/// Build one with [`Failure::transient`], [`Failure::permanent`], [`Failure::throttled`] or,
+/// from an error with causes, [`Failure::transient_from`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Failure {
+    /// May succeed if tried again.
+    #[error("{detail}")]
+    Transient { detail: String },
+    /// Will never succeed for this input. `reason` is short and machine-readable
+    /// (e.g. `smtp-5xx`) and ends up in the dead-letter headers.
+    #[error("{reason}: {detail}")]
+    Permanent { reason: String, detail: String },
+    /// The remote side is rate-limiting us; wait at least `retry_after` before the next try.
+    #[error("throttled, retry after {}: {detail}", humantime::format_duration(*retry_after))]
+    Throttled {
+        retry_after: Duration,
+        detail: String,
+    },
+}
+
+impl Failure {
+    /// A failure that may go away if the work is tried again.
+    pub fn transient(detail: impl fmt::Display) -> Self {
+        Self::Transient {
+            detail: detail.to_string(),
+        }
+    }
+
+    /// A failure that will not go away: `reason` is a short machine-readable tag
+    /// (`smtp-5xx`, `constraint-violation`), `detail` the human-readable rest.
+    pub fn permanent(reason: impl Into<String>, detail: impl fmt::Display) -> Self {
+        Self::Permanent {
+            reason: reason.into(),
+            detail: detail.to_string(),
+        }
+    }
+
+    /// The other side asked us to wait at least `retry_after` before trying again.
+    pub fn throttled(retry_after: Duration, detail: impl fmt::Display) -> Self {
+        Self::Throttled {
+            retry_after,
+            detail: detail.to_string(),
+        }
+    }
+
+    /// A transient failure whose detail is `err` with its whole `source()` chain
+    /// (see [`error_chain`]).
+    pub fn transient_from(err: &(dyn Error + 'static)) -> Self {
+        Self::Transient {
+            detail: error_chain(err),
+        }
+    }
+
+    /// The class that decides what happens next.
+    pub fn class(&self) -> FailureClass {
+        match self {
+            Self::Transient { .. } => FailureClass::Transient,
+            Self::Permanent { .. } => FailureClass::Permanent,
+            Self::Throttled { .. } => FailureClass::Throttled,
+        }
+    }
+
+    /// Whether this failure must not be retried.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Permanent { .. })
+    }
+
+    /// The least time to wait before the next try, when the failure says so.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Throttled { retry_after, .. } => Some(*retry_after),
+            Self::Transient { .. } | Self::Permanent { .. } => None,
+        }
+    }
+
+    /// The human-readable detail, without the reason or class.
+    pub fn detail(&self) -> &str {
+        match self {
+            Self::Transient { detail }
+            | Self::Permanent { detail, .. }
+            | Self::Throttled { detail, .. } => detail,
+        }
+    }
+
+    /// A short machine-readable reason: the permanent failure's own reason, otherwise the
+    /// class name (`transient`, `throttled`).
+    pub fn reason(&self) -> &str {
+        match self {
+            Self::Permanent { reason, .. } => reason,
+            Self::Transient { .. } | Self::Throttled { .. } => self.class().as_str(),
+        }
+    }
+
+    /// The same failure with `context` put in front of its detail (`"{context}: {detail}"`).
+    #[must_use]
+    pub fn context(mut self, context: impl fmt::Display) -> Self {
+        let detail = match &mut self {
+            Self::Transient { detail }
+            | Self::Permanent { detail, .. }
+            | Self::Throttled { detail, .. } => detail,
+        };
+        *detail = format!("{context}: {detail}");
+        self
+    }
+}
+
+/// Renders an error and its whole `source()` chain as `"outer: cause: root"`.
+///
+/// A cause whose message the previous link already ends with (a wrapper that prints its
+/// source itself) is not repeated, and empty messages are left out.
+pub fn error_chain(err: &(dyn Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut previous = out.clone();
+    let mut next = err.source();
+    while let Some(cause) = next {
+        let message = cause.to_string();
+        if !message.is_empty() && !previous.ends_with(&message) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&message);
+        }
+        previous = message;
+        next = cause.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{message}")]
+    struct Layer {
+        message: &'static str,
+        #[source]
+        source: Option<Box<Layer>>,
+    }
+
+    fn layer(message: &'static str, source: Option<Layer>) -> Layer {
+        Layer {
+            message,
+            source: source.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn class_names_are_stable() {
+        let names: Vec<_> = [
+            FailureClass::Transient,
+            FailureClass::Permanent,
+            FailureClass::Throttled,
+            FailureClass::Malformed,
+        ]
+        .iter()
+        .map(|c| (c.as_str(), c.to_string()))
+        .collect();
+        assert_eq!(
+            names,
+            [
+                ("transient", "transient".to_string()),
+                ("permanent", "permanent".to_string()),
+                ("throttled", "throttled".to_string()),
+                ("malformed", "malformed".to_string()),
+            ]
+        );
+        assert!(FailureClass::Transient.is_retryable());
+        assert!(FailureClass::Throttled.is_retryable());
+        assert!(!FailureClass::Permanent.is_retryable());
+        assert!(!FailureClass::Malformed.is_retryable());
+    }
+
+    #[test]
+    fn constructors_classify_and_display() {
+        let t = Failure::transient("connection reset");
+        assert_eq!(t.class(), FailureClass::Transient);
+        assert_eq!(t.to_string(), "connection reset");
+        assert_eq!(t.detail(), "connection reset");
+        assert_eq!(t.reason(), "transient");
+        assert!(!t.is_permanent());
+        assert_eq!(t.retry_after(), None);
+
+        let p = Failure::permanent("smtp-5xx", "550 mailbox unavailable");
+        assert_eq!(p.class(), FailureClass::Permanent);
+        assert_eq!(p.to_string(), "smtp-5xx: 550 mailbox unavailable");
+        assert_eq!(p.detail(), "550 mailbox unavailable");
+        assert_eq!(p.reason(), "smtp-5xx");
+        assert!(p.is_permanent());
+        assert_eq!(p.retry_after(), None);
+
+        let th = Failure::throttled(Duration::from_secs(5), "429 too many requests");
+        assert_eq!(th.class(), FailureClass::Throttled);
+        assert_eq!(
+            th.to_string(),
+            "throttled, retry after 5s: 429 too many requests"
+        );
+        assert_eq!(th.detail(), "429 too many requests");
+        assert_eq!(th.reason(), "throttled");
+        assert!(!th.is_permanent());
+        assert_eq!(th.retry_after(), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn context_prefixes_the_detail_and_keeps_the_class() {
+        let p = Failure::permanent("smtp-5xx", "550").context("sending to a@b");
+        assert_eq!(p, Failure::permanent("smtp-5xx", "sending to a@b: 550"));
+        let th = Failure::throttled(Duration::from_millis(1500), "slow down").context("webhook");
+        assert_eq!(th.retry_after(), Some(Duration::from_millis(1500)));
+        assert_eq!(th.detail(), "webhook: slow down");
+    }
+
+    #[test]
+    fn error_chain_joins_every_cause() {
+        let err = layer(
+            "sending mail",
+            Some(layer(
+                "connecting to smtp",
+                Some(layer("connection refused", None)),
+            )),
+        );
+        assert_eq!(
+            error_chain(&err),
+            "sending mail: connecting to smtp: connection refused"
+        );
+        assert_eq!(
+            Failure::transient_from(&err),
+            Failure::transient("sending mail: connecting to smtp: connection refused")
+        );
+        // transient(err) only takes the outer message; transient_from takes the chain.
+        assert_eq!(Failure::transient(&err).detail(), "sending mail");
+    }
+
+    #[test]
+    fn error_chain_does_not_repeat_a_cause_the_wrapper_already_printed() {
+        let err = layer("query failed: timeout", Some(layer("timeout", None)));
+        assert_eq!(error_chain(&err), "query failed: timeout");
+        let io = std::io::Error::other("disk full");
+        assert_eq!(error_chain(&io), "disk full");
+    }
+
+    #[test]
+    fn error_chain_skips_empty_messages() {
+        let err = layer("outer", Some(layer("", Some(layer("root", None)))));
+        assert_eq!(error_chain(&err), "outer: root");
+    }
+}

@@ -1,0 +1,107 @@
+//! # worker-core: the primitives every job is built on
+//!
+//! This crate holds what is written once and wrapped around every job: how failures are
+//! classified, how long a unit of work may run, how it is retried, how timer ticks are kept
+//! from overlapping, and the two job traits with their single-step entries. The adapters
+//! (broker, store) implement its traits; the job crates code against them; the host composes
+//! them. Nothing here spawns tasks, reads settings files or talks to the network.
+//!
+//! ## The pieces
+//!
+//! * [`failure`] — [`Failure`] is the error of every job: [`Transient`](Failure::Transient)
+//!   (try again), [`Permanent`](Failure::Permanent) (dead-letter with a reason) or
+//!   [`Throttled`](Failure::Throttled) (try again, but not before `retry_after`). A job
+//!   classifies its errors once, where it understands them; everything downstream decides
+//!   from [`FailureClass`] alone. [`error_chain`] renders an error with its causes.
+//! * [`timeout`] — [`run_unit`] runs one unit of work under a child cancellation token with a
+//!   deadline. Work that ignores its token is dropped at the deadline anyway, and a panic
+//!   becomes a transient failure of that unit rather than a crash of the host.
+//! * [`retry`] — [`RetryPolicy`] (settings: attempts, exponential delay with cap and jitter)
+//!   and [`Retry`], the bounded in-process loop for micro-failures. It stops early on a
+//!   permanent failure, honours a throttled failure's `retry_after`, can be bounded by a total
+//!   budget, stops at once when its parent token fires, and reports every try to an
+//!   [`AttemptObserver`].
+//! * [`busy`] — [`SkipIfBusy`]: a tick that finds the previous tick still running is skipped
+//!   with a warning, never queued and never run beside it.
+//! * [`lease`] — [`SingletonLease`]: the same guarantee across replicas (implemented by the
+//!   store crate on PostgreSQL advisory locks). [`NoLease`] for jobs that do not need one.
+//! * [`dedup`] — [`ProcessedGuard`]: the one processed-message guard, marked inside the
+//!   caller's transaction so the effect and the mark commit together.
+//! * [`job`] — [`ConsumerJob`] (one decoded message in, [`Handled`] out) and [`TimerJob`]
+//!   (one tick in, [`TickReport`] out), the [`WorkContext`] each unit of work receives, and the
+//!   single-step entries [`execute_once`] and [`tick_once`] that drive exactly one unit of work
+//!   for the host and for tests.
+//!
+//! ## The layer order
+//!
+//! From the outside in, every unit of work passes through:
+//!
+//! ```text
+//! busy guard -> lease -> timeout -> retry -> handler
+//! ```
+//!
+//! The busy guard and the lease apply to timer jobs only (a broker consumer handles one
+//! delivery at a time by construction, and competing consumers are the point). [`tick_once`]
+//! applies the first three to a tick; a consumer runner applies [`Retry::run`], whose every try
+//! runs through [`run_unit`], to a decoded message. The host owns the root
+//! [`CancellationToken`](tokio_util::sync::CancellationToken); each job gets a child and each
+//! unit of work a grandchild carrying its deadline, so stopping the host cancels work in flight.
+//!
+//! ## Invariants
+//!
+//! * **Core knows no broker or database types.** No `lapin`, no `sqlx`: adapters map their
+//!   errors into [`Failure`] and implement [`SingletonLease`] and [`ProcessedGuard`].
+//! * **No unit of work runs unbounded**: every path into a handler goes through [`run_unit`].
+//! * **Nothing here panics on bad settings**: [`RetryPolicy::delay_for`] is total, and
+//!   [`RetryPolicy::validate`] tells an operator which field is wrong.
+//!
+//! ## A consumer, driven one step in a test
+//!
+//! ```
+//! use tokio_util::sync::CancellationToken;
+//! use worker_core::{ConsumerJob, Failure, Handled, WorkContext, execute_once};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Ping {
+//!     id: String,
+//! }
+//!
+//! struct PingJob;
+//!
+//! impl ConsumerJob for PingJob {
+//!     type Input = Ping;
+//!     fn name(&self) -> &str {
+//!         "ping"
+//!     }
+//!     async fn handle(&self, _ctx: &WorkContext, input: &Ping) -> Result<Handled, Failure> {
+//!         if input.id.is_empty() { Err(Failure::permanent("empty-id", "the id is empty")) } else { Ok(Handled::Done) }
+//!     }
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let ctx = WorkContext::new("ping", CancellationToken::new());
+//! assert_eq!(execute_once(&PingJob, &ctx, br#"{"id":"p1"}"#).await.unwrap(), Handled::Done);
+//! assert!(execute_once(&PingJob, &ctx, b"not json").await.is_err());
+//! # });
+//! ```
+
+pub mod busy;
+pub mod dedup;
+pub mod failure;
+pub mod job;
+pub mod lease;
+pub mod retry;
+pub mod timeout;
+
+pub use busy::{Busy, SkipIfBusy};
+pub use dedup::ProcessedGuard;
+pub use failure::{Failure, FailureClass, error_chain};
+pub use job::{
+    ConsumerJob, DecodeError, ExecuteError, Handled, TickOutcome, TickReport, TimerJob,
+    WorkContext, decode, execute_once, tick_once,
+};
+pub use lease::{NoLease, SingletonLease};
+pub use retry::{
+    AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord,
+};
+pub use timeout::{UnitError, run_unit};
