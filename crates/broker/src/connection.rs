@@ -1,0 +1,540 @@
+//! The connection to RabbitMQ and its supervision.
+//!
+//! lapin's own recovery has open defects (amqp-rs/lapin #450: no reconnection after a broker
+//! restart; #434: acks sent during recovery), so it stays off and the [`Supervisor`] does the
+//! job instead: it connects with a timeout, declares the topology, hands the live connection
+//! out as a [`Session`], watches it (connection errors, missed heartbeats, `connection.blocked`,
+//! and its state, polled, since a server-initiated close raises no event), and when it is lost,
+//! withdraws the session, waits a capped, jittered backoff and starts again.
+//!
+//! Consumers and publishers never keep a connection of their own: they take the current
+//! session from [`Supervisor::sessions`] and, when it dies, wait for the next one. Unacked
+//! deliveries of a lost channel return to their queue on the broker's side, and the dedup guard
+//! absorbs the redelivered duplicates.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::types::LongString;
+use lapin::uri::{AMQPAuthority, AMQPQueryString, AMQPScheme, AMQPUri, AMQPUserInfo};
+use lapin::{Connection, ConnectionProperties, Event};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::topology::{self, Topology, TopologyError};
+
+/// How to reach RabbitMQ: `[broker.connection]`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionSettings {
+    pub host: String,
+    pub port: u16,
+    pub vhost: String,
+    pub username: String,
+    /// Never printed: `Debug` redacts it and it is not serialized back.
+    #[serde(skip_serializing)]
+    pub password: String,
+    /// `amqps` instead of `amqp`.
+    pub tls: bool,
+    /// Heartbeat interval; a silent broker is noticed within two of them. Zero disables them.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Bound on TCP connect, AMQP handshake and topology declaration.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// The name the management UI shows for the connection.
+    pub connection_name: String,
+    /// First wait between reconnection attempts; doubles each time.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    /// Cap on the wait between reconnection attempts.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_max: Duration,
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 5672,
+            vhost: "/".into(),
+            username: "guest".into(),
+            password: "guest".into(),
+            tls: false,
+            heartbeat: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            connection_name: "worker-host".into(),
+            reconnect_min: Duration::from_millis(500),
+            reconnect_max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl fmt::Debug for ConnectionSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionSettings")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("vhost", &self.vhost)
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .field("tls", &self.tls)
+            .field("heartbeat", &self.heartbeat)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("connection_name", &self.connection_name)
+            .field("reconnect_min", &self.reconnect_min)
+            .field("reconnect_max", &self.reconnect_max)
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("invalid AMQP URI: {0}")]
+    InvalidUri(String),
+    #[error("connecting to {server} timed out after {}", humantime::format_duration(*after))]
+    Timeout { server: String, after: Duration },
+    #[error("connecting to {server}: {source}")]
+    Broker {
+        server: String,
+        #[source]
+        source: lapin::Error,
+    },
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+}
+
+impl ConnectionSettings {
+    /// Settings from an `amqp://user:password@host:port/vhost` URI (the vhost percent-encoded),
+    /// with the other fields at their defaults.
+    pub fn from_uri(uri: &str) -> Result<Self, ConnectError> {
+        let parsed: AMQPUri = uri.parse().map_err(ConnectError::InvalidUri)?;
+        Ok(Self {
+            host: parsed.authority.host,
+            port: parsed.authority.port,
+            vhost: parsed.vhost,
+            username: parsed.authority.userinfo.username,
+            password: parsed.authority.userinfo.password,
+            tls: parsed.scheme == AMQPScheme::AMQPS,
+            ..Self::default()
+        })
+    }
+
+    /// `host:port/vhost`, for logs and errors: no credentials.
+    pub fn server(&self) -> String {
+        format!("{}:{}/{}", self.host, self.port, self.vhost)
+    }
+
+    fn uri(&self) -> AMQPUri {
+        AMQPUri {
+            scheme: if self.tls {
+                AMQPScheme::AMQPS
+            } else {
+                AMQPScheme::AMQP
+            },
+            authority: AMQPAuthority {
+                userinfo: AMQPUserInfo {
+                    username: self.username.clone(),
+                    password: self.password.clone(),
+                },
+                host: self.host.clone(),
+                port: self.port,
+            },
+            vhost: self.vhost.clone(),
+            query: AMQPQueryString {
+                heartbeat: Some(u16::try_from(self.heartbeat.as_secs()).unwrap_or(u16::MAX)),
+                connection_timeout: Some(
+                    u64::try_from(self.connect_timeout.as_millis()).unwrap_or(u64::MAX),
+                ),
+                ..AMQPQueryString::default()
+            },
+        }
+    }
+
+    /// Opens one connection, without supervision (tools, tests, benchmarks).
+    pub async fn connect(&self) -> Result<Connection, ConnectError> {
+        let server = self.server();
+        let properties = ConnectionProperties::default()
+            .with_connection_name(LongString::from(self.connection_name.as_str()));
+        match tokio::time::timeout(
+            self.connect_timeout,
+            Connection::connect_uri(self.uri(), properties),
+        )
+        .await
+        {
+            Err(_) => Err(ConnectError::Timeout {
+                server,
+                after: self.connect_timeout,
+            }),
+            Ok(Err(source)) => Err(ConnectError::Broker { server, source }),
+            Ok(Ok(connection)) => Ok(connection),
+        }
+    }
+}
+
+/// A live connection handed out by the [`Supervisor`], numbered so that users can tell a new
+/// connection from the one they lost.
+#[derive(Clone)]
+pub struct Session {
+    connection: Arc<Connection>,
+    generation: u64,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("generation", &self.generation)
+            .field("connected", &self.is_open())
+            .finish()
+    }
+}
+
+impl Session {
+    /// A session over a connection opened elsewhere (tests, tools).
+    pub fn new(connection: Connection) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1_000_000);
+        Self {
+            connection: Arc::new(connection),
+            generation: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.connection.status().connected()
+    }
+
+    /// A source of sessions that only ever holds this one (a publisher or consumer bound to
+    /// one connection).
+    pub fn fixed(self) -> watch::Receiver<Option<Session>> {
+        let (tx, rx) = watch::channel(Some(self));
+        // The receiver keeps the last value after the sender is gone, which is all we need.
+        drop(tx);
+        rx
+    }
+}
+
+/// What the connection is doing, for `/readyz` and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Not connected yet, since start.
+    Connecting,
+    Connected,
+    /// Connected, but the broker refuses publishes (memory or disk alarm). Consuming goes on.
+    Blocked,
+    /// Lost; reconnecting with backoff.
+    Disconnected,
+    /// The supervisor has stopped.
+    Stopped,
+}
+
+impl LinkState {
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Connected => "connected",
+            Self::Blocked => "blocked",
+            Self::Disconnected => "disconnected",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerStatus {
+    pub state: LinkState,
+    /// Connections made after the first one.
+    pub reconnects: u64,
+    /// Why the last connection attempt or connection failed.
+    pub last_error: Option<String>,
+}
+
+impl BrokerStatus {
+    /// Whether the host should report ready: connected and not blocked.
+    pub fn is_ready(&self) -> bool {
+        self.state == LinkState::Connected
+    }
+}
+
+/// Owns the connection to RabbitMQ and keeps one up; see the module docs.
+///
+/// ```no_run
+/// # async fn f(settings: worker_broker::ConnectionSettings, topology: worker_broker::Topology) {
+/// let token = tokio_util::sync::CancellationToken::new();
+/// let supervisor = worker_broker::Supervisor::new(settings, topology);
+/// let task = tokio::spawn(supervisor.clone().run(token.clone()));
+/// let ready = supervisor.status().borrow().is_ready();
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<SupervisorInner>,
+}
+
+struct SupervisorInner {
+    settings: ConnectionSettings,
+    topology: Topology,
+    sessions: watch::Sender<Option<Session>>,
+    status: watch::Sender<BrokerStatus>,
+}
+
+impl fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("server", &self.inner.settings.server())
+            .field("status", &*self.inner.status.borrow())
+            .finish()
+    }
+}
+
+/// How often the supervisor looks at the connection's state, in addition to its events: a
+/// close initiated by the server (`rabbitmqctl close_all_connections`) raises none.
+const POLL: Duration = Duration::from_millis(250);
+
+impl Supervisor {
+    pub fn new(settings: ConnectionSettings, topology: Topology) -> Self {
+        let (sessions, _) = watch::channel(None);
+        let (status, _) = watch::channel(BrokerStatus {
+            state: LinkState::Connecting,
+            reconnects: 0,
+            last_error: None,
+        });
+        Self {
+            inner: Arc::new(SupervisorInner {
+                settings,
+                topology,
+                sessions,
+                status,
+            }),
+        }
+    }
+
+    /// The connection's state, updated as it changes.
+    pub fn status(&self) -> watch::Receiver<BrokerStatus> {
+        self.inner.status.subscribe()
+    }
+
+    /// The current session (`None` while disconnected), updated as it changes.
+    pub fn sessions(&self) -> watch::Receiver<Option<Session>> {
+        self.inner.sessions.subscribe()
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topology
+    }
+
+    pub fn settings(&self) -> &ConnectionSettings {
+        &self.inner.settings
+    }
+
+    /// Keeps a connection up until `shutdown` fires, then closes it. Spawn it on the host's
+    /// task tracker; it returns only on shutdown.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let settings = &self.inner.settings;
+        let mut backoff = settings.reconnect_min.max(Duration::from_millis(10));
+        let mut generation = 0u64;
+        while !shutdown.is_cancelled() {
+            let attempt = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                attempt = self.open() => attempt,
+            };
+            match attempt {
+                Ok(connection) => {
+                    generation += 1;
+                    backoff = settings.reconnect_min.max(Duration::from_millis(10));
+                    let session = Session {
+                        connection: Arc::new(connection),
+                        generation,
+                    };
+                    tracing::info!(server = %settings.server(), generation, "connected to RabbitMQ");
+                    let mut events = session.connection.events_listener();
+                    self.inner.sessions.send_replace(Some(session.clone()));
+                    self.set_status(LinkState::Connected, generation, None);
+                    let lost = tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => None,
+                        why = self.watch(&session, &mut events, generation) => Some(why),
+                    };
+                    self.inner.sessions.send_replace(None);
+                    match lost {
+                        None => {
+                            let _ = tokio::time::timeout(
+                                Duration::from_secs(5),
+                                session
+                                    .connection
+                                    .close(200, "worker host shutting down".into()),
+                            )
+                            .await;
+                            break;
+                        }
+                        Some(why) => {
+                            tracing::warn!(server = %settings.server(), error = %why, "lost the RabbitMQ connection; reconnecting");
+                            self.set_status(LinkState::Disconnected, generation, Some(why));
+                        }
+                    }
+                }
+                Err(err) => {
+                    let why = worker_core::error_chain(&err);
+                    tracing::warn!(server = %settings.server(), error = %why, retry_in = %humantime::format_duration(backoff), "cannot connect to RabbitMQ");
+                    self.set_status(LinkState::Disconnected, generation, Some(why));
+                }
+            }
+            let wait = jittered(backoff);
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+            backoff = (backoff * 2).min(settings.reconnect_max.max(backoff));
+        }
+        self.inner.sessions.send_replace(None);
+        self.inner
+            .status
+            .send_modify(|s| s.state = LinkState::Stopped);
+    }
+
+    /// Connects and declares the topology, all within the connect timeout.
+    async fn open(&self) -> Result<Connection, ConnectError> {
+        let settings = &self.inner.settings;
+        let connection = settings.connect().await?;
+        let declared = tokio::time::timeout(settings.connect_timeout, async {
+            let channel =
+                connection
+                    .create_channel()
+                    .await
+                    .map_err(|source| ConnectError::Broker {
+                        server: settings.server(),
+                        source,
+                    })?;
+            topology::declare(&channel, &self.inner.topology).await?;
+            let _ = channel.close(200, "topology declared".into()).await;
+            Ok::<_, ConnectError>(())
+        })
+        .await;
+        let result = match declared {
+            Err(_) => Err(ConnectError::Timeout {
+                server: settings.server(),
+                after: settings.connect_timeout,
+            }),
+            Ok(result) => result,
+        };
+        if let Err(err) = result {
+            let _ = connection
+                .close(200, "topology declaration failed".into())
+                .await;
+            return Err(err);
+        }
+        Ok(connection)
+    }
+
+    /// Returns when the session's connection is lost, with why; tracks blocked/unblocked.
+    async fn watch(
+        &self,
+        session: &Session,
+        events: &mut (impl futures::Stream<Item = Event> + Unpin),
+        generation: u64,
+    ) -> String {
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(Event::Error(err)) => return worker_core::error_chain(&err),
+                    Some(Event::ConnectionBlocked(reason)) => {
+                        tracing::warn!(%reason, "RabbitMQ blocked the connection: publishes wait until it is unblocked");
+                        self.set_status(LinkState::Blocked, generation, Some(format!("blocked: {reason}")));
+                    }
+                    Some(Event::ConnectionUnblocked) => {
+                        tracing::info!("RabbitMQ unblocked the connection");
+                        self.set_status(LinkState::Connected, generation, None);
+                    }
+                    Some(_) => {}
+                    None => return "the connection's event stream ended".into(),
+                },
+                _ = poll.tick() => {
+                    if !session.is_open() {
+                        return "the connection was closed".into();
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_status(&self, state: LinkState, generation: u64, last_error: Option<String>) {
+        self.inner.status.send_modify(|s| {
+            s.state = state;
+            s.reconnects = generation.saturating_sub(1);
+            if last_error.is_some() || state == LinkState::Connected {
+                s.last_error = last_error;
+            }
+        });
+    }
+}
+
+/// `d` spread over `[d/2, d]`, so that replicas cut off together do not reconnect in lock step.
+fn jittered(d: Duration) -> Duration {
+    let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    let half = nanos / 2;
+    Duration::from_nanos(half + u64::from(seed) % half.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_the_password() {
+        let settings = ConnectionSettings {
+            password: "hunter2".into(),
+            ..ConnectionSettings::default()
+        };
+        let shown = format!("{settings:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+        let toml = toml::to_string(&settings).unwrap();
+        assert!(!toml.contains("hunter2"), "{toml}");
+    }
+
+    #[test]
+    fn settings_from_a_uri() {
+        let s = ConnectionSettings::from_uri("amqp://u:p@10.0.0.1:5673/wh_test").unwrap();
+        assert_eq!(
+            (
+                s.host.as_str(),
+                s.port,
+                s.vhost.as_str(),
+                s.username.as_str(),
+                s.password.as_str()
+            ),
+            ("10.0.0.1", 5673, "wh_test", "u", "p")
+        );
+        assert_eq!(s.server(), "10.0.0.1:5673/wh_test");
+        let uri = s.uri();
+        assert_eq!(uri.query.heartbeat, Some(10));
+    }
+
+    #[test]
+    fn jitter_stays_within_half_and_whole() {
+        for ms in [1u64, 10, 500, 30_000] {
+            let d = Duration::from_millis(ms);
+            let j = jittered(d);
+            assert!(j >= d / 2 && j <= d, "{j:?} for {d:?}");
+        }
+    }
+}
