@@ -54,6 +54,10 @@ pub struct ConnectionSettings {
     /// Cap on the wait between reconnection attempts.
     #[serde(with = "humantime_serde")]
     pub reconnect_max: Duration,
+    /// On shutdown, how long the connection stays up for consumers to settle their last
+    /// deliveries (should exceed the consumers' shutdown grace).
+    #[serde(with = "humantime_serde")]
+    pub close_wait: Duration,
 }
 
 impl Default for ConnectionSettings {
@@ -70,6 +74,7 @@ impl Default for ConnectionSettings {
             connection_name: "worker-host".into(),
             reconnect_min: Duration::from_millis(500),
             reconnect_max: Duration::from_secs(30),
+            close_wait: Duration::from_secs(60),
         }
     }
 }
@@ -88,6 +93,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("connection_name", &self.connection_name)
             .field("reconnect_min", &self.reconnect_min)
             .field("reconnect_max", &self.reconnect_max)
+            .field("close_wait", &self.close_wait)
             .finish()
     }
 }
@@ -287,6 +293,23 @@ struct SupervisorInner {
     topology: Topology,
     sessions: watch::Sender<Option<Session>>,
     status: watch::Sender<BrokerStatus>,
+    /// Users that need the connection to outlive shutdown a little: consumers settling their
+    /// last deliveries.
+    holds: watch::Sender<usize>,
+}
+
+/// Keeps the supervisor from closing the connection on shutdown until dropped (or until its
+/// close wait is over), so that a consumer can still ack what its handlers finish in the
+/// grace period.
+#[derive(Debug)]
+pub struct Hold {
+    holds: watch::Sender<usize>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.holds.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl fmt::Debug for Supervisor {
@@ -316,7 +339,16 @@ impl Supervisor {
                 topology,
                 sessions,
                 status,
+                holds: watch::channel(0).0,
             }),
+        }
+    }
+
+    /// See [`Hold`].
+    pub fn hold(&self) -> Hold {
+        self.inner.holds.send_modify(|n| *n += 1);
+        Hold {
+            holds: self.inner.holds.clone(),
         }
     }
 
@@ -370,6 +402,14 @@ impl Supervisor {
                     self.inner.sessions.send_replace(None);
                     match lost {
                         None => {
+                            // Consumers still settle what their handlers finish in the grace
+                            // period: keep the connection up until they let go.
+                            let mut holds = self.inner.holds.subscribe();
+                            let _ = tokio::time::timeout(
+                                settings.close_wait,
+                                holds.wait_for(|n| *n == 0),
+                            )
+                            .await;
                             let _ = tokio::time::timeout(
                                 Duration::from_secs(5),
                                 session

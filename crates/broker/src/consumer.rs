@@ -389,7 +389,10 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
                 shutdown.cancelled().await;
                 return;
             };
-            match self.run_session(&session, &shutdown).await {
+            let hold = supervisor.hold();
+            let end = self.run_session(&session, &shutdown).await;
+            drop(hold);
+            match end {
                 SessionEnd::Shutdown => return,
                 SessionEnd::Lost(why) => {
                     tracing::warn!(queue = %self.shared.queue.name, error = %why, "consumer lost its channel; resuming on the next connection");

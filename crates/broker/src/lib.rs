@@ -6,7 +6,7 @@ pub mod topology;
 pub mod trace;
 
 pub use connection::{
-    BrokerStatus, ConnectError, ConnectionSettings, LinkState, Session, Supervisor,
+    BrokerStatus, ConnectError, ConnectionSettings, Hold, LinkState, Session, Supervisor,
 };
 pub use consumer::{
     ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason, Outcome, Settled,
