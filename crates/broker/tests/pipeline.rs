@@ -1,4 +1,6 @@
 //! The recoverability pipeline on the real broker: malformed, parked, gave up, rejected.
+// Helpers outside #[test] functions assert too: a failed expectation fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -1,4 +1,6 @@
 //! Confirmed publishing and topology declaration on the real broker.
+// Helpers outside #[test] functions assert too: a failed expectation fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

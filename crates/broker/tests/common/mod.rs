@@ -2,6 +2,8 @@
 //! topology of one consumer queue (`orders`, bound to `commands`), a scripted job, an event
 //! recorder and helpers to publish and read raw messages.
 #![allow(dead_code)]
+// Test support: a poisoned lock or a missing fixture should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
