@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgPool};
 
 /// How old a leftover test database or vhost must be before a later run removes it.
 const LEFTOVER_AGE: Duration = Duration::from_secs(2 * 3600);
@@ -129,7 +129,9 @@ impl TestDb {
             .await
             .with_context(|| format!("creating test database {name}"))?;
         let options = admin_options.database(&name);
-        let url = options.to_url_lossy().to_string();
+        let mut url = reqwest::Url::parse(&admin_url).context("parsing WH_TEST_DATABASE_URL")?;
+        url.set_path(&name);
+        let url = url.to_string();
         let pool = PgPoolOptions::new()
             .max_connections(20)
             .acquire_timeout(Duration::from_secs(10))
@@ -168,11 +170,11 @@ async fn sweep_leftover_databases(admin: &mut sqlx::PgConnection) {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let pool = self.pool.clone();
+        // The pool's connections belong to the test's runtime, which is blocked in this drop:
+        // they cannot be closed from here, so FORCE ends their sessions on the server.
         let admin_url = self.admin_url.clone();
         let name = self.name.clone();
         block_on_side(async move {
-            pool.close().await;
             if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
                 let _ = sqlx::query(&format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#))
                     .execute(&mut admin)

@@ -1,0 +1,126 @@
+//! The singleton lease on PostgreSQL advisory locks, with real connections and a real
+//! process that dies.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+use worker_store::AdvisoryLease;
+use worker_testkit::TestDb;
+
+/// Two replicas (each with its own pool) loop a slow tick under the lease; the intervals in
+/// which they ran never overlap, and both got to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_holders_running_a_slow_tick_never_overlap() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let log: Arc<Mutex<Vec<(usize, Instant, Instant)>>> = Arc::default();
+    let mut replicas = Vec::new();
+    for replica in 0..2 {
+        let lease = AdvisoryLease::new(db.another_pool(2).await?);
+        let log = log.clone();
+        replicas.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Some(guard) = lease.acquire("outbox_drain").await? {
+                    let start = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    log.lock().await.push((replica, start, Instant::now()));
+                    guard.release().await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for replica in replicas {
+        replica.await??;
+    }
+    let mut runs = log.lock().await.clone();
+    runs.sort_by_key(|(_, start, _)| *start);
+    assert!(runs.len() > 10, "too few ticks ran: {}", runs.len());
+    for pair in runs.windows(2) {
+        assert!(
+            pair[1].1 >= pair[0].2,
+            "ticks overlapped: {:?} and {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    for replica in 0..2 {
+        assert!(
+            runs.iter().any(|(r, _, _)| *r == replica),
+            "replica {replica} never ran"
+        );
+    }
+    Ok(())
+}
+
+/// Leases of different jobs do not exclude each other; a dropped guard releases its lease.
+#[tokio::test]
+async fn leases_are_per_job_and_dropping_a_guard_releases_it() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let a = AdvisoryLease::new(db.another_pool(3).await?);
+    let b = AdvisoryLease::new(db.another_pool(3).await?);
+    let held = a.acquire("draft_expiry").await?.expect("free lease");
+    assert!(b.acquire("draft_expiry").await?.is_none());
+    assert!(b.acquire("db_health").await?.is_some());
+    drop(held);
+    // The dropped guard closes its connection; the server releases the lock as it notices.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if b.acquire("draft_expiry").await?.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped lease was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Another process holds the lease and is killed with SIGKILL: the server releases the lock
+/// with the dead session, and this replica takes over within one tick interval.
+#[tokio::test]
+async fn a_killed_holder_process_gives_the_lease_up_within_one_tick() -> anyhow::Result<()> {
+    use std::io::Write;
+    let db = TestDb::create().await?;
+    let lease = AdvisoryLease::new(db.pool.clone());
+    let mut psql = std::process::Command::new("psql")
+        .arg(&db.url)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    // The same two keys AdvisoryLease uses; the holder then idles, as a replica between ticks.
+    writeln!(
+        psql.stdin.as_mut().expect("piped stdin"),
+        "SELECT pg_advisory_lock({}, hashtext('inbound_email_poller'));",
+        0x5748_4c53
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lease.acquire("inbound_email_poller").await?.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the other process never took the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    psql.kill()?;
+    psql.wait()?;
+    let killed_at = Instant::now();
+    let tick = Duration::from_secs(1);
+    loop {
+        if lease.acquire("inbound_email_poller").await?.is_some() {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < tick,
+            "not taken over within one tick of {tick:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
