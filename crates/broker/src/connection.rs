@@ -344,6 +344,15 @@ impl Supervisor {
         }
     }
 
+    /// A confirmed publisher over this supervisor's connections: it waits (up to its
+    /// `connect_wait`) for a connection while there is none.
+    pub fn publisher(
+        &self,
+        settings: crate::publisher::PublisherSettings,
+    ) -> crate::publisher::Publisher {
+        crate::publisher::Publisher::new(self.sessions(), settings)
+    }
+
     /// See [`Hold`].
     pub fn hold(&self) -> Hold {
         self.inner.holds.send_modify(|n| *n += 1);

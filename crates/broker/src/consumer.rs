@@ -96,6 +96,29 @@ pub struct ConsumerSettings {
     pub publish_timeout: Duration,
 }
 
+impl ConsumerSettings {
+    /// Checks what an operator wrote; the message names the offending key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.prefetch == 0 {
+            // In AMQP a prefetch of 0 means "unlimited": the whole queue into memory.
+            return Err("`prefetch` must be at least 1".into());
+        }
+        if self.concurrency == 0 {
+            return Err("`concurrency` must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return Err("`max_attempts` must be at least 1".into());
+        }
+        if self.timeout.is_zero() {
+            return Err("`timeout` must be longer than zero".into());
+        }
+        if let Some(retry) = &self.retry {
+            retry.validate().map_err(|e| format!("`retry`: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
 impl Default for ConsumerSettings {
     fn default() -> Self {
         Self {
@@ -458,10 +481,15 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
                     while let Ok((tag, settle)) = done_rx.try_recv() {
                         acks.complete(tag, settle);
                     }
-                    if acks.ready() || acks.idle() {
-                        if let Err(e) = acks.flush(&channel, false).await { break Some(e) }
+                    if (acks.ready() || acks.idle())
+                        && let Err(e) = acks.flush(&channel, false).await
+                    {
+                        break Some(e);
+                    }
+                    // Completions left behind a slow handler are settled by the timer.
+                    if !acks.has_completed() {
                         flush_at = None;
-                    } else if acks.has_completed() && flush_at.is_none() {
+                    } else if flush_at.is_none() {
                         flush_at = Some(Instant::now() + shared.settings.ack_interval);
                     }
                 }
@@ -1255,6 +1283,12 @@ mod tests {
         assert_eq!(s.timeout, Duration::from_secs(5));
         assert_eq!(s.retry.unwrap().max_attempts, 2);
         assert!(toml::from_str::<ConsumerSettings>("prefech = 1").is_err());
+        assert_eq!(ConsumerSettings::default().validate(), Ok(()));
+        let zero = ConsumerSettings {
+            prefetch: 0,
+            ..ConsumerSettings::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("prefetch"));
     }
 
     #[tokio::test]

@@ -410,3 +410,49 @@ async fn shutdown_lets_handlers_finish_and_leaves_nothing_unacked() -> anyhow::R
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_does_not_hold_the_other_deliveries_prefetch_slots() -> anyhow::Result<()> {
+    let settings = worker_broker::ConsumerSettings {
+        prefetch: 5,
+        concurrency: 5,
+        ..consumer_settings(5)
+    };
+    let mut h = Harness::start(queue_settings(&[200], 5), settings).await?;
+    let conn = h.connection().await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(Default::default()).await?;
+    publish_raw(
+        &ch,
+        "commands",
+        QUEUE,
+        br#"{"id":"slow","behaviour":{"kind":"sleep","ms":4000}}"#,
+        properties("slow"),
+    )
+    .await?;
+    for i in 0..50 {
+        publish_raw(
+            &ch,
+            "commands",
+            QUEUE,
+            format!(r#"{{"id":"q{i}"}}"#).as_bytes(),
+            properties(&format!("q{i}")),
+        )
+        .await?;
+    }
+    // Were the quick ones' acks held back behind the slow one, the broker would stop at five
+    // unacked deliveries until the slow one ends.
+    h.events
+        .wait_for("q49", Duration::from_secs(3), |e| {
+            e.iter().any(|e| e.outcome == Outcome::Succeeded)
+        })
+        .await?;
+    assert!(
+        h.events.for_message("slow").is_empty(),
+        "the slow one is still running"
+    );
+    h.events
+        .wait_for("slow", Duration::from_secs(10), |e| !e.is_empty())
+        .await?;
+    h.stop().await
+}
