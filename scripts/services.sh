@@ -1,0 +1,772 @@
+#!/usr/bin/env bash
+# Local test services for the worker host, without Docker or systemd.
+#
+#   scripts/services.sh up        install what is missing (Debian/Ubuntu apt), start what is not
+#                                 running, reuse what already answers; safe to run again (fast)
+#   scripts/services.sh down      stop what this script started; leave reused services alone
+#   scripts/services.sh status    one line per service; exit 0 only when all four answer
+#   scripts/services.sh env       print `export` lines for the tests (eval "$(scripts/services.sh env)")
+#   scripts/services.sh selftest  send a mail through the SMTP sink, read it back over IMAP, check
+#                                 the failure switches, PostgreSQL login and the RabbitMQ API
+#
+# Services (all on 127.0.0.1):
+#   PostgreSQL  5432   role/database worker_host, password worker_host, CREATEDB, max_connections>=200
+#                      (Debian cluster, e.g. `15 main`, started with pg_ctlcluster)
+#   RabbitMQ    5672   guest/guest, management HTTP API on 15672 (data under the services dir
+#                      when started here)
+#   Dovecot     10143  IMAP, plain logins: alice/secret bob/secret demo/demo ops/secret; any other
+#                      user name logs in with password `secret`. Mail of user X is read from
+#                      <services dir>/mail/X/Maildir.
+#   SMTP sink   2525   scripts/smtp_sink.py under aiosmtpd: delivers every recipient's mail to
+#                      <services dir>/mail/<local part>/Maildir (so it shows up in Dovecot).
+#                      Chosen failures: local part fail4xx* -> 451 4.3.0, fail5xx* -> 550 5.1.1.
+#                      Runtime switch: while the file <services dir>/smtp-fail/<address> exists
+#                      (e.g. .services/smtp-fail/bob@localhost), its first line is the reply to
+#                      RCPT for that address (e.g. `451 4.3.0 try later`); delete it to recover.
+#
+# Everything this script creates lives in ${WH_SERVICES_DIR:-<repo>/.services} (PostgreSQL's
+# Debian cluster stays where Debian keeps it). Run as root, or as a user who may use sudo.
+# When root, mail files belong to the unprivileged system user `wh` (created if missing), which
+# also runs the SMTP sink; as a normal user they belong to that user.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(dirname "$SCRIPT_DIR")
+DIR=${WH_SERVICES_DIR:-$REPO_DIR/.services}
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+HOST=127.0.0.1
+PG_PORT=5432
+AMQP_PORT=5672
+RABBIT_API_PORT=15672
+IMAP_PORT=10143
+SMTP_PORT=2525
+DB_USER=worker_host
+DB_PASS=worker_host
+DB_NAME=worker_host
+
+say() { echo "services: $*"; }
+warn() { echo "services: warning: $*" >&2; }
+die() { echo "services: error: $*" >&2; exit 1; }
+
+if [ "$(id -u)" = 0 ]; then IS_ROOT=1; else IS_ROOT=0; fi
+
+as_root() {
+    if [ "$IS_ROOT" = 1 ]; then
+        "$@"
+    else
+        command -v sudo >/dev/null 2>&1 || die "not root and sudo is missing: cannot run $1"
+        sudo "$@"
+    fi
+}
+
+as_user() { # as_user USER CMD...
+    local user=$1
+    shift
+    if [ "$IS_ROOT" = 1 ]; then
+        runuser -u "$user" -- "$@"
+    elif [ "$(id -un)" = "$user" ]; then
+        "$@"
+    else
+        as_root -u "$user" -- "$@"
+    fi
+}
+
+port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null; }
+
+# GET a path of the RabbitMQ management API as guest/guest; success on HTTP 200.
+rabbit_api_ok() {
+    timeout 3 bash -c '
+        exec 3<>"/dev/tcp/$0/$1" || exit 1
+        printf "GET %s HTTP/1.0\r\nHost: %s\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\r\n" "$2" "$0" >&3
+        IFS= read -r line <&3 || exit 1
+        case "$line" in "HTTP/1."?" 200"*) exit 0 ;; *) exit 1 ;; esac
+    ' "$HOST" "$RABBIT_API_PORT" "${1:-/api/overview}" 2>/dev/null
+}
+
+# wait_until NAME SECONDS LOG CHECK...: poll CHECK every 0.25 s, fail clearly on timeout.
+wait_until() {
+    local name=$1 secs=$2 logf=$3
+    shift 3
+    local deadline=$((SECONDS + secs))
+    until "$@"; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "services: error: $name did not come up within ${secs}s; log: $logf" >&2
+            if [ -r "$logf" ]; then tail -n 15 "$logf" | sed 's/^/    /' >&2; fi
+            exit 1
+        fi
+        sleep 0.25
+    done
+}
+
+marker() { echo "$DIR/state/$1.ours"; }
+ours() { [ -e "$(marker "$1")" ]; }
+origin() { if ours "$1"; then echo "started by us"; else echo "reused"; fi; }
+
+# Python able to import aiosmtpd (Debian's python3-aiosmtpd lives in /usr/bin/python3, which
+# may not be the first python3 on PATH, e.g. under pyenv).
+smtp_python() {
+    local p
+    for p in /usr/bin/python3 "$(command -v python3 || true)"; do
+        [ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import aiosmtpd' 2>/dev/null && { echo "$p"; return 0; }
+    done
+    return 1
+}
+
+any_python() {
+    if [ -x /usr/bin/python3 ]; then echo /usr/bin/python3; else command -v python3 || die "python3 is missing"; fi
+}
+
+pg_bin_present() { compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null; }
+
+mail_user() { if [ "$IS_ROOT" = 1 ]; then echo wh; else id -un; fi; }
+
+# ---------------------------------------------------------------------------------- install
+
+install_missing() {
+    local pkgs=()
+    if ! port_open "$PG_PORT"; then
+        { command -v pg_ctlcluster >/dev/null && pg_bin_present; } || pkgs+=(postgresql)
+    fi
+    command -v psql >/dev/null || [[ " ${pkgs[*]} " == *" postgresql "* ]] || pkgs+=(postgresql-client)
+    if ! port_open "$AMQP_PORT"; then
+        command -v rabbitmq-server >/dev/null || pkgs+=(rabbitmq-server)
+    fi
+    if ! port_open "$IMAP_PORT"; then
+        { command -v dovecot >/dev/null && [ -x /usr/lib/dovecot/imap ]; } || pkgs+=(dovecot-imapd)
+    fi
+    if ! port_open "$SMTP_PORT"; then
+        smtp_python >/dev/null || pkgs+=(python3-aiosmtpd)
+    fi
+    [ "${#pkgs[@]}" -gt 0 ] || return 0
+    command -v apt-get >/dev/null || die "missing: ${pkgs[*]}; no apt-get here, install them by hand"
+    local logf="$DIR/apt.log"
+    say "installing ${pkgs[*]} with apt-get (log: $logf)"
+    {
+        as_root apt-get update &&
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -o DPkg::Lock::Timeout=300 \
+                --no-install-recommends "${pkgs[@]}"
+    } >>"$logf" 2>&1 || {
+        tail -n 20 "$logf" | sed 's/^/    /' >&2
+        die "apt-get install ${pkgs[*]} failed; log: $logf"
+    }
+}
+
+# ---------------------------------------------------------------------------------- postgres
+
+pg_cluster_5432() { # prints "VERSION NAME" of the Debian cluster on port 5432
+    command -v pg_lsclusters >/dev/null || return 1
+    pg_lsclusters -h 2>/dev/null | awk -v p="$PG_PORT" '$3 == p { print $1, $2; found = 1; exit } END { exit !found }'
+}
+
+pg_log() {
+    local c
+    if c=$(pg_cluster_5432); then echo "/var/log/postgresql/postgresql-${c% *}-${c#* }.log"; else echo "/var/log/postgresql/"; fi
+}
+
+pg_ready() {
+    if command -v pg_isready >/dev/null; then
+        pg_isready -q -h "$HOST" -p "$PG_PORT" -t 2
+    else
+        port_open "$PG_PORT"
+    fi
+}
+
+pg_admin() { # psql as the postgres superuser over the local socket
+    (cd / && as_user postgres psql -XqtA -v ON_ERROR_STOP=1 -p "$PG_PORT" "$@")
+}
+
+pg_start() {
+    local c ver
+    if ! c=$(pg_cluster_5432); then
+        ver=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+        [ -n "$ver" ] || die "postgres: no PostgreSQL server installed"
+        say "postgres: creating Debian cluster $ver main on port $PG_PORT"
+        as_root pg_createcluster "$ver" main --port "$PG_PORT" >>"$DIR/postgres-create.log" 2>&1 ||
+            die "postgres: pg_createcluster $ver main failed; log: $DIR/postgres-create.log"
+        c="$ver main"
+    fi
+    # shellcheck disable=SC2086
+    as_root pg_ctlcluster $c start 9>&- || die "postgres: pg_ctlcluster $c start failed; log: $(pg_log)"
+    echo "$c" >"$(marker postgres)"
+    wait_until postgres 60 "$(pg_log)" pg_ready
+}
+
+pg_setup() {
+    local got
+    # Fast path: the role logs in with its password, may create databases, enough connections.
+    got=$(PGPASSWORD=$DB_PASS PGCONNECT_TIMEOUT=3 psql -XqtA -h "$HOST" -p "$PG_PORT" -U "$DB_USER" -d "$DB_NAME" \
+        -c "select rolcreatedb, current_setting('max_connections')::int >= 200 from pg_roles where rolname = current_user" \
+        2>/dev/null || true)
+    [ "$got" = "t|t" ] && return 0
+
+    pg_admin -c 'select 1' >/dev/null 2>&1 || die "postgres on $HOST:$PG_PORT is not administrable here (no local \
+postgres superuser) and $DB_USER/$DB_PASS cannot log in with CREATEDB and max_connections>=200; fix it by hand"
+    pg_admin >/dev/null <<SQL
+DO \$\$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$DB_USER') THEN
+    CREATE ROLE $DB_USER LOGIN CREATEDB PASSWORD '$DB_PASS';
+  ELSE
+    ALTER ROLE $DB_USER LOGIN CREATEDB PASSWORD '$DB_PASS';
+  END IF;
+END
+\$\$;
+SELECT 'CREATE DATABASE $DB_NAME OWNER $DB_USER' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$DB_NAME')
+\gexec
+ALTER DATABASE $DB_NAME OWNER TO $DB_USER;
+SQL
+    say "postgres: role and database $DB_USER ready"
+    local maxc c
+    maxc=$(pg_admin -c 'show max_connections')
+    if [ "$maxc" -lt 200 ]; then
+        pg_admin -c 'alter system set max_connections = 200' >/dev/null
+        if c=$(pg_cluster_5432); then
+            say "postgres: max_connections $maxc -> 200, restarting cluster $c"
+            # shellcheck disable=SC2086
+            as_root pg_ctlcluster $c restart 9>&- || die "postgres: restart failed; log: $(pg_log)"
+            wait_until postgres 60 "$(pg_log)" pg_ready
+        else
+            warn "postgres: max_connections is $maxc; set to 200 with ALTER SYSTEM, restart the server to apply"
+        fi
+    fi
+}
+
+postgres_up() {
+    if port_open "$PG_PORT"; then
+        wait_until postgres 30 "$(pg_log)" pg_ready
+        pg_setup
+        say "postgres $(ours postgres && echo 'already running (started by us)' || echo reused) on $HOST:$PG_PORT"
+    else
+        pg_start
+        pg_setup
+        say "postgres started on $HOST:$PG_PORT (cluster $(cat "$(marker postgres)"), log: $(pg_log))"
+    fi
+}
+
+postgres_down() {
+    ours postgres || return 0
+    local c
+    c=$(cat "$(marker postgres)")
+    if port_open "$PG_PORT"; then
+        # shellcheck disable=SC2086
+        as_root pg_ctlcluster $c stop -m fast || warn "postgres: pg_ctlcluster $c stop failed"
+        say "postgres stopped (cluster $c)"
+    fi
+    rm -f "$(marker postgres)"
+}
+
+# ---------------------------------------------------------------------------------- rabbitmq
+
+RMQ_DIR=$DIR/rabbitmq
+RMQ_STARTUP_LOG=$DIR/rabbitmq-startup.log
+RMQ_ENV=()
+
+rabbit_prepare() {
+    mkdir -p "$RMQ_DIR/mnesia" "$RMQ_DIR/log"
+    cat >"$RMQ_DIR/rabbitmq.conf" <<EOF
+# generated by scripts/services.sh
+listeners.tcp.default = $HOST:$AMQP_PORT
+management.tcp.ip = $HOST
+management.tcp.port = $RABBIT_API_PORT
+EOF
+    echo '[rabbitmq_management].' >"$RMQ_DIR/enabled_plugins"
+    chmod 644 "$RMQ_DIR/rabbitmq.conf" "$RMQ_DIR/enabled_plugins"
+    if as_user rabbitmq test -r "$RMQ_DIR/rabbitmq.conf" 2>/dev/null; then
+        as_root chown -R rabbitmq:rabbitmq "$RMQ_DIR/mnesia" "$RMQ_DIR/log"
+        RMQ_ENV=(
+            RABBITMQ_MNESIA_BASE="$RMQ_DIR/mnesia"
+            RABBITMQ_LOG_BASE="$RMQ_DIR/log"
+            RABBITMQ_PID_FILE="$RMQ_DIR/mnesia/rabbitmq.pid"
+            RABBITMQ_CONFIG_FILE="$RMQ_DIR/rabbitmq.conf"
+            RABBITMQ_ENABLED_PLUGINS_FILE="$RMQ_DIR/enabled_plugins"
+        )
+    else
+        # The rabbitmq user cannot reach the services dir (e.g. a private home): Debian defaults.
+        say "rabbitmq: user rabbitmq cannot reach $RMQ_DIR; using Debian's default locations"
+        RMQ_ENV=(RABBITMQ_PID_FILE=/var/lib/rabbitmq/wh-services.pid)
+        as_root rabbitmq-plugins enable --offline rabbitmq_management >>"$RMQ_STARTUP_LOG" 2>&1 || true
+    fi
+}
+
+rabbit_log() {
+    local f
+    if [ "${#RMQ_ENV[@]}" -gt 1 ]; then
+        for f in "$RMQ_DIR"/log/rabbit@*.log; do
+            [ -e "$f" ] && { echo "$f"; return; }
+        done
+        echo "$RMQ_DIR/log/ and $RMQ_STARTUP_LOG"
+    else
+        echo "/var/log/rabbitmq/"
+    fi
+}
+
+rabbit_ready() { port_open "$AMQP_PORT" && rabbit_api_ok /api/overview; }
+
+rabbit_start() {
+    rabbit_prepare
+    as_root env "${RMQ_ENV[@]}" rabbitmq-server -detached >>"$RMQ_STARTUP_LOG" 2>&1 9>&- ||
+        die "rabbitmq: rabbitmq-server -detached failed; log: $RMQ_STARTUP_LOG"
+    printf '%s\n' "${RMQ_ENV[@]}" >"$(marker rabbitmq)"
+    wait_until rabbitmq 120 "$(rabbit_log)" rabbit_ready
+}
+
+rabbitmq_up() {
+    if port_open "$AMQP_PORT"; then
+        if ! rabbit_api_ok /api/overview; then
+            # Give a booting node a moment, then enable the management plugin if it is off.
+            local i
+            for i in $(seq 1 20); do rabbit_api_ok /api/overview && break; sleep 0.25; done
+            if ! rabbit_api_ok /api/overview; then
+                command -v rabbitmq-plugins >/dev/null ||
+                    die "rabbitmq on $HOST:$AMQP_PORT has no management API on $RABBIT_API_PORT and rabbitmq-plugins is missing"
+                say "rabbitmq: enabling rabbitmq_management on the running node"
+                as_root rabbitmq-plugins enable rabbitmq_management >>"$DIR/rabbitmq-plugins.log" 2>&1 9>&- ||
+                    die "rabbitmq: enabling rabbitmq_management failed; log: $DIR/rabbitmq-plugins.log"
+                wait_until "rabbitmq management API" 60 "$DIR/rabbitmq-plugins.log" rabbit_api_ok /api/overview
+            fi
+        fi
+        say "rabbitmq $(ours rabbitmq && echo 'already running (started by us)' || echo reused) on $HOST:$AMQP_PORT (API $HOST:$RABBIT_API_PORT)"
+    else
+        rabbit_start
+        say "rabbitmq started on $HOST:$AMQP_PORT (API $HOST:$RABBIT_API_PORT, log: $(rabbit_log))"
+    fi
+}
+
+rabbitmq_down() {
+    ours rabbitmq || return 0
+    local envs=() pidf="" pid="" i
+    mapfile -t envs <"$(marker rabbitmq)"
+    for i in "${envs[@]}"; do
+        case "$i" in RABBITMQ_PID_FILE=*) pidf=${i#RABBITMQ_PID_FILE=} ;; esac
+    done
+    [ -n "$pidf" ] && pid=$(as_root cat "$pidf" 2>/dev/null || true)
+    if port_open "$AMQP_PORT" || { [ -n "$pid" ] && as_root kill -0 "$pid" 2>/dev/null; }; then
+        as_root env "${envs[@]}" timeout 60 rabbitmqctl shutdown >/dev/null 2>&1 ||
+            { [ -n "$pid" ] && as_root kill "$pid" 2>/dev/null; } || warn "rabbitmq: could not stop the node"
+        if [ -n "$pid" ]; then
+            for i in $(seq 1 80); do as_root kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+        fi
+        # epmd was started by the node; it refuses to die while other nodes are registered.
+        epmd -kill >/dev/null 2>&1 || true
+        say "rabbitmq stopped"
+    fi
+    rm -f "$(marker rabbitmq)"
+}
+
+# ---------------------------------------------------------------------------------- dovecot
+
+DOVECOT_DIR=$DIR/dovecot
+DOVECOT_CONF=$DOVECOT_DIR/dovecot.conf
+DOVECOT_LOG=$DOVECOT_DIR/dovecot.log
+CONFIG_CHANGED=0
+
+ensure_mail_user() {
+    [ "$IS_ROOT" = 1 ] || return 0
+    if ! id -u wh >/dev/null 2>&1; then
+        useradd -r -M -U -d /nonexistent -s /usr/sbin/nologin wh 2>/dev/null || useradd -r -M wh
+        say "created system user wh for the mail files"
+    fi
+}
+
+mail_dirs() {
+    local mu
+    mu=$(mail_user)
+    ensure_mail_user
+    mkdir -p "$DIR/mail" "$DIR/smtp-fail" "$DIR/smtp" "$DIR/state"
+    chmod 1777 "$DIR/smtp-fail"
+    if [ "$IS_ROOT" = 1 ] && [ "$(stat -c %U "$DIR/mail")" != "$mu" ]; then
+        chown -R "$mu:$(id -gn "$mu")" "$DIR/mail"
+    fi
+}
+
+# The mail user (wh when root) must reach the mail folder: a services dir under a private
+# home (e.g. /root) cannot work; say so instead of failing obscurely later.
+check_mail_access() {
+    local mu
+    mu=$(mail_user)
+    [ "$mu" = "$(id -un)" ] && return 0
+    as_user "$mu" test -w "$DIR/mail" 2>/dev/null && return 0
+    die "user $mu cannot write $DIR/mail (a parent folder is private?); \
+use a services dir it can reach, e.g. WH_SERVICES_DIR=/var/tmp/wh-services $0 up"
+}
+
+write_file_if_changed() { # write_file_if_changed PATH < content
+    local tmp
+    tmp=$(mktemp "$1.XXXXXX")
+    cat >"$tmp"
+    if cmp -s "$tmp" "$1"; then
+        rm -f "$tmp"
+    else
+        chmod 644 "$tmp" && mv -f "$tmp" "$1"
+        CONFIG_CHANGED=1
+    fi
+}
+
+dovecot_config() {
+    local mu
+    mu=$(mail_user)
+    mkdir -p "$DOVECOT_DIR/run" "$DOVECOT_DIR/state"
+    write_file_if_changed "$DOVECOT_DIR/users" <<'EOF'
+alice:{PLAIN}secret
+bob:{PLAIN}secret
+demo:{PLAIN}demo
+ops:{PLAIN}secret
+EOF
+    write_file_if_changed "$DOVECOT_CONF" <<EOF
+# generated by scripts/services.sh
+protocols = imap
+listen = $HOST
+base_dir = $DOVECOT_DIR/run
+state_dir = $DOVECOT_DIR/state
+log_path = $DOVECOT_LOG
+ssl = no
+disable_plaintext_auth = no
+auth_mechanisms = plain login
+# "Alice" and "alice@localhost" both log in as alice, whose mail is in mail/alice/Maildir.
+auth_username_format = %Ln
+first_valid_uid = 1
+mail_location = maildir:$DIR/mail/%u/Maildir
+# Tests try wrong passwords on purpose: answer failures at once (0.5 s tick) and switch off
+# the per-IP auth penalty, which would otherwise slow later logins from 127.0.0.1 up to 15 s.
+auth_failure_delay = 0
+service anvil {
+  unix_listener anvil-auth-penalty {
+    mode = 0
+  }
+}
+# Known accounts with their own passwords.
+passdb {
+  driver = passwd-file
+  args = scheme=PLAIN username_format=%u $DOVECOT_DIR/users
+}
+# Any other user name (any local part the SMTP sink delivered to) logs in with "secret";
+# the known accounts are filtered out so that e.g. demo/secret still fails.
+passdb {
+  driver = static
+  args = password=secret
+  username_filter = !alice !bob !demo !ops *
+}
+userdb {
+  driver = static
+  args = uid=$mu gid=$(id -gn "$mu") home=$DIR/mail/%u
+}
+service auth {
+  user = root
+}
+service imap-login {
+  inet_listener imap {
+    address = $HOST
+    port = $IMAP_PORT
+  }
+  inet_listener imaps {
+    port = 0
+  }
+}
+service pop3-login {
+  inet_listener pop3 {
+    port = 0
+  }
+}
+EOF
+}
+
+dovecot_up() {
+    mail_dirs
+    dovecot_config
+    if port_open "$IMAP_PORT"; then
+        if ours dovecot && [ "$CONFIG_CHANGED" = 1 ]; then
+            as_root doveadm -c "$DOVECOT_CONF" reload 9>&- || die "dovecot: reload failed; log: $DOVECOT_LOG"
+            say "dovecot: configuration changed, reloaded"
+        fi
+        say "dovecot $(ours dovecot && echo 'already running (started by us)' || echo reused) on $HOST:$IMAP_PORT"
+        return 0
+    fi
+    check_mail_access
+    as_root dovecot -c "$DOVECOT_CONF" >>"$DOVECOT_LOG" 2>&1 9>&- || {
+        tail -n 15 "$DOVECOT_LOG" | sed 's/^/    /' >&2
+        die "dovecot failed to start; log: $DOVECOT_LOG"
+    }
+    echo "$DOVECOT_DIR/run/master.pid" >"$(marker dovecot)"
+    wait_until dovecot 20 "$DOVECOT_LOG" port_open "$IMAP_PORT"
+    say "dovecot started on $HOST:$IMAP_PORT (log: $DOVECOT_LOG)"
+}
+
+dovecot_down() {
+    ours dovecot || return 0
+    local pid i
+    # base_dir belongs to root (mode 0750 or so): read the pid file as root.
+    pid=$(as_root cat "$DOVECOT_DIR/run/master.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && as_root kill -0 "$pid" 2>/dev/null; then
+        as_root kill "$pid" 2>/dev/null || true
+        for i in $(seq 1 40); do as_root kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+        as_root kill -0 "$pid" 2>/dev/null && die "dovecot (pid $pid) did not stop; log: $DOVECOT_LOG"
+        say "dovecot stopped"
+    elif port_open "$IMAP_PORT"; then
+        as_root doveadm -c "$DOVECOT_CONF" stop 2>/dev/null || die "dovecot: cannot find its pid to stop it"
+        say "dovecot stopped"
+    fi
+    rm -f "$(marker dovecot)"
+}
+
+# ---------------------------------------------------------------------------------- smtp sink
+
+SMTP_PID=$DIR/smtp/smtp.pid
+SMTP_LOG=$DIR/smtp/smtp.log
+
+smtp_alive() { [ -s "$SMTP_PID" ] && kill -0 "$(cat "$SMTP_PID")" 2>/dev/null; }
+
+smtp_ready() {
+    smtp_alive || {
+        echo "services: error: the SMTP sink exited; log: $SMTP_LOG" >&2
+        tail -n 15 "$SMTP_LOG" | sed 's/^/    /' >&2
+        exit 1
+    }
+    port_open "$SMTP_PORT"
+}
+
+smtp_up() {
+    mail_dirs
+    if port_open "$SMTP_PORT"; then
+        say "smtp sink $(ours smtp && echo 'already running (started by us)' || echo reused) on $HOST:$SMTP_PORT"
+        return 0
+    fi
+    local py mu drop=()
+    check_mail_access
+    py=$(smtp_python) || die "smtp: no python3 with aiosmtpd (apt-get install python3-aiosmtpd)"
+    mu=$(mail_user)
+    if [ "$IS_ROOT" = 1 ]; then drop=(setpriv --reuid="$mu" --regid="$(id -g "$mu")" --init-groups --); fi
+    (
+        cd "$SCRIPT_DIR"
+        exec setsid "${drop[@]}" env PYTHONPATH="$SCRIPT_DIR" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+            WH_SERVICES_DIR="$DIR" "$py" -m aiosmtpd -n -l "$HOST:$SMTP_PORT" -c smtp_sink.Handler
+    ) >>"$SMTP_LOG" 2>&1 </dev/null 9>&- &
+    echo $! >"$SMTP_PID"
+    echo "$SMTP_PID" >"$(marker smtp)"
+    wait_until "smtp sink" 20 "$SMTP_LOG" smtp_ready
+    say "smtp sink started on $HOST:$SMTP_PORT as $mu (log: $SMTP_LOG)"
+}
+
+smtp_down() {
+    ours smtp || return 0
+    local pid i
+    pid=$(cat "$SMTP_PID" 2>/dev/null || true)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null || as_root kill "$pid" 2>/dev/null || true
+        for i in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+        say "smtp sink stopped"
+    fi
+    rm -f "$(marker smtp)" "$SMTP_PID"
+}
+
+# ---------------------------------------------------------------------------------- commands
+
+lock() {
+    mkdir -p "$DIR/state"
+    exec 9>"$DIR/state/lock"
+    flock -w 600 9 || die "another services.sh holds $DIR/state/lock"
+}
+
+cmd_up() {
+    local t0=$EPOCHREALTIME
+    lock
+    install_missing
+    if ! port_open "$IMAP_PORT" || ! port_open "$SMTP_PORT"; then
+        mail_dirs
+        check_mail_access
+    fi
+    postgres_up
+    rabbitmq_up
+    dovecot_up
+    smtp_up
+    say "all up in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')s; data in $DIR"
+}
+
+cmd_down() {
+    lock
+    smtp_down
+    dovecot_down
+    rabbitmq_down
+    postgres_down
+    say "down: stopped what this script had started"
+}
+
+status_line() { # NAME ADDR CHECK...
+    local name=$1 addr=$2
+    shift 2
+    if "$@"; then
+        printf 'services: %-9s up    %-34s %s\n' "$name" "$addr" "$(origin "$name")"
+    else
+        printf 'services: %-9s down  %s\n' "$name" "$addr"
+        return 1
+    fi
+}
+
+cmd_status() {
+    local rc=0
+    status_line postgres "$HOST:$PG_PORT" port_open "$PG_PORT" || rc=1
+    status_line rabbitmq "$HOST:$AMQP_PORT (API $HOST:$RABBIT_API_PORT)" rabbit_ready || rc=1
+    status_line dovecot "$HOST:$IMAP_PORT" port_open "$IMAP_PORT" || rc=1
+    status_line smtp "$HOST:$SMTP_PORT" port_open "$SMTP_PORT" || rc=1
+    return $rc
+}
+
+cmd_env() {
+    cat <<EOF
+export WH_TEST_DATABASE_URL=postgres://$DB_USER:$DB_PASS@$HOST:$PG_PORT/$DB_NAME
+export WH_TEST_AMQP_URL=amqp://guest:guest@$HOST:$AMQP_PORT/%2f
+export WH_TEST_RABBIT_API=http://guest:guest@$HOST:$RABBIT_API_PORT
+export WH_TEST_IMAP=$HOST:$IMAP_PORT
+export WH_TEST_SMTP=$HOST:$SMTP_PORT
+export WH_SERVICES_DIR=$DIR
+EOF
+}
+
+cmd_selftest() {
+    local py rc=0
+    py=$(any_python)
+    WH_SERVICES_DIR=$DIR WH_HOST=$HOST WH_SMTP_PORT=$SMTP_PORT WH_IMAP_PORT=$IMAP_PORT \
+        WH_API_PORT=$RABBIT_API_PORT "$py" -u - <<'PY' || rc=$?
+import base64, imaplib, json, os, smtplib, sys, time, uuid, urllib.request
+from email.message import EmailMessage
+
+host = os.environ["WH_HOST"]
+smtp_port = int(os.environ["WH_SMTP_PORT"])
+imap_port = int(os.environ["WH_IMAP_PORT"])
+fail_dir = os.path.join(os.environ["WH_SERVICES_DIR"], "smtp-fail")
+failures = []
+
+def check(name, ok, detail=""):
+    print("selftest: %-44s %s%s" % (name, "ok" if ok else "FAILED", "" if ok else "  " + detail))
+    if not ok:
+        failures.append(name)
+
+def send(rcpt, subject):
+    msg = EmailMessage()
+    msg["From"] = "selftest@localhost"
+    msg["To"] = rcpt
+    msg["Subject"] = subject
+    msg.set_content("selftest body " + subject)
+    with smtplib.SMTP(host, smtp_port, timeout=10) as s:
+        s.send_message(msg)
+
+def rcpt_code(rcpt):
+    with smtplib.SMTP(host, smtp_port, timeout=10) as s:
+        s.ehlo()
+        s.mail("selftest@localhost")
+        code, text = s.rcpt(rcpt)
+        s.rset()
+        return code, text.decode()
+
+def read_back(user, password, subject, wait=5.0):
+    """Fetch the message with this subject over IMAP, then delete it (leave INBOXes clean)."""
+    deadline = time.time() + wait
+    while True:
+        m = imaplib.IMAP4(host, imap_port, timeout=10)
+        try:
+            m.login(user, password)
+            m.select("INBOX")
+            typ, data = m.search(None, "SUBJECT", '"%s"' % subject)
+            nums = data[0].split()
+            if nums:
+                typ, msg = m.fetch(nums[-1], "(RFC822)")
+                for n in nums:
+                    m.store(n, "+FLAGS", "\\Deleted")
+                m.expunge()
+                return msg[0][1]
+        finally:
+            try:
+                m.logout()
+            except Exception:
+                pass
+        if time.time() > deadline:
+            return None
+        time.sleep(0.2)
+
+tag = uuid.uuid4().hex[:12]
+try:
+    subject = "wh-selftest-" + tag
+    send("alice@localhost", subject)
+    raw = read_back("alice", "secret", subject)
+    check("mail to alice read back over IMAP", raw is not None and (b"selftest body " + subject.encode()) in raw,
+          "subject %s not found in alice's INBOX" % subject)
+    check("Delivered-To header", raw is not None and b"Delivered-To: alice@localhost" in raw)
+
+    try:
+        imaplib.IMAP4(host, imap_port, timeout=10).login("alice", "wrong")
+        check("wrong password refused", False, "login alice/wrong succeeded")
+    except imaplib.IMAP4.error:
+        check("wrong password refused", True)
+
+    code, text = rcpt_code("fail5xx-x@localhost")
+    check("fail5xx recipient gets 550", code == 550, "%s %s" % (code, text))
+    code, text = rcpt_code("fail4xx-x@localhost")
+    check("fail4xx recipient gets 451", code == 451, "%s %s" % (code, text))
+
+    switch = os.path.join(fail_dir, "bob@localhost")
+    with open(switch, "w") as f:
+        f.write("452 4.2.2 mailbox full (selftest)\n")
+    try:
+        code, text = rcpt_code("bob@localhost")
+        check("smtp-fail switch makes bob fail", code == 452, "%s %s" % (code, text))
+    finally:
+        os.unlink(switch)
+    code, text = rcpt_code("bob@localhost")
+    check("bob accepted again after removing switch", code == 250, "%s %s" % (code, text))
+
+    other = "wh-selftest"
+    send(other + "@example.org", subject)
+    raw = read_back(other, "secret", subject)
+    check("any local part readable with password secret", raw is not None)
+except Exception as e:
+    check("mail round trip", False, repr(e))
+
+try:
+    req = urllib.request.Request("http://%s:%s/api/overview" % (host, os.environ["WH_API_PORT"]))
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    with urllib.request.urlopen(req, timeout=10) as r:
+        ov = json.load(r)
+    check("rabbitmq API (version %s)" % ov.get("rabbitmq_version"), True)
+    q = "wh-selftest-%s" % tag
+    url = "http://%s:%s/api/queues/%%2f/%s" % (host, os.environ["WH_API_PORT"], q)
+    body = json.dumps({"durable": True, "arguments": {"x-queue-type": "quorum"}}).encode()
+    req = urllib.request.Request(url, data=body, method="PUT", headers={"content-type": "application/json"})
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    urllib.request.urlopen(req, timeout=30).close()
+    req = urllib.request.Request(url, method="DELETE")
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    urllib.request.urlopen(req, timeout=30).close()
+    check("rabbitmq quorum queue declare/delete", True)
+except Exception as e:
+    check("rabbitmq API", False, repr(e))
+
+sys.exit(1 if failures else 0)
+PY
+    if command -v psql >/dev/null; then
+        if PGPASSWORD=$DB_PASS PGCONNECT_TIMEOUT=5 psql -XqtA -h "$HOST" -p "$PG_PORT" -U "$DB_USER" -d "$DB_NAME" \
+            -c "select rolcreatedb and current_setting('max_connections')::int >= 200 from pg_roles where rolname = current_user" 2>/dev/null |
+            grep -qx t; then
+            echo "selftest: postgres login, CREATEDB, max_connections>=200    ok"
+        else
+            echo "selftest: postgres login, CREATEDB, max_connections>=200    FAILED"
+            rc=1
+        fi
+    fi
+    if [ "$rc" = 0 ]; then echo "selftest: all ok"; else echo "selftest: FAILED" >&2; fi
+    return "$rc"
+}
+
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+
+case "${1:-}" in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+env) cmd_env ;;
+selftest) cmd_selftest ;;
+-h | --help | help) usage ;;
+*)
+    usage >&2
+    exit 2
+    ;;
+esac
