@@ -1,4 +1,107 @@
-//! RabbitMQ adapter (work in progress).
+//! # worker-broker: RabbitMQ for the worker host, on lapin
+//!
+//! Everything that speaks AMQP lives here: the topology every consumer queue needs, a
+//! publisher whose success means "routed and confirmed", the consumer runner that applies the
+//! recoverability pipeline to every delivery, and the supervision that keeps a connection up
+//! across broker restarts. Jobs never see lapin: they implement [`worker_core::ConsumerJob`]
+//! and return a classified [`worker_core::Failure`]; this crate turns that class into a broker
+//! action.
+//!
+//! ## The pipeline, for every delivery
+//!
+//! ```text
+//! delivery ─▶ x-attempt ok? ─no──────────────────────────────▶ dead letter "malformed"
+//!                 │ yes
+//!                 ▼
+//!            body decodes? ─no───────────────────────────────▶ dead letter "malformed"
+//!                 │ yes
+//!                 ▼
+//!         Retry (in process, per-try timeout) around the handler
+//!                 │
+//!   Done/Duplicate ─▶ ack
+//!   Permanent      ─▶ dead letter "rejected"
+//!   Transient      ─▶ attempt < max_attempts ? park in tier(attempt+1), x-attempt+1
+//!                                            : dead letter "gave-up"
+//!   Throttled      ─▶ same, in the first tier that waits at least retry_after
+//!   Cancelled      ─▶ back to the queue (nack, requeue)
+//!
+//! A park or dead letter is acked only once its publish is confirmed; a park that fails falls
+//! back to a dead letter; when both fail, the delivery goes back to the queue and the queue's
+//! x-delivery-limit dead-letters it after its deliveries (x-death reason delivery_limit).
+//! ```
+//!
+//! A parked or dead copy keeps the body, routing key, content type, message id, correlation
+//! id, type, timestamp and every application header (trace context included). A dead letter
+//! adds `x-dead-reason`, `x-dead-attempts`, `x-dead-error` (≤ 2 KiB), `x-dead-class`,
+//! `x-dead-queue` and `x-dead-at`, and drops `x-attempt`. Parking goes through the default
+//! exchange, so the original routing key travels in `x-original-routing-key`.
+//!
+//! ## Modules
+//!
+//! * [`topology`]: settings (`[broker.topology]`, `[jobs.<consumer>.queue]`), the resolved
+//!   [`Topology`], [`declare`] (idempotent; a conflicting queue is a [`TopologyError::Conflict`]
+//!   that names the argument and how to resolve it), and the tier arithmetic.
+//! * [`publisher`]: [`Publisher`], confirmed, `mandatory`, pipelined ([`Publisher::publish_many`]);
+//!   [`PublishError`] classified once into a transient or permanent [`worker_core::Failure`].
+//! * [`consumer`]: [`ConsumerRunner`], its [`ConsumerSettings`] (`[jobs.<consumer>]`), the pure
+//!   [`consumer::decide`] and [`consumer::attempt_of`], and the [`ConsumerEvents`] hook for
+//!   metrics. Acks of contiguous completions are coalesced into one `multiple` ack.
+//! * [`connection`]: [`ConnectionSettings`] (`[broker.connection]`, password redacted),
+//!   [`Supervisor`] (reconnects with capped backoff, redeclares, hands out [`Session`]s and a
+//!   [`BrokerStatus`] through `tokio::sync::watch` for `/readyz`).
+//! * [`trace`]: W3C `traceparent`/`tracestate` in AMQP headers.
+//!
+//! ## What the host calls
+//!
+//! ```no_run
+//! # async fn host() -> Result<(), Box<dyn std::error::Error>> {
+//! # #[derive(Clone)] struct SendEmail;
+//! # impl worker_core::ConsumerJob for SendEmail {
+//! #     type Input = serde_json::Value;
+//! #     fn name(&self) -> &str { "email.send" }
+//! #     async fn handle(&self, _: &worker_core::WorkContext, _: &serde_json::Value)
+//! #         -> Result<worker_core::Handled, worker_core::Failure> { Ok(worker_core::Handled::Done) }
+//! # }
+//! use tokio_util::sync::CancellationToken;
+//! use worker_broker::*;
+//!
+//! let topo_settings = TopologySettings::default();
+//! let email_queue = QueueTopology::from_settings(
+//!     &QueueSettings::default(),
+//!     QueueDefaults::email_send(&topo_settings),
+//! )?;
+//! let topology = Topology::from_settings(&topo_settings, [email_queue.clone()])?;
+//!
+//! let root = CancellationToken::new();
+//! let supervisor = Supervisor::new(ConnectionSettings::default(), topology);
+//! let tracker = tokio_util::task::TaskTracker::new();
+//! tracker.spawn(supervisor.clone().run(root.clone())); // connects, declares, reconnects
+//!
+//! let runner = ConsumerRunner::new(SendEmail, email_queue, ConsumerSettings::default());
+//! let (sup, token) = (supervisor.clone(), root.clone());
+//! tracker.spawn(async move { runner.run(&sup, token).await }); // until shutdown
+//!
+//! let publisher = supervisor.publisher(PublisherSettings::default());
+//! publisher.publish(&Outgoing::json("commands", "email.send", &serde_json::json!({}))?).await?;
+//!
+//! let ready = supervisor.status().borrow().is_ready(); // /readyz
+//! root.cancel();
+//! tracker.close();
+//! tracker.wait().await;
+//! # let _ = ready; Ok(()) }
+//! ```
+//!
+//! ## Invariants
+//!
+//! * **Nothing is acked before its outcome is safe**: the handler succeeded, or its park or
+//!   dead letter was confirmed by the broker.
+//! * **lapin's auto-recovery stays off**; only the [`Supervisor`] reconnects, and consumers
+//!   and publishers always use its current [`Session`].
+//! * **No `Failure` is inspected twice**: [`consumer::decide`] maps a class to an action in
+//!   one place, [`PublishError::to_failure`] classifies publish errors in one place.
+//! * On shutdown, consumers stop taking deliveries, handlers get the grace period, the rest is
+//!   returned to the queue, and the supervisor keeps the connection up until they let go.
+
 pub mod connection;
 pub mod consumer;
 pub mod publisher;
@@ -13,5 +116,6 @@ pub use consumer::{
 };
 pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings};
 pub use topology::{
-    QueueDefaults, QueueSettings, QueueTopology, Topology, TopologyError, TopologySettings, declare,
+    BindingSettings, DeclareConflict, QueueDefaults, QueueSettings, QueueTopology, RetryTier,
+    Topology, TopologyError, TopologySettings, declare,
 };
