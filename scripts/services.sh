@@ -32,7 +32,27 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$SCRIPT_DIR")
-DIR=${WH_SERVICES_DIR:-$REPO_DIR/.services}
+# True when every folder from / down to $1 lets other users through (o+x), so that the
+# unprivileged mail user can reach a services dir below it.
+traversable_by_others() {
+    local path=$1
+    while [ -n "$path" ] && [ "$path" != / ]; do
+        case $(stat -c %A "$path" 2>/dev/null) in
+            *x | *t) ;;
+            *) return 1 ;;
+        esac
+        path=$(dirname "$path")
+    done
+}
+
+if [ -n "${WH_SERVICES_DIR:-}" ]; then
+    DIR=$WH_SERVICES_DIR
+elif [ "$(id -u)" = 0 ] && ! traversable_by_others "$REPO_DIR"; then
+    # A clone under a private home (/root/...): the mail user could not reach .services there.
+    DIR=/var/tmp/worker-host-services
+else
+    DIR=$REPO_DIR/.services
+fi
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 HOST=127.0.0.1

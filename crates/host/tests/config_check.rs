@@ -1,0 +1,118 @@
+//! `worker-host config check` on broken files: exit 64 and a message naming the key; on a
+//! good file: the effective settings, with no secret in them.
+
+use std::process::Command;
+
+fn config_check(text: &str) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("worker-host.toml");
+    std::fs::write(&path, text).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
+        .args(["config", "check", "--config"])
+        .arg(&path)
+        .env_remove("WORKER_HOST_CONFIG")
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+const SECRETS: &str = "[database]\npassword = \"db-pw-7f3a\"\n[broker]\npassword = \"mq-pw-91c2\"\n";
+
+#[test]
+fn each_broken_file_exits_64_and_names_the_key() {
+    let cases: &[(&str, String, &str)] = &[
+        ("unknown key", format!("{SECRETS}[admin]\nlisten_on = \"127.0.0.1:1\"\n"), "listen_on"),
+        ("zero duration", format!("{SECRETS}[workers.timeouts]\nhealth = \"0s\"\n"), "workers.timeouts.health"),
+        ("wrong type", format!("{SECRETS}[smtp]\nport = \"twenty-five\"\n"), "smtp.port"),
+        ("negative duration", "[database]\npassword = \"p\"\n[broker]\npassword = \"q\"\nheartbeat = \"-10s\"\n".to_string(), "broker.heartbeat"),
+        ("bad cron", format!("{SECRETS}[jobs.db_health]\nschedule = \"0 61 * * * *\"\n"), "jobs.db_health.schedule"),
+        ("missing secret", "[broker]\npassword = \"x\"\n".to_string(), "database.password"),
+        ("unreadable secret file", "[database]\npassword_file = \"/nonexistent/pw\"\n[broker]\npassword = \"x\"\n".to_string(), "database.password_file"),
+        ("broken toml", "[database\n".to_string(), "worker-host.toml"),
+    ];
+    for (case, text, key) in cases {
+        let (code, stdout, stderr) = config_check(text);
+        assert_eq!(code, 64, "{case}: exit code; stderr: {stderr}");
+        assert!(stderr.contains(key), "{case}: stderr does not name `{key}`: {stderr}");
+        assert!(stderr.contains("worker-host.toml"), "{case}: stderr does not name the file: {stderr}");
+        assert!(stdout.is_empty(), "{case}: printed settings for a broken file: {stdout}");
+    }
+}
+
+#[test]
+fn a_negative_duration_exits_64() {
+    let (code, _, stderr) = config_check(&format!("{SECRETS}[workers]\nshutdown_grace = \"-1s\"\n"));
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains("workers.shutdown_grace"), "{stderr}");
+}
+
+#[test]
+fn a_wrong_type_exits_64() {
+    let text = "[database]\npassword = \"p\"\nmax_connections = \"many\"\n[broker]\npassword = \"q\"\n";
+    let (code, _, stderr) = config_check(text);
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains("database.max_connections"), "{stderr}");
+}
+
+#[test]
+fn a_good_file_prints_the_effective_settings_without_secrets() {
+    let text = format!(
+        "{SECRETS}[smtp]\nusername = \"mailer\"\npassword = \"smtp-pw-55e1\"\n[[imap.accounts]]\nname = \"support\"\nusername = \"support\"\npassword = \"imap-pw-0b9d\"\n"
+    );
+    let (code, stdout, stderr) = config_check(&text);
+    assert_eq!(code, 0, "{stderr}");
+    for secret in ["db-pw-7f3a", "mq-pw-91c2", "smtp-pw-55e1", "imap-pw-0b9d"] {
+        assert!(!stdout.contains(secret) && !stderr.contains(secret), "{secret} was printed");
+    }
+    assert!(stdout.contains("[redacted]"));
+    assert!(stdout.contains("email_send = \"1m\""), "effective timeouts are printed: {stdout}");
+}
+
+#[test]
+fn the_default_file_checks_and_every_password_line_is_redacted() {
+    let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
+        .args(["config", "check"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .env_remove("WORKER_HOST_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let password_lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("password ")).collect();
+    assert!(!password_lines.is_empty(), "{stdout}");
+    for line in password_lines {
+        assert_eq!(line, "password = \"[redacted]\"");
+    }
+}
+
+#[test]
+fn bad_usage_exits_64_and_help_exits_0() {
+    let bin = env!("CARGO_BIN_EXE_worker-host");
+    let bad = Command::new(bin).arg("frobnicate").output().unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("frobnicate"));
+    let help = Command::new(bin).arg("--help").output().unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&help.stdout);
+    for command in ["run", "migrate", "config", "--config", "WORKER_HOST_CONFIG"] {
+        assert!(text.contains(command), "--help does not explain {command}: {text}");
+    }
+}
+
+#[test]
+fn the_config_path_comes_from_the_environment_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("from-env.toml");
+    std::fs::write(&path, format!("installation = \"client-42\"\n{SECRETS}")).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
+        .args(["config", "check"])
+        .env("WORKER_HOST_CONFIG", &path)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("installation = \"client-42\""));
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite: starts (or reuses) the local services, then checks formatting and
+# lints and runs every test of the workspace against the real services on loopback.
+#
+#   scripts/test.sh                 everything (what CI runs)
+#   scripts/test.sh -p worker-core  extra arguments go to `cargo test`
+#   WH_SKIP_LINT=1 scripts/test.sh  skip `cargo fmt --check` and clippy
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+start=$(date +%s)
+scripts/services.sh up
+eval "$(scripts/services.sh env)"
+
+if [ "${WH_SKIP_LINT:-0}" != 1 ]; then
+    echo "test: cargo fmt --check"
+    cargo fmt --all --check
+    echo "test: cargo clippy"
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+fi
+
+echo "test: cargo test"
+cargo test --workspace --locked "$@"
+echo "test: done in $(( $(date +%s) - start )) s"
