@@ -10,8 +10,10 @@ pub mod cli;
 pub mod connections;
 pub mod run;
 pub mod schedule;
+pub mod scheduler;
 pub mod secret;
 pub mod settings;
+pub mod status;
 pub mod telemetry;
 
 /// Exit codes, after BSD's sysexits: what a supervisor or an operator's script can act on.

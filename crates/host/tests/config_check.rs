@@ -20,39 +20,81 @@ fn config_check(text: &str) -> (i32, String, String) {
     )
 }
 
-const SECRETS: &str = "[database]\npassword = \"db-pw-7f3a\"\n[broker]\npassword = \"mq-pw-91c2\"\n";
+const SECRETS: &str =
+    "[database]\npassword = \"db-pw-7f3a\"\n[broker]\npassword = \"mq-pw-91c2\"\n";
 
 #[test]
 fn each_broken_file_exits_64_and_names_the_key() {
     let cases: &[(&str, String, &str)] = &[
-        ("unknown key", format!("{SECRETS}[admin]\nlisten_on = \"127.0.0.1:1\"\n"), "listen_on"),
-        ("zero duration", format!("{SECRETS}[workers.timeouts]\nhealth = \"0s\"\n"), "workers.timeouts.health"),
-        ("wrong type", format!("{SECRETS}[smtp]\nport = \"twenty-five\"\n"), "smtp.port"),
-        ("negative duration", "[database]\npassword = \"p\"\n[broker]\npassword = \"q\"\nheartbeat = \"-10s\"\n".to_string(), "broker.heartbeat"),
-        ("bad cron", format!("{SECRETS}[jobs.db_health]\nschedule = \"0 61 * * * *\"\n"), "jobs.db_health.schedule"),
-        ("missing secret", "[broker]\npassword = \"x\"\n".to_string(), "database.password"),
-        ("unreadable secret file", "[database]\npassword_file = \"/nonexistent/pw\"\n[broker]\npassword = \"x\"\n".to_string(), "database.password_file"),
+        (
+            "unknown key",
+            format!("{SECRETS}[admin]\nlisten_on = \"127.0.0.1:1\"\n"),
+            "listen_on",
+        ),
+        (
+            "zero duration",
+            format!("{SECRETS}[workers.timeouts]\nhealth = \"0s\"\n"),
+            "workers.timeouts.health",
+        ),
+        (
+            "wrong type",
+            format!("{SECRETS}[smtp]\nport = \"twenty-five\"\n"),
+            "smtp.port",
+        ),
+        (
+            "negative duration",
+            "[database]\npassword = \"p\"\n[broker]\npassword = \"q\"\nheartbeat = \"-10s\"\n"
+                .to_string(),
+            "broker.heartbeat",
+        ),
+        (
+            "bad cron",
+            format!("{SECRETS}[jobs.db_health]\nschedule = \"0 61 * * * *\"\n"),
+            "jobs.db_health.schedule",
+        ),
+        (
+            "missing secret",
+            "[broker]\npassword = \"x\"\n".to_string(),
+            "database.password",
+        ),
+        (
+            "unreadable secret file",
+            "[database]\npassword_file = \"/nonexistent/pw\"\n[broker]\npassword = \"x\"\n"
+                .to_string(),
+            "database.password_file",
+        ),
         ("broken toml", "[database\n".to_string(), "worker-host.toml"),
     ];
     for (case, text, key) in cases {
         let (code, stdout, stderr) = config_check(text);
         assert_eq!(code, 64, "{case}: exit code; stderr: {stderr}");
-        assert!(stderr.contains(key), "{case}: stderr does not name `{key}`: {stderr}");
-        assert!(stderr.contains("worker-host.toml"), "{case}: stderr does not name the file: {stderr}");
-        assert!(stdout.is_empty(), "{case}: printed settings for a broken file: {stdout}");
+        assert!(
+            stderr.contains(key),
+            "{case}: stderr does not name `{key}`: {stderr}"
+        );
+        assert!(
+            stderr.contains("worker-host.toml"),
+            "{case}: stderr does not name the file: {stderr}"
+        );
+        assert!(
+            stdout.is_empty(),
+            "{case}: printed settings for a broken file: {stdout}"
+        );
     }
 }
 
 #[test]
 fn a_negative_duration_exits_64() {
-    let (code, _, stderr) = config_check(&format!("{SECRETS}[workers]\nshutdown_grace = \"-1s\"\n"));
+    let (code, _, stderr) =
+        config_check(&format!("{SECRETS}[workers]\nshutdown_grace = \"-1s\"\n"));
     assert_eq!(code, 64, "{stderr}");
     assert!(stderr.contains("workers.shutdown_grace"), "{stderr}");
 }
 
 #[test]
 fn a_wrong_type_exits_64() {
-    let text = "[database]\npassword = \"p\"\nmax_connections = \"many\"\n[broker]\npassword = \"q\"\n";
+    let text =
+        "[database]\npassword = \"p\"\nmax_connections = \"many\"\n[broker]\npassword = \"q\"\n";
     let (code, _, stderr) = config_check(text);
     assert_eq!(code, 64, "{stderr}");
     assert!(stderr.contains("database.max_connections"), "{stderr}");
@@ -66,10 +108,16 @@ fn a_good_file_prints_the_effective_settings_without_secrets() {
     let (code, stdout, stderr) = config_check(&text);
     assert_eq!(code, 0, "{stderr}");
     for secret in ["db-pw-7f3a", "mq-pw-91c2", "smtp-pw-55e1", "imap-pw-0b9d"] {
-        assert!(!stdout.contains(secret) && !stderr.contains(secret), "{secret} was printed");
+        assert!(
+            !stdout.contains(secret) && !stderr.contains(secret),
+            "{secret} was printed"
+        );
     }
     assert!(stdout.contains("[redacted]"));
-    assert!(stdout.contains("email_send = \"1m\""), "effective timeouts are printed: {stdout}");
+    assert!(
+        stdout.contains("email_send = \"1m\""),
+        "effective timeouts are printed: {stdout}"
+    );
 }
 
 #[test]
@@ -81,8 +129,16 @@ fn the_default_file_checks_and_every_password_line_is_redacted() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    let password_lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("password ")).collect();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let password_lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("password "))
+        .collect();
     assert!(!password_lines.is_empty(), "{stdout}");
     for line in password_lines {
         assert_eq!(line, "password = \"[redacted]\"");
@@ -99,7 +155,10 @@ fn bad_usage_exits_64_and_help_exits_0() {
     assert_eq!(help.status.code(), Some(0));
     let text = String::from_utf8_lossy(&help.stdout);
     for command in ["run", "migrate", "config", "--config", "WORKER_HOST_CONFIG"] {
-        assert!(text.contains(command), "--help does not explain {command}: {text}");
+        assert!(
+            text.contains(command),
+            "--help does not explain {command}: {text}"
+        );
     }
 }
 
@@ -113,6 +172,11 @@ fn the_config_path_comes_from_the_environment_too() {
         .env("WORKER_HOST_CONFIG", &path)
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(String::from_utf8_lossy(&output.stdout).contains("installation = \"client-42\""));
 }

@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 use worker_testkit::{TestDb, TestVhost};
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// The host, configured for this test's own database and vhost, on a free admin port.
@@ -20,7 +24,10 @@ fn host(db: &TestDb, vhost: &TestVhost, admin_port: u16, args: &[&str]) -> Comma
         .env_remove("WORKER_HOST_CONFIG")
         .env("WORKER_HOST__DATABASE__NAME", &db.name)
         .env("WORKER_HOST__BROKER__VHOST", &vhost.name)
-        .env("WORKER_HOST__ADMIN__LISTEN", format!("127.0.0.1:{admin_port}"))
+        .env(
+            "WORKER_HOST__ADMIN__LISTEN",
+            format!("127.0.0.1:{admin_port}"),
+        )
         .env("WORKER_HOST__WORKERS__SHUTDOWN_GRACE", "5s")
         .env("RUST_LOG", "info");
     command
@@ -33,7 +40,9 @@ async fn get(url: &str) -> Option<(u16, String)> {
 }
 
 fn terminate(child: &Child) {
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
 }
 
 fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
@@ -53,7 +62,10 @@ async fn the_host_becomes_ready_and_stops_cleanly_on_sigterm() -> anyhow::Result
     let db = TestDb::create_empty().await?;
     let vhost = TestVhost::create().await?;
     let port = free_port();
-    let mut child = host(&db, &vhost, port, &["run"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let mut child = host(&db, &vhost, port, &["run"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
 
     let healthz = format!("http://127.0.0.1:{port}/healthz");
     let readyz = format!("http://127.0.0.1:{port}/readyz");
@@ -65,7 +77,10 @@ async fn the_host_becomes_ready_and_stops_cleanly_on_sigterm() -> anyhow::Result
         if let Ok(Some(status)) = child.try_wait() {
             let mut stderr = String::new();
             use std::io::Read;
-            child.stderr.take().map(|mut s| s.read_to_string(&mut stderr));
+            child
+                .stderr
+                .take()
+                .map(|mut s| s.read_to_string(&mut stderr));
             panic!("the host exited with {status} before it was ready: {stderr}");
         }
         assert!(Instant::now() < deadline, "/readyz never answered 200");
@@ -77,12 +92,19 @@ async fn the_host_becomes_ready_and_stops_cleanly_on_sigterm() -> anyhow::Result
     assert_eq!(get(&healthz).await.map(|(s, _)| s), Some(200));
 
     // `run` applied the migrations to the empty database.
-    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations").fetch_one(&db.pool).await?;
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&db.pool)
+        .await?;
     assert!(applied >= 1);
 
     terminate(&child);
-    let code = tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(15))).await?;
-    assert_eq!(code, Some(0), "SIGTERM must stop the host cleanly with exit 0");
+    let code =
+        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(15))).await?;
+    assert_eq!(
+        code,
+        Some(0),
+        "SIGTERM must stop the host cleanly with exit 0"
+    );
     Ok(())
 }
 
@@ -115,10 +137,16 @@ async fn an_unreachable_broker_ends_the_start_naming_the_server() -> anyhow::Res
         .env("WORKER_HOST__DATABASE__NAME", &db.name)
         .env("WORKER_HOST__BROKER__PORT", broker_port.to_string())
         .env("WORKER_HOST__BROKER__CONNECT_ATTEMPTS", "2")
-        .env("WORKER_HOST__ADMIN__LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env(
+            "WORKER_HOST__ADMIN__LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        )
         .output()?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(69), "{stderr}");
-    assert!(stderr.contains(&format!("RabbitMQ at 127.0.0.1:{broker_port}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("RabbitMQ at 127.0.0.1:{broker_port}")),
+        "{stderr}"
+    );
     Ok(())
 }

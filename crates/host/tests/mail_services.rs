@@ -9,7 +9,9 @@ use lettre::{AsyncTransport, Message, Tokio1Executor};
 fn smtp() -> AsyncSmtpTransport<Tokio1Executor> {
     let addr = worker_testkit::smtp_addr();
     let (host, port) = addr.rsplit_once(':').unwrap();
-    AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host).port(port.parse().unwrap()).build()
+    AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
+        .port(port.parse().unwrap())
+        .build()
 }
 
 fn mail(to: &str, subject: &str) -> Message {
@@ -34,7 +36,11 @@ async fn a_mail_sent_over_smtp_is_read_over_imap() -> anyhow::Result<()> {
     let found = session.search(format!("SUBJECT \"{subject}\"")).await?;
     assert_eq!(found.len(), 1, "the mail is in alice's INBOX exactly once");
     let uid = found.iter().next().copied().unwrap();
-    let fetched: Vec<_> = session.fetch(uid.to_string(), "RFC822").await?.try_collect().await?;
+    let fetched: Vec<_> = session
+        .fetch(uid.to_string(), "RFC822")
+        .await?
+        .try_collect()
+        .await?;
     let body = String::from_utf8_lossy(fetched[0].body().unwrap_or_default()).into_owned();
     assert!(body.contains(&subject));
     assert!(body.contains("hello over loopback"));
@@ -44,9 +50,15 @@ async fn a_mail_sent_over_smtp_is_read_over_imap() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn chosen_recipients_get_a_4xx_or_a_5xx() -> anyhow::Result<()> {
-    let transient = smtp().send(mail("fail4xx-test@localhost", "x")).await.unwrap_err();
+    let transient = smtp()
+        .send(mail("fail4xx-test@localhost", "x"))
+        .await
+        .unwrap_err();
     assert!(transient.is_transient(), "{transient}");
-    let permanent = smtp().send(mail("fail5xx-test@localhost", "x")).await.unwrap_err();
+    let permanent = smtp()
+        .send(mail("fail5xx-test@localhost", "x"))
+        .await
+        .unwrap_err();
     assert!(permanent.is_permanent(), "{permanent}");
     Ok(())
 }
