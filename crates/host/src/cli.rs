@@ -31,6 +31,11 @@ pub enum Command {
     Run,
     /// Apply the database migrations that have not been applied yet, then exit.
     Migrate,
+    /// Manage the broker topology.
+    Topology {
+        #[command(subcommand)]
+        action: TopologyAction,
+    },
     /// Inspect the settings.
     Config {
         #[command(subcommand)]
@@ -42,4 +47,12 @@ pub enum Command {
 pub enum ConfigAction {
     /// Validate the settings, then print the effective settings with every secret redacted.
     Check,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopologyAction {
+    /// Declare the exchanges, the consumer queues, their retry tiers and dead letters
+    /// (idempotent; `run` does the same at start). A queue that exists with other arguments
+    /// is reported with the argument that differs and how to resolve it.
+    Declare,
 }

@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use lapin::uri::{AMQPAuthority, AMQPQueryString, AMQPScheme, AMQPUri, AMQPUserInfo};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::admin::ReadinessCheck;
-use crate::settings::{BrokerSettings, DatabaseSettings};
+use crate::settings::{DatabaseSettings, Settings};
 
 /// The pool options the settings describe.
 pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
@@ -33,37 +32,32 @@ pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
     }
 }
 
-/// The AMQP address the settings describe, credentials included: never log it.
-pub fn amqp_uri(settings: &BrokerSettings) -> AMQPUri {
-    AMQPUri {
-        scheme: AMQPScheme::AMQP,
-        authority: AMQPAuthority {
-            userinfo: AMQPUserInfo {
-                username: settings.username.clone(),
-                password: settings
-                    .password
-                    .as_ref()
-                    .map(|p| p.expose().to_string())
-                    .unwrap_or_default(),
-            },
-            host: settings.host.clone(),
-            port: settings.port,
-        },
-        vhost: settings.vhost.clone(),
-        query: AMQPQueryString {
-            heartbeat: u16::try_from(settings.heartbeat.as_secs()).ok(),
-            connection_timeout: u64::try_from(settings.connect_timeout.as_millis()).ok(),
-            ..AMQPQueryString::default()
-        },
+/// The broker connection the settings describe, for the supervisor and for tools.
+pub fn broker_connection(settings: &Settings) -> worker_broker::ConnectionSettings {
+    let broker = &settings.broker;
+    worker_broker::ConnectionSettings {
+        host: broker.host.clone(),
+        port: broker.port,
+        vhost: broker.vhost.clone(),
+        username: broker.username.clone(),
+        password: broker
+            .password
+            .as_ref()
+            .map(|p| p.expose().to_string())
+            .unwrap_or_default(),
+        tls: broker.tls,
+        heartbeat: broker.heartbeat,
+        connect_timeout: broker.connect_timeout,
+        connection_name: format!(
+            "worker-host {} (pid {})",
+            settings.installation,
+            std::process::id()
+        ),
+        reconnect_min: broker.reconnect_min,
+        reconnect_max: broker.reconnect_max,
+        // Consumers get the shutdown grace to settle; the connection must outlive them.
+        close_wait: settings.workers.shutdown_grace + Duration::from_secs(5),
     }
-}
-
-/// Where the broker is, for messages: no credentials.
-pub fn broker_address(settings: &BrokerSettings) -> String {
-    format!(
-        "{}:{} vhost {}",
-        settings.host, settings.port, settings.vhost
-    )
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,31 +68,28 @@ pub struct BrokerUnreachable {
     pub cause: String,
 }
 
-/// Opens one AMQP connection, retrying a bounded number of times with backoff.
+/// Opens one AMQP connection, retrying a bounded number of times with backoff: the start-up
+/// check that the broker is there at all, before the supervisor takes over.
 pub async fn connect_broker(
-    settings: &BrokerSettings,
+    connection: &worker_broker::ConnectionSettings,
+    attempts: u32,
 ) -> Result<lapin::Connection, BrokerUnreachable> {
-    let server = broker_address(settings);
-    let attempts = settings.connect_attempts.max(1);
+    let attempts = attempts.max(1);
     let mut delay = Duration::from_millis(500);
     let mut cause = String::new();
     for attempt in 1..=attempts {
-        let properties = lapin::ConnectionProperties::default()
-            .with_connection_name(format!("worker-host {}", std::process::id()).into());
-        let connecting = lapin::Connection::connect_uri(amqp_uri(settings), properties);
-        match tokio::time::timeout(settings.connect_timeout, connecting).await {
-            Ok(Ok(connection)) => return Ok(connection),
-            Ok(Err(e)) => cause = worker_core::error_chain(&e),
-            Err(_) => cause = format!("no answer within {:?}", settings.connect_timeout),
+        match connection.connect().await {
+            Ok(connected) => return Ok(connected),
+            Err(e) => cause = worker_core::error_chain(&e),
         }
-        tracing::warn!(%server, attempt, attempts, error = %cause, "RabbitMQ not reachable yet");
+        tracing::warn!(server = %connection.server(), attempt, attempts, error = %cause, "RabbitMQ not reachable yet");
         if attempt < attempts {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(10));
         }
     }
     Err(BrokerUnreachable {
-        server,
+        server: connection.server(),
         attempts,
         cause,
     })
@@ -125,9 +116,9 @@ impl ReadinessCheck for DatabaseCheck {
     }
 }
 
-/// Ready while the AMQP connection is open.
+/// Ready while the supervisor holds an open AMQP connection.
 #[derive(Debug)]
-pub struct BrokerCheck(pub std::sync::Arc<lapin::Connection>);
+pub struct BrokerCheck(pub tokio::sync::watch::Receiver<worker_broker::BrokerStatus>);
 
 impl ReadinessCheck for BrokerCheck {
     fn name(&self) -> &'static str {
@@ -135,11 +126,15 @@ impl ReadinessCheck for BrokerCheck {
     }
 
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
-        let status = self.0.status();
-        let result = if status.connected() {
+        let status = self.0.borrow().clone();
+        let result = if status.is_ready() {
             Ok(())
         } else {
-            Err("the AMQP connection is not open".to_string())
+            let why = status
+                .last_error
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default();
+            Err(format!("the broker link is {}{why}", status.state.as_str()))
         };
         futures::future::ready(result).boxed()
     }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use worker_host::cli::{Cli, Command, ConfigAction};
+use worker_host::cli::{Cli, Command, ConfigAction, TopologyAction};
 use worker_host::settings::{self, Settings};
 use worker_host::{exit, run, telemetry};
 
@@ -62,6 +62,9 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match command {
             Command::Migrate => run::migrate(&settings).await,
+            Command::Topology {
+                action: TopologyAction::Declare,
+            } => run::topology(&settings).await,
             Command::Run | Command::Config { .. } => run::run(settings).await,
         }
     });

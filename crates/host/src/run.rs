@@ -1,8 +1,6 @@
 //! The host's lifecycle: reach the services, migrate, serve the admin endpoints, run until
 //! a signal, then shut down within the grace period.
 
-use std::sync::Arc;
-
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -35,6 +33,55 @@ impl Fatal {
     }
 }
 
+/// A topology that cannot be declared: a conflict with an existing queue is the operator's
+/// to resolve (the message says how), so it ends the start like a bad setting.
+fn topology_failure(e: worker_broker::TopologyError) -> Fatal {
+    match e {
+        worker_broker::TopologyError::Conflict(_)
+        | worker_broker::TopologyError::Invalid { .. } => Fatal {
+            code: exit::USAGE,
+            message: e.to_string(),
+        },
+        other => Fatal::unavailable(other),
+    }
+}
+
+/// Reaches the broker (bounded retries) and declares the whole topology on it, idempotently.
+async fn declare_topology(settings: &Settings) -> Result<(), Fatal> {
+    let topology = settings.topology().map_err(topology_failure)?;
+    let connection_settings = connections::broker_connection(settings);
+    let connection =
+        connections::connect_broker(&connection_settings, settings.broker.connect_attempts)
+            .await
+            .map_err(Fatal::unavailable)?;
+    let declared = async {
+        let channel = connection.create_channel().await.map_err(|e| {
+            Fatal::unavailable(format!(
+                "opening a channel on {}: {e}",
+                connection_settings.server()
+            ))
+        })?;
+        worker_broker::declare(&channel, &topology)
+            .await
+            .map_err(topology_failure)
+    }
+    .await;
+    if let Err(e) = connection.close(200, "topology declared".into()).await {
+        tracing::debug!(error = %e, "closing the declaring connection");
+    }
+    declared?;
+    tracing::info!(queues = topology.queues.len(), "broker topology declared");
+    Ok(())
+}
+
+/// `worker-host topology declare`: declares the exchanges, queues, retry tiers and dead
+/// letters, then exits.
+pub async fn topology(settings: &Settings) -> Result<(), Fatal> {
+    declare_topology(settings)
+        .instrument(tracing::info_span!("topology.declare"))
+        .await
+}
+
 /// `worker-host migrate`: applies the embedded migrations.
 pub async fn migrate(settings: &Settings) -> Result<(), Fatal> {
     let span = tracing::info_span!("migrate", installation = %settings.installation);
@@ -58,28 +105,32 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
 
-    let (pool, broker) = async {
+    let (pool, supervisor) = async {
         let pool = worker_store::connect(&connections::pool_options(&settings.database))
             .await
             .map_err(Fatal::unavailable)?;
         if settings.database.migrate_on_start {
-            worker_store::migrate(&pool).await.map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
+            worker_store::migrate(&pool)
+                .await
+                .map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
         }
-        let broker = Arc::new(connections::connect_broker(&settings.broker).await.map_err(Fatal::unavailable)?);
-        tracing::info!(
-            database = %format!("{}:{}/{}", settings.database.host, settings.database.port, settings.database.name),
-            broker = %connections::broker_address(&settings.broker),
-            "connected"
-        );
-        Ok::<_, Fatal>((pool, broker))
+        declare_topology(&settings).await?;
+        let topology = settings.topology().map_err(topology_failure)?;
+        let supervisor =
+            worker_broker::Supervisor::new(connections::broker_connection(&settings), topology);
+        Ok::<_, Fatal>((pool, supervisor))
     }
     .instrument(tracing::info_span!("host.start", installation = %settings.installation))
     .await?;
 
+    // The supervisor reconnects and redeclares for as long as the host runs; after shutdown
+    // starts it keeps the connection up until the consumers have let go of it.
+    tracker.spawn(supervisor.clone().run(shutdown.clone()));
+
     if settings.admin.enabled {
         let checks: Vec<Box<dyn ReadinessCheck>> = vec![
             Box::new(DatabaseCheck(pool.clone())),
-            Box::new(BrokerCheck(broker.clone())),
+            Box::new(BrokerCheck(supervisor.status())),
         ];
         let server = admin::serve(
             settings.admin.listen,
@@ -105,9 +156,6 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         .is_err()
     {
         tracing::warn!(grace = ?settings.workers.shutdown_grace, "work still in flight at the end of the grace period was abandoned");
-    }
-    if let Err(e) = broker.close(200, "worker host shutting down".into()).await {
-        tracing::debug!(error = %e, "closing the broker connection");
     }
     pool.close().await;
     tracing::info!("stopped");

@@ -97,10 +97,20 @@ pub struct BrokerSettings {
     pub password_file: Option<PathBuf>,
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
+    /// `amqps` instead of `amqp`.
+    pub tls: bool,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Attempts to reach the broker at start before giving up.
     pub connect_attempts: u32,
+    /// First wait before reconnecting after the connection is lost; doubles each time.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    /// Longest wait between reconnection attempts.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_max: Duration,
+    pub topology: worker_broker::TopologySettings,
+    pub publisher: worker_broker::PublisherSettings,
 }
 
 impl Default for BrokerSettings {
@@ -113,8 +123,13 @@ impl Default for BrokerSettings {
             password: None,
             password_file: None,
             heartbeat: Duration::from_secs(10),
+            tls: false,
             connect_timeout: Duration::from_secs(10),
             connect_attempts: 10,
+            reconnect_min: Duration::from_millis(500),
+            reconnect_max: Duration::from_secs(30),
+            topology: worker_broker::TopologySettings::default(),
+            publisher: worker_broker::PublisherSettings::default(),
         }
     }
 }
@@ -369,49 +384,33 @@ impl fmt::Display for Schedule {
 
 /// The settings of one RabbitMQ consumer job.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ConsumerJobSettings {
-    pub queue: String,
     /// Deliveries the broker sends ahead of acks.
-    #[serde(default = "default_prefetch")]
     pub prefetch: u16,
     /// Handlers in flight at once.
-    #[serde(default = "default_concurrency")]
     pub concurrency: u32,
     /// Deliveries (across parks in retry tiers) before a message is dead-lettered `gave-up`.
-    #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     /// One handler try; unset means the shared timeout of its kind.
-    #[serde(
-        default,
-        with = "humantime_serde",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
     /// The in-process retry; unset means `workers.retry`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// The queue, its bindings, delivery limit, retry tiers and dead letters.
+    pub queue: worker_broker::QueueSettings,
 }
 
-fn default_prefetch() -> u16 {
-    50
-}
-fn default_concurrency() -> u32 {
-    8
-}
-fn default_max_attempts() -> u32 {
-    5
-}
-
-impl ConsumerJobSettings {
-    fn named(queue: &str) -> Self {
+impl Default for ConsumerJobSettings {
+    fn default() -> Self {
         Self {
-            queue: queue.into(),
-            prefetch: default_prefetch(),
-            concurrency: default_concurrency(),
-            max_attempts: default_max_attempts(),
+            prefetch: 50,
+            concurrency: 8,
+            max_attempts: 5,
             timeout: None,
             retry: None,
+            queue: worker_broker::QueueSettings::default(),
         }
     }
 }
@@ -458,9 +457,9 @@ pub struct JobsSettings {
 impl Default for JobsSettings {
     fn default() -> Self {
         Self {
-            automation_trigger: ConsumerJobSettings::named("automation.trigger"),
-            automation_action: ConsumerJobSettings::named("automation.action"),
-            email_send: ConsumerJobSettings::named("email.send"),
+            automation_trigger: ConsumerJobSettings::default(),
+            automation_action: ConsumerJobSettings::default(),
+            email_send: ConsumerJobSettings::default(),
             outbox_drain: TimerJobSettings::every(Duration::from_secs(1), Some(500)),
             inbound_email_poller: TimerJobSettings::every(Duration::from_secs(10), Some(100)),
             db_health: TimerJobSettings::every(Duration::from_secs(5), None),
@@ -634,6 +633,8 @@ impl Settings {
             ),
             ("broker.heartbeat".into(), self.broker.heartbeat),
             ("broker.connect_timeout".into(), self.broker.connect_timeout),
+            ("broker.reconnect_min".into(), self.broker.reconnect_min),
+            ("broker.reconnect_max".into(), self.broker.reconnect_max),
             (
                 "telemetry.export_timeout".into(),
                 self.telemetry.export_timeout,
@@ -680,13 +681,21 @@ impl Settings {
         if let Err(problem) = self.workers.retry.validate() {
             fail("workers.retry", problem);
         }
-        for (name, job) in self.jobs.consumers() {
-            if job.queue.trim().is_empty() {
-                fail(
-                    &format!("jobs.{name}.queue"),
-                    "expected a queue name, found an empty string".into(),
-                );
-            }
+        if let Err(e) = self.topology() {
+            let key = match &e {
+                worker_broker::TopologyError::Invalid { queue, key, .. } => self
+                    .consumers()
+                    .into_iter()
+                    .find(|(_, job, defaults)| {
+                        job.queue.name.as_ref().unwrap_or(&defaults.name) == queue
+                    })
+                    .map(|(name, _, _)| format!("jobs.{name}.queue.{key}"))
+                    .unwrap_or_else(|| format!("broker.topology.{key}")),
+                _ => "broker.topology".to_string(),
+            };
+            fail(&key, e.to_string());
+        }
+        for (name, job, _) in self.consumers() {
             for (field, value) in [
                 ("prefetch", u32::from(job.prefetch)),
                 ("concurrency", job.concurrency),
@@ -765,15 +774,54 @@ impl Settings {
     }
 }
 
-impl JobsSettings {
-    pub fn consumers(&self) -> [(&'static str, &ConsumerJobSettings); 3] {
+impl Settings {
+    /// The broker topology the settings describe: the exchanges and, for each consumer job,
+    /// its queue with retry tiers and dead letters.
+    pub fn topology(&self) -> Result<worker_broker::Topology, worker_broker::TopologyError> {
+        let queues = self
+            .consumers()
+            .into_iter()
+            .map(|(_, job, defaults)| {
+                worker_broker::QueueTopology::from_settings(&job.queue, defaults)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        worker_broker::Topology::from_settings(&self.broker.topology, queues)
+    }
+}
+
+impl Settings {
+    /// Each consumer job's section name, settings and queue defaults (which follow the
+    /// broker's exchange names).
+    pub fn consumers(
+        &self,
+    ) -> [(
+        &'static str,
+        &ConsumerJobSettings,
+        worker_broker::QueueDefaults,
+    ); 3] {
+        let topology = &self.broker.topology;
+        let jobs = &self.jobs;
         [
-            ("automation_trigger", &self.automation_trigger),
-            ("automation_action", &self.automation_action),
-            ("email_send", &self.email_send),
+            (
+                "automation_trigger",
+                &jobs.automation_trigger,
+                worker_broker::QueueDefaults::automation_trigger(topology),
+            ),
+            (
+                "automation_action",
+                &jobs.automation_action,
+                worker_broker::QueueDefaults::automation_action(topology),
+            ),
+            (
+                "email_send",
+                &jobs.email_send,
+                worker_broker::QueueDefaults::email_send(topology),
+            ),
         ]
     }
+}
 
+impl JobsSettings {
     pub fn timers(&self) -> [(&'static str, &TimerJobSettings); 4] {
         [
             ("outbox_drain", &self.outbox_drain),

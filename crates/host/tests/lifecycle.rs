@@ -91,6 +91,28 @@ async fn the_host_becomes_ready_and_stops_cleanly_on_sigterm() -> anyhow::Result
     assert_eq!(body["checks"]["broker"]["status"], "up");
     assert_eq!(get(&healthz).await.map(|(s, _)| s), Some(200));
 
+    // `run` declared the topology: every consumer queue with its dead letters.
+    for queue in [
+        "automation.trigger",
+        "automation.action",
+        "email.send",
+        "email.send.dead",
+    ] {
+        let info = vhost
+            .api(
+                reqwest::Method::GET,
+                &format!("queues/{{vhost}}/{queue}"),
+                None,
+            )
+            .await?;
+        assert_eq!(info["name"], queue);
+    }
+    let info = vhost
+        .api(reqwest::Method::GET, "queues/{vhost}/email.send", None)
+        .await?;
+    assert_eq!(info["arguments"]["x-queue-type"], "quorum");
+    assert_eq!(info["arguments"]["x-delivery-limit"], 5);
+
     // `run` applied the migrations to the empty database.
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
         .fetch_one(&db.pool)

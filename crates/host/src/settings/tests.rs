@@ -35,7 +35,12 @@ fn minimal_file_with_secrets_loads_with_defaults() {
         settings.workers.timeouts.automation,
         Duration::from_secs(30)
     );
-    assert_eq!(settings.jobs.email_send.queue, "email.send");
+    let topology = settings.topology().unwrap();
+    let names: Vec<&str> = topology.queues.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["automation.trigger", "automation.action", "email.send"]
+    );
     assert_eq!(settings.database.password.as_ref().unwrap().expose(), "pw");
 }
 
@@ -307,4 +312,18 @@ fn collect_missing(
         (d, e) if compare && d != e => missing.push(format!("{prefix} (example {e}, default {d})")),
         _ => {}
     }
+}
+
+#[test]
+fn a_bad_queue_setting_names_the_job_and_key() {
+    let errors = load_text(&format!(
+        "{SECRETS}[jobs.email_send.queue]\nretry_tiers = []\n"
+    ))
+    .unwrap_err();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.key.starts_with("jobs.email_send.queue")),
+        "{errors:?}"
+    );
 }
