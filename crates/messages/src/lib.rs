@@ -1,0 +1,121 @@
+//! The messages the jobs exchange over the broker, and how they are routed.
+//!
+//! Jobs never depend on each other; they agree on these shapes instead. Every message is JSON.
+//! A domain event goes to the events exchange with its type as the routing key; a command
+//! goes to the commands exchange with the consuming queue's name as the routing key.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The AMQP `type` property and routing key of the event the inbound poller emits.
+pub const EMAIL_RECEIVED: &str = "email.received";
+/// The routing key (and default queue) of [`ActionCommand`].
+pub const AUTOMATION_ACTION: &str = "automation.action";
+/// The routing key (and default queue) of [`EmailSendCommand`].
+pub const EMAIL_SEND: &str = "email.send";
+
+/// A domain event: something that happened, which automations may react to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DomainEvent {
+    /// Unique per event; a redelivered or republished event keeps it.
+    pub id: Uuid,
+    /// `email.received`, …: also the routing key on the events exchange.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub occurred_at: DateTime<Utc>,
+    /// The event's fields, which automation conditions and templates read.
+    pub data: serde_json::Value,
+}
+
+/// The fields of an `email.received` event's `data`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmailReceived {
+    /// The stored inbound email's row id.
+    pub inbound_email_id: Uuid,
+    /// The IMAP account's name in the settings.
+    pub account: String,
+    pub mailbox: String,
+    /// The Message-ID header, without angle brackets, when the mail had one.
+    pub message_id: Option<String>,
+    /// The sender's address (`alice@example.com`), when it parsed.
+    pub from: Option<String>,
+    /// The sender's display name, when it had one.
+    pub from_name: Option<String>,
+    pub to: Vec<String>,
+    pub subject: Option<String>,
+    /// The plain-text body, bounded in size.
+    pub text: Option<String>,
+    /// The References header's message ids, oldest first.
+    pub references: Vec<String>,
+    /// Set when the mail did not parse; the event is still emitted.
+    pub parse_error: Option<String>,
+}
+
+/// Run one action of one automation for one event (queue `automation.action`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionCommand {
+    /// Derived from (event id, automation id, action position): a duplicate event produces
+    /// the same id, and the executor's guard drops the duplicate.
+    pub action_execution_id: Uuid,
+    pub automation_id: Uuid,
+    pub event_id: Uuid,
+    /// The action's position in the automation's list, from 0.
+    pub action_index: u32,
+}
+
+/// Send one stored outbound email (queue `email.send`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmailSendCommand {
+    /// The outbound email's id, derived from the action execution id that queued it.
+    pub email_message_id: Uuid,
+}
+
+/// The namespace of the deterministic (v5) ids derived here.
+const ID_NAMESPACE: Uuid = Uuid::from_u128(0x5f1e_8a3c_2b7d_4e90_9c41_7a26_d0b3_e815);
+
+/// The action execution id for (event, automation, action position): the same inputs give
+/// the same id on every replica and every redelivery.
+pub fn action_execution_id(event_id: Uuid, automation_id: Uuid, action_index: u32) -> Uuid {
+    let mut name = Vec::with_capacity(36);
+    name.extend_from_slice(event_id.as_bytes());
+    name.extend_from_slice(automation_id.as_bytes());
+    name.extend_from_slice(&action_index.to_be_bytes());
+    Uuid::new_v5(&ID_NAMESPACE, &name)
+}
+
+/// The outbound email id for the action execution that queues it.
+pub fn email_message_id(action_execution_id: Uuid) -> Uuid {
+    let mut name = b"email:".to_vec();
+    name.extend_from_slice(action_execution_id.as_bytes());
+    Uuid::new_v5(&ID_NAMESPACE, &name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        let (event, automation) = (Uuid::new_v4(), Uuid::new_v4());
+        assert_eq!(action_execution_id(event, automation, 0), action_execution_id(event, automation, 0));
+        assert_ne!(action_execution_id(event, automation, 0), action_execution_id(event, automation, 1));
+        assert_ne!(action_execution_id(event, automation, 0), action_execution_id(automation, event, 0));
+        let execution = action_execution_id(event, automation, 0);
+        assert_eq!(email_message_id(execution), email_message_id(execution));
+        assert_ne!(email_message_id(execution), execution);
+    }
+
+    #[test]
+    fn an_event_round_trips_with_its_type_field() {
+        let event = DomainEvent {
+            id: Uuid::new_v4(),
+            event_type: EMAIL_RECEIVED.into(),
+            occurred_at: Utc::now(),
+            data: serde_json::json!({"subject": "ping"}),
+        };
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(json["type"], EMAIL_RECEIVED);
+        assert_eq!(serde_json::from_value::<DomainEvent>(json).unwrap(), event);
+    }
+}
