@@ -98,9 +98,18 @@ mod tests {
     #[test]
     fn derived_ids_are_stable_and_distinct() {
         let (event, automation) = (Uuid::new_v4(), Uuid::new_v4());
-        assert_eq!(action_execution_id(event, automation, 0), action_execution_id(event, automation, 0));
-        assert_ne!(action_execution_id(event, automation, 0), action_execution_id(event, automation, 1));
-        assert_ne!(action_execution_id(event, automation, 0), action_execution_id(automation, event, 0));
+        assert_eq!(
+            action_execution_id(event, automation, 0),
+            action_execution_id(event, automation, 0)
+        );
+        assert_ne!(
+            action_execution_id(event, automation, 0),
+            action_execution_id(event, automation, 1)
+        );
+        assert_ne!(
+            action_execution_id(event, automation, 0),
+            action_execution_id(automation, event, 0)
+        );
         let execution = action_execution_id(event, automation, 0);
         assert_eq!(email_message_id(execution), email_message_id(execution));
         assert_ne!(email_message_id(execution), execution);
