@@ -13,6 +13,8 @@ use axum::routing::get;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::PrometheusReader;
+
 /// One dependency readiness depends on: `Ok` when reachable, else why not.
 pub trait ReadinessCheck: Send + Sync {
     fn name(&self) -> &'static str;
@@ -22,6 +24,7 @@ pub trait ReadinessCheck: Send + Sync {
 #[derive(Clone)]
 pub struct AdminState {
     checks: Arc<Vec<Box<dyn ReadinessCheck>>>,
+    prometheus: Option<PrometheusReader>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -37,7 +40,14 @@ impl AdminState {
     pub fn new(checks: Vec<Box<dyn ReadinessCheck>>) -> Self {
         Self {
             checks: Arc::new(checks),
+            prometheus: None,
         }
+    }
+
+    /// Serves `/metrics` from this reader.
+    pub fn with_metrics(mut self, prometheus: PrometheusReader) -> Self {
+        self.prometheus = Some(prometheus);
+        self
     }
 }
 
@@ -45,6 +55,7 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 
@@ -62,6 +73,31 @@ pub async fn serve(
     Ok(axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .into_future())
+}
+
+async fn metrics(State(state): State<AdminState>) -> axum::response::Response {
+    let Some(reader) = &state.prometheus else {
+        return (
+            StatusCode::NOT_FOUND,
+            "metrics are not collected by this process\n",
+        )
+            .into_response();
+    };
+    match reader.render() {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("collecting metrics failed: {e}\n"),
+        )
+            .into_response(),
+    }
 }
 
 async fn healthz() -> &'static str {

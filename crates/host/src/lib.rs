@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod cli;
 pub mod connections;
+pub mod metrics;
 pub mod run;
 pub mod schedule;
 pub mod scheduler;

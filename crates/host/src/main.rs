@@ -59,13 +59,17 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::SOFTWARE as u8);
         }
     };
+    let observability = run::Observability {
+        metrics: telemetry.metrics.clone(),
+        prometheus: telemetry.prometheus.clone(),
+    };
     let result = runtime.block_on(async move {
         match command {
             Command::Migrate => run::migrate(&settings).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => run::topology(&settings).await,
-            Command::Run | Command::Config { .. } => run::run(settings).await,
+            Command::Run | Command::Config { .. } => run::run(settings, observability).await,
         }
     });
     drop(runtime);

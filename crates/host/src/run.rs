@@ -8,6 +8,7 @@ use tracing::Instrument;
 use crate::admin::{self, AdminState, ReadinessCheck};
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
 use crate::exit;
+use crate::metrics::{Metrics, PrometheusReader};
 use crate::settings::Settings;
 
 /// A failure that ends the host, with the exit code it ends with.
@@ -100,8 +101,15 @@ pub async fn migrate(settings: &Settings) -> Result<(), Fatal> {
     .await
 }
 
+/// What `run` reports through: the instruments and the reader behind `/metrics`.
+#[derive(Debug, Clone)]
+pub struct Observability {
+    pub metrics: Metrics,
+    pub prometheus: PrometheusReader,
+}
+
 /// `worker-host run`: runs until SIGTERM or SIGINT, then stops within the grace period.
-pub async fn run(settings: Settings) -> Result<(), Fatal> {
+pub async fn run(settings: Settings, observability: Observability) -> Result<(), Fatal> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
 
@@ -134,7 +142,7 @@ pub async fn run(settings: Settings) -> Result<(), Fatal> {
         ];
         let server = admin::serve(
             settings.admin.listen,
-            AdminState::new(checks),
+            AdminState::new(checks).with_metrics(observability.prometheus.clone()),
             shutdown.clone(),
         )
         .await

@@ -234,6 +234,9 @@ pub struct TelemetrySettings {
     pub service_name: String,
     #[serde(with = "humantime_serde")]
     pub export_timeout: Duration,
+    /// How often metrics are pushed over OTLP (Prometheus pulls `/metrics` when it likes).
+    #[serde(with = "humantime_serde")]
+    pub metrics_interval: Duration,
 }
 
 impl Default for TelemetrySettings {
@@ -244,6 +247,7 @@ impl Default for TelemetrySettings {
             otlp_endpoint: None,
             service_name: "worker-host".into(),
             export_timeout: Duration::from_secs(10),
+            metrics_interval: Duration::from_secs(15),
         }
     }
 }
@@ -638,6 +642,10 @@ impl Settings {
             (
                 "telemetry.export_timeout".into(),
                 self.telemetry.export_timeout,
+            ),
+            (
+                "telemetry.metrics_interval".into(),
+                self.telemetry.metrics_interval,
             ),
             ("workers.shutdown_grace".into(), self.workers.shutdown_grace),
             (

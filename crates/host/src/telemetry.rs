@@ -6,15 +6,18 @@
 //! dropped inside the runtime.
 
 use opentelemetry::KeyValue;
+use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+use crate::metrics::{Metrics, PrometheusReader};
 use crate::settings::{LogFormat, TelemetrySettings};
 
 /// The resource attribute naming the client installation.
@@ -24,6 +27,11 @@ pub const INSTALLATION_ATTRIBUTE: &str = "worker_host.installation";
 #[derive(Debug)]
 pub struct Telemetry {
     tracer_provider: Option<SdkTracerProvider>,
+    meter_provider: SdkMeterProvider,
+    /// Where `/metrics` reads from.
+    pub prometheus: PrometheusReader,
+    /// The instruments the host records into.
+    pub metrics: Metrics,
 }
 
 impl Telemetry {
@@ -33,6 +41,9 @@ impl Telemetry {
             && let Err(e) = provider.shutdown()
         {
             eprintln!("worker-host: flushing traces at exit failed: {e}");
+        }
+        if let Err(e) = self.meter_provider.shutdown() {
+            eprintln!("worker-host: flushing metrics at exit failed: {e}");
         }
     }
 }
@@ -58,6 +69,36 @@ pub fn init(settings: &TelemetrySettings, installation: &str) -> anyhow::Result<
     };
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let resource = Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .with_attribute(KeyValue::new(
+            INSTALLATION_ATTRIBUTE,
+            installation.to_string(),
+        ))
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build();
+
+    let prometheus = PrometheusReader::new();
+    let mut meters = SdkMeterProvider::builder()
+        .with_resource(resource.clone())
+        .with_reader(prometheus.clone());
+    if let Some(endpoint) = &settings.otlp_endpoint {
+        let exporter = opentelemetry_otlp::MetricExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(format!("{}/v1/metrics", endpoint.trim_end_matches('/')))
+            .with_timeout(settings.export_timeout)
+            .build()?;
+        meters = meters.with_reader(
+            PeriodicReader::builder(exporter)
+                .with_interval(settings.metrics_interval)
+                .build(),
+        );
+    }
+    let meter_provider = meters.build();
+    opentelemetry::global::set_meter_provider(meter_provider.clone());
+    let metrics = Metrics::new(meter_provider.meter("worker-host"));
+
     let (otel_layer, tracer_provider) = match &settings.otlp_endpoint {
         Some(endpoint) => {
             let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -66,14 +107,6 @@ pub fn init(settings: &TelemetrySettings, installation: &str) -> anyhow::Result<
                 .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
                 .with_timeout(settings.export_timeout)
                 .build()?;
-            let resource = Resource::builder()
-                .with_service_name(settings.service_name.clone())
-                .with_attribute(KeyValue::new(
-                    INSTALLATION_ATTRIBUTE,
-                    installation.to_string(),
-                ))
-                .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-                .build();
             let provider = SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)
                 .with_resource(resource)
@@ -93,5 +126,10 @@ pub fn init(settings: &TelemetrySettings, installation: &str) -> anyhow::Result<
         .with(fmt_layer)
         .with(otel_layer)
         .try_init()?;
-    Ok(Telemetry { tracer_provider })
+    Ok(Telemetry {
+        tracer_provider,
+        meter_provider,
+        prometheus,
+        metrics,
+    })
 }
