@@ -6,9 +6,11 @@
 //! endpoints ([`admin`]) and runs until SIGTERM or SIGINT ([`run`]).
 
 pub mod admin;
+pub mod alerts;
 pub mod cli;
 pub mod connections;
 pub mod metrics;
+pub mod observe;
 pub mod run;
 pub mod schedule;
 pub mod scheduler;

@@ -71,3 +71,66 @@ impl TimerStats {
         }
     }
 }
+
+/// The running record of one consumer job.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    pub succeeded: AtomicU64,
+    pub duplicate: AtomicU64,
+    pub retried_in_process: AtomicU64,
+    pub parked: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub requeued: AtomicU64,
+    last: Mutex<LastResults>,
+}
+
+/// A copy of [`ConsumerStats`] at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumerSnapshot {
+    pub succeeded: u64,
+    pub duplicate: u64,
+    pub retried_in_process: u64,
+    pub parked: u64,
+    pub dead_lettered: u64,
+    pub requeued: u64,
+    #[serde(flatten)]
+    pub last: LastResults,
+}
+
+impl ConsumerStats {
+    /// Records a delivery's settlement; `error` is the failure that parked or dead-lettered it.
+    pub fn record(&self, counter: &AtomicU64, success: bool, error: Option<String>) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        let now = Utc::now();
+        if let Ok(mut last) = self.last.lock() {
+            last.last_run = Some(now);
+            if success {
+                last.last_success = Some(now);
+            }
+            if let Some(error) = error {
+                last.last_error = Some(error);
+                last.last_error_at = Some(now);
+            }
+        }
+    }
+
+    /// Remembers the last failure seen by an in-process try.
+    pub fn record_error(&self, error: String) {
+        if let Ok(mut last) = self.last.lock() {
+            last.last_error = Some(error);
+            last.last_error_at = Some(Utc::now());
+        }
+    }
+
+    pub fn snapshot(&self) -> ConsumerSnapshot {
+        ConsumerSnapshot {
+            succeeded: self.succeeded.load(Ordering::Relaxed),
+            duplicate: self.duplicate.load(Ordering::Relaxed),
+            retried_in_process: self.retried_in_process.load(Ordering::Relaxed),
+            parked: self.parked.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            requeued: self.requeued.load(Ordering::Relaxed),
+            last: self.last.lock().map(|l| l.clone()).unwrap_or_default(),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The host's observers: what the consumer runners and the scheduler report becomes
+//! metrics (see [`crate::metrics::names`]) and the counts `/status` shows.
+
+use std::sync::Arc;
+
+use opentelemetry::KeyValue;
+use worker_broker::{ConsumerEvents, Outcome, Settled};
+use worker_core::TryRecord;
+
+use crate::metrics::Metrics;
+use crate::status::ConsumerStats;
+
+/// Records one consumer job's tries and settled deliveries.
+#[derive(Debug)]
+pub struct ConsumerObserver {
+    job: String,
+    metrics: Metrics,
+    pub stats: Arc<ConsumerStats>,
+}
+
+impl ConsumerObserver {
+    pub fn new(job: impl Into<String>, metrics: Metrics) -> Self {
+        Self {
+            job: job.into(),
+            metrics,
+            stats: Arc::default(),
+        }
+    }
+}
+
+impl ConsumerEvents for ConsumerObserver {
+    fn on_try(&self, _queue: &str, record: &TryRecord<'_>) {
+        if let Some(failure) = record.failure {
+            if record.will_retry {
+                self.stats
+                    .retried_in_process
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.metrics.retried_tries.add(
+                    1,
+                    &[
+                        KeyValue::new("job", self.job.clone()),
+                        KeyValue::new("class", failure.class().as_str()),
+                    ],
+                );
+            }
+            self.stats.record_error(failure.to_string());
+        }
+    }
+
+    fn on_settled(&self, settled: &Settled<'_>) {
+        let mut labels = vec![
+            KeyValue::new("job", self.job.clone()),
+            KeyValue::new("queue", settled.queue.to_string()),
+        ];
+        let stats = &self.stats;
+        match settled.outcome {
+            Outcome::Succeeded => {
+                labels.push(KeyValue::new("outcome", "succeeded"));
+                stats.record(&stats.succeeded, true, None);
+            }
+            Outcome::Duplicate => {
+                labels.push(KeyValue::new("outcome", "duplicate"));
+                stats.record(&stats.duplicate, true, None);
+            }
+            Outcome::Parked { class, tier, .. } => {
+                labels.push(KeyValue::new("outcome", "parked"));
+                labels.push(KeyValue::new("class", class.as_str()));
+                stats.record(&stats.parked, false, None);
+                tracing::debug!(job = %self.job, tier = %tier, "parked");
+            }
+            Outcome::DeadLettered { reason, class } => {
+                labels.push(KeyValue::new("outcome", "dead-lettered"));
+                labels.push(KeyValue::new("reason", reason.as_str()));
+                labels.push(KeyValue::new("class", class.as_str()));
+                stats.record(&stats.dead_lettered, false, None);
+            }
+            Outcome::Requeued | Outcome::Abandoned => {
+                labels.push(KeyValue::new("outcome", settled.outcome.as_str()));
+                stats.record(&stats.requeued, false, None);
+            }
+        }
+        self.metrics.messages.add(1, &labels);
+        self.metrics.handler_duration.record(
+            settled.elapsed.as_secs_f64(),
+            &[KeyValue::new("job", self.job.clone())],
+        );
+    }
+}
