@@ -21,3 +21,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 
 /// The transaction type the adapters hand to jobs.
 pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+pub mod attempt_log;
+pub mod outbox;
+
+pub use attempt_log::{AttemptLog, AttemptLogSettings, AttemptLogWriter, AttemptRecord};
+pub use outbox::{OutboxMessage, OutboxRow, OutboxStatus};

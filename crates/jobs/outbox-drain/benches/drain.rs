@@ -1,0 +1,327 @@
+//! Drain throughput against bare confirmed publishing of the same messages, in the same run,
+//! on the local services: `BENCH_ROWS` 1 KiB JSON messages to a quorum queue, printed as rows
+//! per second and as a ratio (target: the drain at 0.8 of bare publishing or better).
+//!
+//! * **bare**: [`Publisher::publish_many`] in chunks of `BENCH_BATCH`, with `BENCH_IN_FLIGHT`
+//!   chunks at once: pipelined, mandatory, confirmed; no database. Also with one chunk at a
+//!   time, for reference.
+//! * **drain**: the same messages enqueued in the outbox beforehand (not timed), then one
+//!   [`OutboxDrain::drain`] with the same batch size and batches in flight: claim
+//!   `FOR UPDATE SKIP LOCKED`, publish, mark processed, commit, per batch.
+//! * **claim + mark**: the drain's database work alone (claim, mark processed, commit), for
+//!   the ceiling PostgreSQL puts on it.
+//!
+//! ```text
+//! cargo bench -p job-outbox-drain --bench drain
+//! BENCH_ROWS=20000 BENCH_BATCH=500 BENCH_IN_FLIGHT=2 BENCH_ROUNDS=3 cargo bench -p job-outbox-drain --bench drain
+//! ```
+//!
+//! Needs the local services (`scripts/services.sh up`).
+
+// A benchmark program: a failure should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use job_outbox_drain::{OutboxDrain, OutboxDrainSettings};
+use lapin::options::{
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueuePurgeOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use tokio_util::sync::CancellationToken;
+use worker_broker::{Outgoing, Publisher, PublisherSettings, Session};
+use worker_store::{OutboxMessage, outbox};
+use worker_testkit::{TestDb, TestVhost};
+
+const EXCHANGE: &str = "events";
+const QUEUE: &str = "bench";
+const ROUTING_KEY: &str = "bench.row";
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `i`-th message of round `round`: about 1 KiB of JSON, with a traceparent header as an
+/// enqueued row would carry.
+fn message(round: usize, i: usize) -> OutboxMessage {
+    let id = format!("r{round}-m{i:07}");
+    let pad = "x".repeat(1024 - 40);
+    OutboxMessage::json(
+        id.clone(),
+        "bench.row",
+        &serde_json::json!({ "id": id, "pad": pad }),
+    )
+    .unwrap()
+    .with_header(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )
+}
+
+/// The same message as the drain would publish it.
+fn outgoing(m: &OutboxMessage) -> Outgoing {
+    let mut out = Outgoing::new(EXCHANGE, ROUTING_KEY, m.body.clone())
+        .with_message_id(&m.message_id)
+        .with_type(m.message_type.as_deref().unwrap_or_default());
+    out.properties = out
+        .properties
+        .with_content_type("application/json".into())
+        .with_timestamp(0)
+        .with_headers(job_outbox_drain::publish::headers_of(
+            &serde_json::Value::Object(m.headers.clone()),
+        ));
+    out
+}
+
+async fn bare(
+    publisher: &Publisher,
+    messages: &[Outgoing],
+    batch: usize,
+    in_flight: usize,
+) -> Duration {
+    use futures::StreamExt;
+    let started = Instant::now();
+    // A sliding window of `in_flight` batches, each publish_many pipelined and confirmed.
+    let mut results = futures::stream::iter(messages.chunks(batch))
+        .map(|chunk| publisher.publish_many(chunk))
+        .buffer_unordered(in_flight.max(1));
+    while let Some(batch_results) = results.next().await {
+        for r in batch_results {
+            r.unwrap();
+        }
+    }
+    started.elapsed()
+}
+
+async fn fill_outbox(db: &TestDb, messages: &[OutboxMessage]) {
+    for chunk in messages.chunks(1000) {
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox::enqueue_many(&mut tx, EXCHANGE, ROUTING_KEY, chunk)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+}
+
+/// The drain's database work alone: claim a batch, mark it processed, commit.
+async fn claim_and_mark(db: &TestDb, batch: u32) -> (u64, Duration) {
+    let started = Instant::now();
+    let mut total = 0;
+    loop {
+        let mut tx = db.pool.begin().await.unwrap();
+        let rows = outbox::claim(&mut tx, batch).await.unwrap();
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        outbox::mark_processed(&mut tx, &ids).await.unwrap();
+        tx.commit().await.unwrap();
+        total += ids.len() as u64;
+        if ids.len() < batch as usize {
+            return (total, started.elapsed());
+        }
+    }
+}
+
+/// One lane of batches with the time of each step, to show where a batch's time goes.
+async fn profile(db: &TestDb, publisher: &Publisher, batch: u32) {
+    let mut steps = [Duration::ZERO; 4];
+    let mut n = 0u32;
+    let cancel = CancellationToken::new();
+    loop {
+        let mut tx = db.pool.begin().await.unwrap();
+        let t0 = Instant::now();
+        let rows = outbox::claim(&mut tx, batch).await.unwrap();
+        if rows.is_empty() {
+            break;
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let messages: Vec<Outgoing> = rows
+            .into_iter()
+            .map(job_outbox_drain::publish::to_outgoing)
+            .collect();
+        let t1 = Instant::now();
+        let verdicts = job_outbox_drain::publish::publish_rows(publisher, &messages, &cancel).await;
+        assert!(verdicts.iter().all(|v| v.is_published()));
+        let t2 = Instant::now();
+        outbox::mark_processed(&mut tx, &ids).await.unwrap();
+        let t3 = Instant::now();
+        tx.commit().await.unwrap();
+        for (step, took) in steps
+            .iter_mut()
+            .zip([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()])
+        {
+            *step += took;
+        }
+        n += 1;
+    }
+    let n = n.max(1);
+    println!(
+        "  per batch, one lane: claim {:.2?}, publish {:.2?}, mark {:.2?}, commit {:.2?}",
+        steps[0] / n,
+        steps[1] / n,
+        steps[2] / n,
+        steps[3] / n
+    );
+}
+
+fn rate(n: usize, took: Duration) -> f64 {
+    n as f64 / took.as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let rows = env("BENCH_ROWS", 20_000);
+    let batch = env("BENCH_BATCH", 500);
+    let in_flight = env("BENCH_IN_FLIGHT", 2);
+    let rounds = env("BENCH_ROUNDS", 2);
+
+    let db = TestDb::create().await.unwrap();
+    let vhost = TestVhost::create().await.unwrap();
+    let connection = Connection::connect(&vhost.amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            EXCHANGE.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    channel
+        .queue_declare(
+            QUEUE.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            QUEUE.into(),
+            EXCHANGE.into(),
+            "bench.*".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let publisher_connection =
+        Connection::connect(&vhost.amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+    let publisher = Publisher::new(
+        Session::new(publisher_connection).fixed(),
+        PublisherSettings {
+            channels: in_flight.max(1),
+            ..PublisherSettings::default()
+        },
+    );
+    let settings = OutboxDrainSettings {
+        batch_size: u32::try_from(batch).unwrap(),
+        batches_in_flight: in_flight,
+        ..OutboxDrainSettings::default()
+    };
+    let drain = OutboxDrain::new(db.pool.clone(), publisher.clone(), settings);
+
+    println!(
+        "{rows} rows of ~1 KiB to a quorum queue, batches of {batch}, {in_flight} in flight, {rounds} rounds"
+    );
+    let mut best_bare: f64 = 0.0;
+    let mut best_drain: f64 = 0.0;
+    for round in 0..rounds {
+        let messages: Vec<OutboxMessage> = (0..rows).map(|i| message(round, i)).collect();
+        let out: Vec<Outgoing> = messages.iter().map(outgoing).collect();
+
+        // Alternate the order, so that neither always runs on a warmer broker.
+        let mut bare_rate = 0.0;
+        let mut drain_rate = 0.0;
+        for which in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+            if which == 0 {
+                let took = bare(&publisher, &out, batch, in_flight).await;
+                bare_rate = rate(rows, took);
+                let took1 = {
+                    channel
+                        .queue_purge(QUEUE.into(), QueuePurgeOptions::default())
+                        .await
+                        .unwrap();
+                    bare(&publisher, &out, batch, 1).await
+                };
+                println!(
+                    "round {round}: bare publish_many   {:>8.0} rows/s ({took:.2?}); one batch at a time {:>8.0} rows/s",
+                    bare_rate,
+                    rate(rows, took1)
+                );
+            } else {
+                sqlx::query("TRUNCATE outbox")
+                    .execute(&db.pool)
+                    .await
+                    .unwrap();
+                fill_outbox(&db, &messages).await;
+                let started = Instant::now();
+                let report = drain.drain(&CancellationToken::new()).await.unwrap();
+                let took = started.elapsed();
+                assert_eq!(report.published, rows as u64, "{report:?}");
+                drain_rate = rate(rows, took);
+                println!(
+                    "round {round}: outbox drain        {:>8.0} rows/s ({took:.2?})",
+                    drain_rate
+                );
+            }
+            channel
+                .queue_purge(QUEUE.into(), QueuePurgeOptions::default())
+                .await
+                .unwrap();
+        }
+        println!(
+            "round {round}: ratio drain / bare   {:.2}",
+            drain_rate / bare_rate
+        );
+        best_bare = best_bare.max(bare_rate);
+        best_drain = best_drain.max(drain_rate);
+
+        if std::env::var_os("BENCH_PROFILE").is_some() {
+            sqlx::query("TRUNCATE outbox")
+                .execute(&db.pool)
+                .await
+                .unwrap();
+            fill_outbox(&db, &messages).await;
+            profile(&db, &publisher, u32::try_from(batch).unwrap()).await;
+            channel
+                .queue_purge(QUEUE.into(), QueuePurgeOptions::default())
+                .await
+                .unwrap();
+        }
+        sqlx::query("TRUNCATE outbox")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        fill_outbox(&db, &messages).await;
+        let (marked, took) = claim_and_mark(&db, u32::try_from(batch).unwrap()).await;
+        assert_eq!(marked, rows as u64);
+        println!(
+            "round {round}: claim + mark only   {:>8.0} rows/s ({took:.2?}, one worker, no publish)",
+            rate(rows, took)
+        );
+    }
+    println!(
+        "best: bare {best_bare:.0} rows/s, drain {best_drain:.0} rows/s, ratio {:.2}",
+        best_drain / best_bare
+    );
+}

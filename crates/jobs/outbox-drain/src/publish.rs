@@ -1,0 +1,323 @@
+//! From claimed rows to confirmed publishes, and from publish errors to a verdict per row.
+//!
+//! A batch is published with [`Publisher::publish_many`]: every message sent, then every
+//! confirm awaited. Most errors belong to one message (unroutable, nacked, invalid) and are
+//! taken as they come. Some do not: a publish to an exchange that does not exist, or one the
+//! broker refuses, closes the whole channel, and every later confirm of the batch fails with
+//! it. Blaming them all would let one poisoned row burn the attempts of the rows behind it, so
+//! those rows are *isolated*: the first is published alone, which tells whose fault it was
+//! (an exchange that does not exist or is forbidden fails every row bound for it), the rest are
+//! published again together, and so on until each has a verdict of its own. Every pass settles
+//! at least one row, so a batch settles in at most its size passes, usually in one or two.
+//!
+//! When the broker is not there at all (not connected, confirms that do not come) the rows
+//! are left as they were, with no attempt counted: the outage is not theirs.
+
+use chrono::{DateTime, Utc};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use worker_broker::{Outgoing, PublishError, Publisher};
+use worker_store::OutboxRow;
+
+/// Persistent, in AMQP's `delivery-mode` terms.
+const PERSISTENT: u8 = 2;
+
+/// What happened to one row of a batch.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// Confirmed by the broker and routed somewhere.
+    Published,
+    /// This row's own failure: an attempt is added.
+    Failed(PublishError),
+    /// Not tried to the end (the broker is away, or the tick was cancelled): left pending,
+    /// no attempt counted. Carries the error that stopped it, if any.
+    Untouched(Option<PublishError>),
+}
+
+impl Verdict {
+    pub fn is_published(&self) -> bool {
+        matches!(self, Self::Published)
+    }
+}
+
+/// How a publish error is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blame {
+    /// The message's own fault.
+    Row,
+    /// The broker is away or stalled: stop, blame nobody.
+    Broker,
+    /// The channel went down; whose fault it was must be found out.
+    Unknown,
+}
+
+fn blame(err: &PublishError) -> Blame {
+    match err {
+        PublishError::Unroutable { .. }
+        | PublishError::Nacked { .. }
+        | PublishError::Invalid { .. } => Blame::Row,
+        PublishError::NotConnected { .. } | PublishError::ConfirmTimeout { .. } => Blame::Broker,
+        PublishError::Refused { .. } | PublishError::Lost { .. } => Blame::Unknown,
+    }
+}
+
+/// Whether a refusal concerns the exchange itself, and so every message bound for it.
+fn refuses_exchange(err: &PublishError) -> bool {
+    matches!(err, PublishError::Refused { code, .. } if code == "NOTFOUND" || code == "ACCESSREFUSED")
+}
+
+/// Publishes `messages` with confirms and returns a verdict per message, in order (see the
+/// module docs). Stops isolating when `cancel` fires, leaving what is unsettled untouched.
+pub async fn publish_rows(
+    publisher: &Publisher,
+    messages: &[Outgoing],
+    cancel: &CancellationToken,
+) -> Vec<Verdict> {
+    let mut verdicts: Vec<Option<Verdict>> = vec![None; messages.len()];
+    let results = publisher.publish_many(messages).await;
+    let mut unknown: Vec<usize> = Vec::new();
+    let mut broker_down: Option<PublishError> = None;
+    for (i, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(()) => verdicts[i] = Some(Verdict::Published),
+            Err(err) => match blame(&err) {
+                Blame::Row => verdicts[i] = Some(Verdict::Failed(err)),
+                Blame::Broker => {
+                    verdicts[i] = Some(Verdict::Untouched(Some(err.clone())));
+                    broker_down.get_or_insert(err);
+                }
+                Blame::Unknown => unknown.push(i),
+            },
+        }
+    }
+    if broker_down.is_none() && !unknown.is_empty() {
+        tracing::debug!(
+            rows = unknown.len(),
+            "a publish closed the channel; isolating the rows it took down"
+        );
+        broker_down = isolate(publisher, messages, &mut unknown, &mut verdicts, cancel).await;
+    }
+    verdicts
+        .into_iter()
+        .map(|v| v.unwrap_or_else(|| Verdict::Untouched(broker_down.clone())))
+        .collect()
+}
+
+/// Settles the rows in `unknown` one pass at a time; returns the broker error that stopped
+/// it, if one did.
+async fn isolate(
+    publisher: &Publisher,
+    messages: &[Outgoing],
+    unknown: &mut Vec<usize>,
+    verdicts: &mut [Option<Verdict>],
+    cancel: &CancellationToken,
+) -> Option<PublishError> {
+    while let Some(&first) = unknown.first() {
+        if cancel.is_cancelled() {
+            return None;
+        }
+        // The first row alone: its result is its own.
+        match publisher.publish(&messages[first]).await {
+            Ok(()) => {
+                verdicts[first] = Some(Verdict::Published);
+                unknown.remove(0);
+            }
+            Err(err) if blame(&err) == Blame::Broker => return Some(err),
+            Err(err) if refuses_exchange(&err) => {
+                // Nothing bound for this exchange can be published: fail them all at once.
+                let exchange = messages[first].exchange.clone();
+                unknown.retain(|&i| {
+                    if messages[i].exchange == exchange {
+                        verdicts[i] = Some(Verdict::Failed(err.clone()));
+                        false
+                    } else {
+                        true
+                    }
+                });
+            }
+            Err(err) => {
+                verdicts[first] = Some(Verdict::Failed(err));
+                unknown.remove(0);
+            }
+        }
+        if unknown.is_empty() || cancel.is_cancelled() {
+            return None;
+        }
+        // The rest together again.
+        let batch: Vec<Outgoing> = unknown.iter().map(|&i| messages[i].clone()).collect();
+        let results = publisher.publish_many(&batch).await;
+        let mut still = Vec::new();
+        for (&i, result) in unknown.iter().zip(results) {
+            match result {
+                Ok(()) => verdicts[i] = Some(Verdict::Published),
+                Err(err) => match blame(&err) {
+                    Blame::Row => verdicts[i] = Some(Verdict::Failed(err)),
+                    Blame::Broker => return Some(err),
+                    Blame::Unknown => still.push(i),
+                },
+            }
+        }
+        *unknown = still;
+    }
+    None
+}
+
+/// The message a claimed row stands for: persistent, with the row's message id, type,
+/// content type, correlation id, creation time and headers.
+pub fn to_outgoing(row: OutboxRow) -> Outgoing {
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(PERSISTENT)
+        .with_timestamp(timestamp(row.created_at))
+        .with_headers(headers_of(&row.headers));
+    if let Ok(id) = ShortString::try_new(row.message_id.as_str()) {
+        properties = properties.with_message_id(id);
+    }
+    if let Some(kind) = row.message_type.as_deref().and_then(short) {
+        properties = properties.with_type(kind);
+    }
+    if let Some(content_type) = row.content_type.as_deref().and_then(short) {
+        properties = properties.with_content_type(content_type);
+    }
+    if let Some(correlation) = row.correlation_id.as_deref().and_then(short) {
+        properties = properties.with_correlation_id(correlation);
+    }
+    Outgoing {
+        exchange: row.exchange,
+        routing_key: row.routing_key,
+        body: row.body,
+        properties,
+    }
+}
+
+fn short(text: &str) -> Option<ShortString> {
+    ShortString::try_new(text).ok()
+}
+
+fn timestamp(at: DateTime<Utc>) -> u64 {
+    u64::try_from(at.timestamp()).unwrap_or(0)
+}
+
+/// The stored JSON headers as an AMQP table: strings, integers, floats and booleans as
+/// themselves, `null` as void, arrays and objects as their JSON text.
+pub fn headers_of(headers: &Value) -> FieldTable {
+    let mut table = FieldTable::default();
+    let Value::Object(map) = headers else {
+        return table;
+    };
+    for (key, value) in map {
+        let Ok(key) = ShortString::try_new(key.as_str()) else {
+            continue;
+        };
+        let value = match value {
+            Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+            Value::Bool(b) => AMQPValue::Boolean(*b),
+            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) => AMQPValue::LongLongInt(i),
+                (None, Some(f)) => AMQPValue::Double(f),
+                (None, None) => AMQPValue::LongString(LongString::from(n.to_string())),
+            },
+            Value::Null => AMQPValue::Void,
+            other => AMQPValue::LongString(LongString::from(other.to_string())),
+        };
+        table.insert(key, value);
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn errors_are_blamed_on_the_row_the_broker_or_nobody_yet() {
+        let unroutable = PublishError::Unroutable {
+            exchange: "e".into(),
+            routing_key: "k".into(),
+        };
+        assert_eq!(blame(&unroutable), Blame::Row);
+        let down = PublishError::NotConnected {
+            waited: Duration::from_secs(1),
+        };
+        assert_eq!(blame(&down), Blame::Broker);
+        let refused = PublishError::Refused {
+            exchange: "nope".into(),
+            code: "NOTFOUND".into(),
+            detail: "no exchange 'nope'".into(),
+        };
+        assert_eq!(blame(&refused), Blame::Unknown);
+        assert!(refuses_exchange(&refused));
+        let lost = PublishError::Lost {
+            exchange: "e".into(),
+            detail: "channel closed".into(),
+        };
+        assert!(!refuses_exchange(&lost));
+    }
+
+    #[test]
+    fn json_headers_become_an_amqp_table() {
+        let table = headers_of(&serde_json::json!({
+            "traceparent": "00-abc-def-01",
+            "n": 5,
+            "f": 1.5,
+            "b": true,
+            "z": null,
+            "list": [1, 2],
+        }));
+        let inner = table.inner();
+        assert_eq!(
+            inner.get("traceparent"),
+            Some(&AMQPValue::LongString("00-abc-def-01".into()))
+        );
+        assert_eq!(inner.get("n"), Some(&AMQPValue::LongLongInt(5)));
+        assert_eq!(inner.get("f"), Some(&AMQPValue::Double(1.5)));
+        assert_eq!(inner.get("b"), Some(&AMQPValue::Boolean(true)));
+        assert_eq!(inner.get("z"), Some(&AMQPValue::Void));
+        assert_eq!(
+            inner.get("list"),
+            Some(&AMQPValue::LongString("[1,2]".into()))
+        );
+        assert!(headers_of(&Value::Null).inner().is_empty());
+    }
+
+    #[test]
+    fn a_row_becomes_a_persistent_message_with_its_properties() {
+        let row = OutboxRow {
+            id: 7,
+            message_id: "m-7".into(),
+            message_type: Some("email.received".into()),
+            content_type: Some("application/json".into()),
+            correlation_id: Some("c-1".into()),
+            exchange: "events".into(),
+            routing_key: "email.received".into(),
+            headers: serde_json::json!({"tenant": "acme"}),
+            body: b"{}".to_vec(),
+            created_at: DateTime::from_timestamp(1_700_000_000, 0).unwrap(),
+            attempts: 0,
+        };
+        let m = to_outgoing(row);
+        assert_eq!(
+            (m.exchange.as_str(), m.routing_key.as_str()),
+            ("events", "email.received")
+        );
+        let p = &m.properties;
+        assert_eq!(p.delivery_mode(), &Some(PERSISTENT));
+        assert_eq!(
+            p.message_id().as_ref().map(ShortString::as_str),
+            Some("m-7")
+        );
+        assert_eq!(
+            p.kind().as_ref().map(ShortString::as_str),
+            Some("email.received")
+        );
+        assert_eq!(
+            p.correlation_id().as_ref().map(ShortString::as_str),
+            Some("c-1")
+        );
+        assert_eq!(p.timestamp(), &Some(1_700_000_000));
+        assert!(p.headers().as_ref().unwrap().contains_key("tenant"));
+    }
+}

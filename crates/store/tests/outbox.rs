@@ -1,0 +1,255 @@
+//! The outbox table on the real database: enqueue inside the caller's transaction, NOTIFY on
+//! commit only, claims that skip each other's rows, attempts and backoff, operator replay,
+//! status and retention.
+
+// Helpers outside #[test] functions assert too: a failed expectation fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use worker_store::OutboxMessage;
+use worker_store::outbox::{self, PublishFailure, RetryResult};
+use worker_testkit::TestDb;
+
+/// message id, type, content type, correlation id, exchange, routing key, headers, body,
+/// status, attempts.
+type StoredRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    String,
+    String,
+    serde_json::Value,
+    Vec<u8>,
+    String,
+    i32,
+);
+
+fn message(n: usize) -> OutboxMessage {
+    OutboxMessage::json(
+        format!("m-{n}"),
+        "test.event",
+        &serde_json::json!({ "n": n }),
+    )
+    .expect("json")
+    .with_correlation_id("c-1")
+    .with_header("tenant", "acme")
+    .with_header("n", n as i64)
+}
+
+async fn count(db: &TestDb, status: &str) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = $1")
+            .bind(status)
+            .fetch_one(&db.pool)
+            .await?,
+    )
+}
+
+#[tokio::test]
+async fn a_rolled_back_enqueue_leaves_no_row_and_no_notification() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut listener = PgListener::connect(&db.url).await?;
+    listener.listen(outbox::CHANNEL).await?;
+
+    let mut tx = db.pool.begin().await?;
+    outbox::enqueue(&mut tx, "events", "test.event", &message(1)).await?;
+    tx.rollback().await?;
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(total, 0);
+    let heard = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(heard.is_err(), "a rollback must not notify: {heard:?}");
+
+    let mut tx = db.pool.begin().await?;
+    let id = outbox::enqueue(&mut tx, "events", "test.event", &message(2)).await?;
+    // Not before the commit...
+    let early = tokio::time::timeout(Duration::from_millis(200), listener.recv()).await;
+    assert!(early.is_err(), "notified before the commit");
+    tx.commit().await?;
+    // ...but right after it.
+    let heard = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await??;
+    assert_eq!(heard.channel(), outbox::CHANNEL);
+
+    let row: StoredRow = sqlx::query_as(
+        "SELECT message_id, message_type, content_type, correlation_id, exchange, routing_key, \
+                    headers, body, status, attempts FROM outbox WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await?;
+    assert_eq!(row.0, "m-2");
+    assert_eq!(row.1.as_deref(), Some("test.event"));
+    assert_eq!(row.2.as_deref(), Some("application/json"));
+    assert_eq!(row.3.as_deref(), Some("c-1"));
+    assert_eq!((row.4.as_str(), row.5.as_str()), ("events", "test.event"));
+    assert_eq!(row.6["tenant"], "acme");
+    assert_eq!(row.6["n"], 2);
+    assert_eq!(row.7, br#"{"n":2}"#);
+    assert_eq!((row.8.as_str(), row.9), ("pending", 0));
+    Ok(())
+}
+
+#[tokio::test]
+async fn many_rows_in_one_transaction_keep_their_order_and_notify_once() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut listener = PgListener::connect(&db.url).await?;
+    listener.listen(outbox::CHANNEL).await?;
+    let messages: Vec<OutboxMessage> = (0..100).map(message).collect();
+    let mut tx = db.pool.begin().await?;
+    let ids = outbox::enqueue_many(&mut tx, "events", "k", &messages).await?;
+    outbox::enqueue(&mut tx, "events", "k", &message(100)).await?;
+    tx.commit().await?;
+    assert_eq!(ids.len(), 100);
+    let in_order: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM outbox WHERE id = ANY($1) ORDER BY id")
+            .bind(&ids)
+            .fetch_all(&db.pool)
+            .await?;
+    let expected: Vec<String> = (0..100).map(|n| format!("m-{n}")).collect();
+    assert_eq!(in_order, expected);
+
+    tokio::time::timeout(Duration::from_secs(5), listener.recv()).await??;
+    let again = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(again.is_err(), "one transaction, one notification");
+    Ok(())
+}
+
+#[tokio::test]
+async fn concurrent_claims_take_disjoint_rows_in_id_order() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut tx = db.pool.begin().await?;
+    let messages: Vec<OutboxMessage> = (0..30).map(message).collect();
+    let ids = outbox::enqueue_many(&mut tx, "events", "k", &messages).await?;
+    tx.commit().await?;
+
+    let mut first = db.pool.begin().await?;
+    let mut second = db.pool.begin().await?;
+    let a = outbox::claim(&mut first, 10).await?;
+    let b = outbox::claim(&mut second, 10).await?;
+    let a_ids: Vec<i64> = a.iter().map(|r| r.id).collect();
+    let b_ids: Vec<i64> = b.iter().map(|r| r.id).collect();
+    assert_eq!(a_ids, ids[..10].to_vec());
+    assert_eq!(b_ids, ids[10..20].to_vec());
+    assert_eq!(a[0].message_id, "m-0");
+    assert_eq!(a[0].headers["tenant"], "acme");
+
+    assert_eq!(outbox::mark_processed(&mut first, &a_ids).await?, 10);
+    first.commit().await?;
+    // The second claim rolls back: its rows are free again, and come first.
+    second.rollback().await?;
+    let mut third = db.pool.begin().await?;
+    let c = outbox::claim(&mut third, 100).await?;
+    assert_eq!(c.first().map(|r| r.id), Some(ids[10]));
+    assert_eq!(c.len(), 20);
+    third.rollback().await?;
+    assert_eq!(count(&db, "processed").await?, 10);
+    Ok(())
+}
+
+#[tokio::test]
+async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut tx = db.pool.begin().await?;
+    let id = outbox::enqueue(&mut tx, "nowhere", "k", &message(1)).await?;
+    let other = outbox::enqueue(&mut tx, "events", "k", &message(2)).await?;
+    tx.commit().await?;
+
+    let fail = |retry_in| PublishFailure {
+        id,
+        error: "unroutable: no queue".into(),
+        retry_in,
+    };
+    // First failure: pending again, but not due for an hour.
+    let mut tx = db.pool.begin().await?;
+    assert_eq!(outbox::claim(&mut tx, 10).await?.len(), 2);
+    let counts = outbox::record_failures(&mut tx, &[fail(Duration::from_secs(3600))], 2).await?;
+    assert_eq!((counts.retrying, counts.failed), (1, 0));
+    tx.commit().await?;
+    let mut tx = db.pool.begin().await?;
+    let due: Vec<i64> = outbox::claim(&mut tx, 10)
+        .await?
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(due, vec![other], "a row backing off is not claimed");
+    tx.rollback().await?;
+    let status = outbox::status(&db.pool).await?;
+    assert_eq!((status.pending, status.retrying, status.failed), (2, 1, 0));
+    assert!(status.oldest_pending_age.is_some());
+
+    // Second failure, the last of two attempts: failed, with its error.
+    let mut tx = db.pool.begin().await?;
+    let counts = outbox::record_failures(&mut tx, &[fail(Duration::ZERO)], 2).await?;
+    assert_eq!((counts.retrying, counts.failed), (0, 1));
+    tx.commit().await?;
+    let failed = outbox::failed(&db.pool, 10).await?;
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].id, id);
+    assert_eq!(failed[0].attempts, 2);
+    assert_eq!(
+        failed[0].last_error.as_deref(),
+        Some("unroutable: no queue")
+    );
+    let status = outbox::status(&db.pool).await?;
+    assert_eq!((status.pending, status.failed), (1, 1));
+
+    // Replay: pending, due now, attempts reset; the drain is woken.
+    let mut listener = PgListener::connect(&db.url).await?;
+    listener.listen(outbox::CHANNEL).await?;
+    assert_eq!(outbox::retry(&db.pool, id).await?, RetryResult::Requeued);
+    tokio::time::timeout(Duration::from_secs(5), listener.recv()).await??;
+    let (status, attempts): (String, i32) =
+        sqlx::query_as("SELECT status, attempts FROM outbox WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await?;
+    assert_eq!((status.as_str(), attempts), ("pending", 0));
+    assert_eq!(
+        outbox::retry(&db.pool, 999_999).await?,
+        RetryResult::NotFound
+    );
+
+    let mut tx = db.pool.begin().await?;
+    outbox::mark_processed(&mut tx, &[other]).await?;
+    outbox::record_failures(&mut tx, &[fail(Duration::ZERO)], 1).await?;
+    tx.commit().await?;
+    assert_eq!(
+        outbox::retry(&db.pool, other).await?,
+        RetryResult::AlreadyProcessed
+    );
+    assert_eq!(outbox::retry_all_failed(&db.pool).await?, 1);
+    assert_eq!(outbox::retry_all_failed(&db.pool).await?, 0);
+    assert_eq!(count(&db, "failed").await?, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn retention_deletes_old_processed_rows_only() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let messages: Vec<OutboxMessage> = (0..25).map(message).collect();
+    let mut tx = db.pool.begin().await?;
+    let ids = outbox::enqueue_many(&mut tx, "events", "k", &messages).await?;
+    outbox::mark_processed(&mut tx, &ids[..20]).await?;
+    tx.commit().await?;
+    // 12 of the processed rows are old; 8 are recent; 5 are pending and old.
+    sqlx::query("UPDATE outbox SET processed_at = now() - interval '2 days' WHERE id = ANY($1)")
+        .bind(&ids[..12])
+        .execute(&db.pool)
+        .await?;
+    sqlx::query("UPDATE outbox SET created_at = now() - interval '2 days' WHERE id = ANY($1)")
+        .bind(&ids[20..])
+        .execute(&db.pool)
+        .await?;
+    let gone = outbox::purge_processed(&db.pool, Duration::from_secs(24 * 3600), 5).await?;
+    assert_eq!(gone, 12);
+    assert_eq!(count(&db, "processed").await?, 8);
+    assert_eq!(count(&db, "pending").await?, 5);
+    let status = outbox::status(&db.pool).await?;
+    let age = status.oldest_pending_age.expect("pending rows");
+    assert!(age >= Duration::from_secs(47 * 3600), "{age:?}");
+    Ok(())
+}
