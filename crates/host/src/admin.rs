@@ -14,6 +14,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::PrometheusReader;
+use crate::status::StatusBoard;
 
 /// One dependency readiness depends on: `Ok` when reachable, else why not.
 pub trait ReadinessCheck: Send + Sync {
@@ -25,6 +26,7 @@ pub trait ReadinessCheck: Send + Sync {
 pub struct AdminState {
     checks: Arc<Vec<Box<dyn ReadinessCheck>>>,
     prometheus: Option<PrometheusReader>,
+    status: Option<StatusBoard>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -41,7 +43,14 @@ impl AdminState {
         Self {
             checks: Arc::new(checks),
             prometheus: None,
+            status: None,
         }
+    }
+
+    /// Serves `/status` from this board.
+    pub fn with_status(mut self, status: StatusBoard) -> Self {
+        self.status = Some(status);
+        self
     }
 
     /// Serves `/metrics` from this reader.
@@ -56,6 +65,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
         .with_state(state)
 }
 
@@ -97,6 +107,13 @@ async fn metrics(State(state): State<AdminState>) -> axum::response::Response {
             format!("collecting metrics failed: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+async fn status(State(state): State<AdminState>) -> axum::response::Response {
+    match &state.status {
+        Some(board) => Json(board.render()).into_response(),
+        None => (StatusCode::NOT_FOUND, "no status in this process\n").into_response(),
     }
 }
 

@@ -31,6 +31,9 @@ pub enum Command {
     Run,
     /// Apply the database migrations that have not been applied yet, then exit.
     Migrate,
+    /// Print the running host's status (jobs, broker, database, active alerts) as JSON, read
+    /// from its admin endpoint `/status`.
+    Status,
     /// Manage the broker topology.
     Topology {
         #[command(subcommand)]

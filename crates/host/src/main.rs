@@ -66,6 +66,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match command {
             Command::Migrate => run::migrate(&settings).await,
+            Command::Status => run::status(&settings).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => run::topology(&settings).await,

@@ -194,3 +194,26 @@ async fn wait_for_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+/// `worker-host status`: asks the running host's admin endpoint.
+pub async fn status(settings: &Settings) -> Result<(), Fatal> {
+    let url = format!("http://{}/status", settings.admin.listen);
+    let response = reqwest::get(&url)
+        .await
+        .map_err(|e| Fatal::unavailable(format!("no host answers at {url}: {e}")))?;
+    if !response.status().is_success() {
+        return Err(Fatal::unavailable(format!(
+            "{url} answered {}",
+            response.status()
+        )));
+    }
+    let body: serde_json::Value = response
+        .json()
+        .await
+        .map_err(|e| Fatal::software(format!("{url}: {e}")))?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&body).unwrap_or_default()
+    );
+    Ok(())
+}

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use worker_core::{SingletonLease, SkipIfBusy, TickOutcome, TimerJob, WorkContext, tick_once};
 
+use crate::metrics::Metrics;
 use crate::settings::Schedule;
 use crate::status::TimerStats;
 
@@ -34,6 +35,7 @@ pub struct TimerTask<J, L> {
     /// Ticks at once when notified (e.g. the outbox drain on a new row), besides the schedule.
     pub wake: Option<Arc<Notify>>,
     pub stats: Arc<TimerStats>,
+    pub metrics: Metrics,
 }
 
 impl<J, L> std::fmt::Debug for TimerTask<J, L> {
@@ -81,18 +83,19 @@ where
 {
     /// Runs the schedule until `shutdown` fires. Ticks in flight then see the same token.
     pub async fn run(self, tracker: TaskTracker, shutdown: CancellationToken) {
-        let name = self.job.name().to_string();
+        let task = Arc::new(self);
+        let name = task.job.name().to_string();
         let busy = Arc::new(SkipIfBusy::new(name.clone()));
         let mut sequence: u64 = 0;
         let mut planned = Instant::now();
-        let mut due = match &self.schedule {
+        let mut due = match &task.schedule {
             Schedule::Every(_) => planned,
             cron @ Schedule::Cron(_) => next_due(cron, planned, planned).0,
         };
-        tracing::info!(job = %name, schedule = %self.schedule, timeout = ?self.timeout, "timer job scheduled");
+        tracing::info!(job = %name, schedule = %task.schedule, timeout = ?task.timeout, "timer job scheduled");
         loop {
             let woken = async {
-                match &self.wake {
+                match &task.wake {
                     Some(wake) => wake.notified().await,
                     None => std::future::pending().await,
                 }
@@ -101,9 +104,9 @@ where
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep_until(due) => {
                     planned = due;
-                    let (next, missed) = next_due(&self.schedule, planned, Instant::now());
+                    let (next, missed) = next_due(&task.schedule, planned, Instant::now());
                     if missed > 0 {
-                        self.stats.missed.fetch_add(missed, Ordering::Relaxed);
+                        task.stats.missed.fetch_add(missed, Ordering::Relaxed);
                         tracing::warn!(job = %name, missed, "the schedule fell behind; missed ticks are skipped, not run late");
                     }
                     due = next;
@@ -112,35 +115,34 @@ where
             }
             sequence += 1;
             let ctx = WorkContext::new(name.as_str(), shutdown.child_token()).with_tick(sequence);
-            tracker.spawn(tick(
-                self.job.clone(),
-                busy.clone(),
-                self.lease.clone(),
-                self.timeout,
-                ctx,
-                self.stats.clone(),
-            ));
+            tracker.spawn(tick(task.clone(), busy.clone(), ctx));
         }
         tracing::debug!(job = %name, "timer job stopped");
     }
 }
 
 async fn tick<J: TimerJob, L: SingletonLease>(
-    job: Arc<J>,
+    task: Arc<TimerTask<J, L>>,
     busy: Arc<SkipIfBusy>,
-    lease: Option<Arc<L>>,
-    timeout: Duration,
     ctx: WorkContext,
-    stats: Arc<TimerStats>,
 ) {
+    let job = task.job.as_ref();
+    let stats = &task.stats;
     let span = tracing::info_span!("tick", job = %job.name(), tick = ctx.tick, outcome = tracing::field::Empty);
+    let job_label = [opentelemetry::KeyValue::new("job", job.name().to_string())];
+    task.metrics.in_flight.add(1, &job_label);
+    let started = Instant::now();
     let outcome = {
         use tracing::Instrument;
-        tick_once(job.as_ref(), &busy, lease.as_deref(), timeout, &ctx)
+        tick_once(job, &busy, task.lease.as_deref(), task.timeout, &ctx)
             .instrument(span.clone())
             .await
     };
+    task.metrics.in_flight.add(-1, &job_label);
     span.record("outcome", outcome.as_str());
+    let ran = matches!(outcome, TickOutcome::Ran(_) | TickOutcome::Failed(_));
+    task.metrics
+        .tick(job.name(), outcome.as_str(), ran.then(|| started.elapsed()));
     match outcome {
         TickOutcome::Ran(report) => {
             stats.record_success();

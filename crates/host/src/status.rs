@@ -134,3 +134,69 @@ impl ConsumerStats {
         }
     }
 }
+
+/// What `/status` (and `worker-host status`) reports.
+#[derive(Debug, Clone)]
+pub struct StatusBoard {
+    pub installation: String,
+    pub started_at: DateTime<Utc>,
+    pub jobs: Vec<JobEntry>,
+    pub broker: tokio::sync::watch::Receiver<worker_broker::BrokerStatus>,
+    pub alerts: std::sync::Arc<crate::alerts::AlertBook>,
+    /// The database's state as the health monitor last saw it.
+    pub database: std::sync::Arc<dyn Reading>,
+}
+
+/// One job on the board.
+#[derive(Debug, Clone)]
+pub struct JobEntry {
+    pub name: String,
+    pub stats: JobStats,
+}
+
+#[derive(Debug, Clone)]
+pub enum JobStats {
+    Consumer {
+        queue: String,
+        stats: std::sync::Arc<ConsumerStats>,
+    },
+    Timer {
+        schedule: String,
+        stats: std::sync::Arc<TimerStats>,
+    },
+}
+
+/// A piece of state `/status` shows, read at the moment of the request.
+pub trait Reading: Send + Sync + std::fmt::Debug {
+    fn read(&self) -> serde_json::Value;
+}
+
+impl StatusBoard {
+    pub fn render(&self) -> serde_json::Value {
+        let broker = self.broker.borrow().clone();
+        let jobs: Vec<serde_json::Value> = self
+            .jobs
+            .iter()
+            .map(|job| match &job.stats {
+                JobStats::Consumer { queue, stats } => serde_json::json!({
+                    "name": job.name, "kind": "consumer", "queue": queue, "counts": stats.snapshot(),
+                }),
+                JobStats::Timer { schedule, stats } => serde_json::json!({
+                    "name": job.name, "kind": "timer", "schedule": schedule, "counts": stats.snapshot(),
+                }),
+            })
+            .collect();
+        serde_json::json!({
+            "installation": self.installation,
+            "started_at": self.started_at,
+            "broker": {
+                "state": broker.state.as_str(),
+                "reconnects": broker.reconnects,
+                "last_error": broker.last_error,
+            },
+            "database": self.database.read(),
+            "jobs": jobs,
+            "alerts": self.alerts.active(),
+        })
+    }
+}

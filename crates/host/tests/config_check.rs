@@ -1,6 +1,8 @@
 //! `worker-host config check` on broken files: exit 64 and a message naming the key; on a
 //! good file: the effective settings, with no secret in them.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use std::process::Command;
 
 fn config_check(text: &str) -> (i32, String, String) {

@@ -1,6 +1,8 @@
 //! The host on the real services: it comes up until `/readyz` answers 200, SIGTERM stops it
 //! with exit 0; an unreachable server ends the start with a message naming it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

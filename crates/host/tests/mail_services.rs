@@ -1,6 +1,8 @@
 //! The local mail services work together: a mail sent over the local SMTP server can be read
 //! over the local IMAP server, and the SMTP server answers chosen recipients with 4xx or 5xx.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use futures::TryStreamExt;
 use lettre::message::Mailbox;
 use lettre::transport::smtp::AsyncSmtpTransport;

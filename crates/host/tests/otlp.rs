@@ -1,6 +1,8 @@
 //! Traces from the host reach an OTLP/HTTP receiver over the wire, with the service name and
 //! the installation's name as resource attributes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use std::sync::{Arc, Mutex};
 
 use axum::Router;

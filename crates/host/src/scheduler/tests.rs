@@ -35,6 +35,7 @@ fn task(job: Arc<Slow>, every: Duration) -> (TimerTask<Slow, NoLease>, Arc<Timer
         lease: None,
         wake: None,
         stats: stats.clone(),
+        metrics: Metrics::new(opentelemetry::global::meter("test")),
     };
     (task, stats)
 }
