@@ -8,6 +8,10 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub mod automation;
+
+pub use automation::{AutomationAction, SendEmailAction, WebhookAction};
+
 /// The AMQP `type` property and routing key of the event the inbound poller emits.
 pub const EMAIL_RECEIVED: &str = "email.received";
 /// The routing key (and default queue) of [`ActionCommand`].

@@ -1,0 +1,323 @@
+//! The `webhook` action: an HTTP POST of `{"event": …, "action": …}` as JSON, under its own
+//! timeout, and the one function that classifies how it ended ([`classify`]).
+//!
+//! | outcome | class |
+//! |---|---|
+//! | 2xx | success |
+//! | 429 | throttled, for the `Retry-After` it gave (seconds or an HTTP date; [`DEFAULT_RETRY_AFTER`] when absent or unreadable; within 1 s ..= [`MAX_RETRY_AFTER`]) |
+//! | 5xx, 408, no answer within the timeout, connection refused or reset | transient |
+//! | any other 4xx, a 3xx (redirects are not followed: a POST must not turn into a GET) | permanent (`webhook-4xx`, `webhook-3xx`) |
+//! | a request that cannot even be built (bad URL or header) | permanent (`webhook-invalid`) |
+//!
+//! Every request carries `Idempotency-Key: <action execution id>`: delivery is at least once
+//! (see the crate docs), so a receiver that must not act twice can deduplicate on it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use serde_json::Value;
+use worker_core::{Failure, error_chain};
+use worker_messages::WebhookAction;
+
+/// How long to wait after a 429 that does not say.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// The longest wait a 429 may ask for; longer asks are cut to this.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// How much of an error answer's body goes into the failure's detail.
+pub const EXCERPT_BYTES: usize = 512;
+
+/// The header that lets the receiver deduplicate.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// How one call ended, before classification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallResult {
+    /// The server answered.
+    Answered {
+        status: u16,
+        /// The `Retry-After` header, as sent.
+        retry_after: Option<String>,
+        /// The start of the body, for the failure's detail (empty for 2xx).
+        excerpt: String,
+    },
+    /// No complete answer within the timeout.
+    TimedOut(Duration),
+    /// Could not connect, or the connection broke.
+    Unreachable(String),
+    /// The request could not be built: a bad URL or header.
+    Invalid(String),
+}
+
+/// The one classification of a webhook call: `Ok` for a 2xx, otherwise the failure the table
+/// in the module docs gives. `now` reads an HTTP-date `Retry-After`.
+pub fn classify(url: &str, result: &CallResult, now: DateTime<Utc>) -> Result<(), Failure> {
+    match result {
+        CallResult::Answered { status, .. } if (200..300).contains(status) => Ok(()),
+        CallResult::Answered {
+            status,
+            retry_after,
+            excerpt,
+        } => {
+            let detail = answer_detail(url, *status, excerpt);
+            match status {
+                429 => Err(Failure::throttled(
+                    retry_after_duration(retry_after.as_deref(), now),
+                    detail,
+                )),
+                408 | 500..=599 => Err(Failure::transient(detail)),
+                300..=399 => Err(Failure::permanent("webhook-3xx", detail)),
+                _ => Err(Failure::permanent("webhook-4xx", detail)),
+            }
+        }
+        CallResult::TimedOut(after) => Err(Failure::transient(format!(
+            "webhook POST {url}: no answer within {}",
+            humantime::format_duration(*after)
+        ))),
+        CallResult::Unreachable(why) => {
+            Err(Failure::transient(format!("webhook POST {url}: {why}")))
+        }
+        CallResult::Invalid(why) => Err(Failure::permanent(
+            "webhook-invalid",
+            format!("webhook POST {url}: {why}"),
+        )),
+    }
+}
+
+fn answer_detail(url: &str, status: u16, excerpt: &str) -> String {
+    let reason = reqwest::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("");
+    let mut detail = format!("webhook POST {url} answered {status} {reason}");
+    let excerpt = excerpt.trim();
+    if !excerpt.is_empty() {
+        detail.push_str(": ");
+        detail.push_str(excerpt);
+    }
+    detail
+}
+
+/// `Retry-After` as delay-seconds or an HTTP date, within 1 s ..= [`MAX_RETRY_AFTER`];
+/// [`DEFAULT_RETRY_AFTER`] when absent or unreadable.
+pub fn retry_after_duration(value: Option<&str>, now: DateTime<Utc>) -> Duration {
+    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return DEFAULT_RETRY_AFTER;
+    };
+    let asked = if let Ok(seconds) = value.parse::<u64>() {
+        Duration::from_secs(seconds)
+    } else if let Ok(at) = DateTime::parse_from_rfc2822(value) {
+        (at.with_timezone(&Utc) - now)
+            .to_std()
+            .unwrap_or(Duration::ZERO)
+    } else {
+        return DEFAULT_RETRY_AFTER;
+    };
+    asked.clamp(Duration::from_secs(1), MAX_RETRY_AFTER)
+}
+
+/// A webhook caller with its own timeout, for the whole call (connect, send, answer).
+#[derive(Debug, Clone)]
+pub struct WebhookClient {
+    http: reqwest::Client,
+    timeout: Duration,
+}
+
+impl WebhookClient {
+    /// A client whose every call is bounded by `timeout`. Redirects are not followed.
+    pub fn new(timeout: Duration) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("worker-host/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self { http, timeout })
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// POSTs `body` to the action's URL and classifies the outcome ([`classify`]).
+    pub async fn call(
+        &self,
+        action: &WebhookAction,
+        body: &Value,
+        idempotency_key: &str,
+    ) -> Result<(), Failure> {
+        let result = self.send(action, body, idempotency_key).await;
+        classify(&action.url, &result, Utc::now())
+    }
+
+    async fn send(&self, action: &WebhookAction, body: &Value, key: &str) -> CallResult {
+        let mut headers = HeaderMap::new();
+        for (name, value) in &action.headers {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(name), Ok(value)) => {
+                    headers.insert(name, value);
+                }
+                _ => return CallResult::Invalid(format!("header `{name}` is not valid")),
+            }
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        match HeaderValue::from_str(key) {
+            Ok(value) => {
+                headers.insert(HeaderName::from_static(IDEMPOTENCY_KEY), value);
+            }
+            Err(_) => return CallResult::Invalid(format!("idempotency key `{key}`")),
+        }
+        let body = match serde_json::to_vec(body) {
+            Ok(body) => body,
+            Err(err) => return CallResult::Invalid(err.to_string()),
+        };
+        let call = async {
+            let response = self
+                .http
+                .post(&action.url)
+                .headers(headers)
+                .body(body)
+                .send()
+                .await?;
+            let status = response.status().as_u16();
+            if response.status().is_success() {
+                return Ok((status, None, String::new()));
+            }
+            let retry_after = response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            Ok::<_, reqwest::Error>((status, retry_after, excerpt(response).await))
+        };
+        // reqwest's own timeout covers the same span; this one also bounds what reqwest
+        // does not (a resolver that hangs), so no call outlives its timeout.
+        match tokio::time::timeout(self.timeout, call).await {
+            Err(_elapsed) => CallResult::TimedOut(self.timeout),
+            Ok(Ok((status, retry_after, excerpt))) => CallResult::Answered {
+                status,
+                retry_after,
+                excerpt,
+            },
+            Ok(Err(err)) if err.is_timeout() => CallResult::TimedOut(self.timeout),
+            Ok(Err(err)) if err.is_builder() => CallResult::Invalid(error_chain(&err)),
+            Ok(Err(err)) => CallResult::Unreachable(error_chain(&err)),
+        }
+    }
+}
+
+/// The first [`EXCERPT_BYTES`] of an answer's body, lossily decoded; what could not be read
+/// is left out.
+async fn excerpt(mut response: reqwest::Response) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < EXCERPT_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    bytes.truncate(EXCERPT_BYTES);
+    String::from_utf8_lossy(&bytes).replace(['\r', '\n'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use worker_core::FailureClass;
+
+    use super::*;
+
+    fn answered(status: u16, retry_after: Option<&str>) -> CallResult {
+        CallResult::Answered {
+            status,
+            retry_after: retry_after.map(str::to_string),
+            excerpt: "nope".into(),
+        }
+    }
+
+    fn class(result: &CallResult) -> Option<(FailureClass, String)> {
+        classify("http://h/x", result, Utc::now())
+            .err()
+            .map(|f| (f.class(), f.reason().to_string()))
+    }
+
+    #[test]
+    fn each_outcome_gets_its_class() {
+        assert_eq!(class(&answered(200, None)), None);
+        assert_eq!(class(&answered(204, None)), None);
+        let t = |c: FailureClass, r: &str| Some((c, r.to_string()));
+        assert_eq!(
+            class(&answered(503, None)),
+            t(FailureClass::Transient, "transient")
+        );
+        assert_eq!(
+            class(&answered(500, None)),
+            t(FailureClass::Transient, "transient")
+        );
+        assert_eq!(
+            class(&answered(408, None)),
+            t(FailureClass::Transient, "transient")
+        );
+        assert_eq!(
+            class(&answered(429, Some("7"))),
+            t(FailureClass::Throttled, "throttled")
+        );
+        assert_eq!(
+            class(&answered(404, None)),
+            t(FailureClass::Permanent, "webhook-4xx")
+        );
+        assert_eq!(
+            class(&answered(400, None)),
+            t(FailureClass::Permanent, "webhook-4xx")
+        );
+        assert_eq!(
+            class(&answered(302, None)),
+            t(FailureClass::Permanent, "webhook-3xx")
+        );
+        assert_eq!(
+            class(&CallResult::TimedOut(Duration::from_secs(1))),
+            t(FailureClass::Transient, "transient")
+        );
+        assert_eq!(
+            class(&CallResult::Unreachable("refused".into())),
+            t(FailureClass::Transient, "transient")
+        );
+        assert_eq!(
+            class(&CallResult::Invalid("bad url".into())),
+            t(FailureClass::Permanent, "webhook-invalid")
+        );
+        let detail = classify("http://h/x", &answered(404, None), Utc::now()).unwrap_err();
+        assert_eq!(
+            detail.detail(),
+            "webhook POST http://h/x answered 404 Not Found: nope"
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = DateTime::parse_from_rfc3339("2026-11-29T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(retry_after_duration(Some("7"), now), Duration::from_secs(7));
+        assert_eq!(
+            retry_after_duration(Some(" 120 "), now),
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            retry_after_duration(Some("Sun, 29 Nov 2026 12:01:30 GMT"), now),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            retry_after_duration(Some("Sun, 29 Nov 2026 11:00:00 GMT"), now),
+            Duration::from_secs(1),
+            "a date in the past: as soon as allowed"
+        );
+        assert_eq!(retry_after_duration(Some("0"), now), Duration::from_secs(1));
+        assert_eq!(retry_after_duration(Some("999999"), now), MAX_RETRY_AFTER);
+        assert_eq!(retry_after_duration(None, now), DEFAULT_RETRY_AFTER);
+        assert_eq!(retry_after_duration(Some("soon"), now), DEFAULT_RETRY_AFTER);
+        assert_eq!(retry_after_duration(Some("-5"), now), DEFAULT_RETRY_AFTER);
+    }
+}

@@ -1,0 +1,228 @@
+//! # job-automation-trigger: from a domain event to the actions it sets off
+//!
+//! A [`ConsumerJob`] on the `automation.trigger` queue (bound to the events exchange with
+//! `#`). For each [`DomainEvent`] it:
+//!
+//! 1. loads the enabled automations whose `event_type` is the event's type;
+//! 2. evaluates each one's conditions on the event's `data` ([`condition`]: equals, contains,
+//!    matches a regular expression, on a dotted JSON path), all of which must hold;
+//! 3. in **one transaction**: writes a trigger-log row per matching automation, and for each
+//!    action of each match an `action_executions` row (`ON CONFLICT DO NOTHING` on its id)
+//!    and an outbox row for the [`ActionCommand`] on the commands exchange (routing key
+//!    `automation.action`). The outbox drain publishes the commands once that commits.
+//!
+//! ## Idempotency: deliberately not deduplicated
+//!
+//! Seed 000: this hop has no processed-message guard. A redelivered or republished event
+//! matches again and logs its match again (a second trigger-log row), but the execution id is
+//! derived from (event id, automation id, action position)
+//! ([`worker_messages::action_execution_id`]), so it finds its execution row already there
+//! and adds none, and the command it queues again carries the same id: the action executor's
+//! guard drops it. A duplicate costs a log row and a dropped command, never a second effect.
+//!
+//! ## A broken stored automation never poisons the queue
+//!
+//! Automations are validated when imported ([`import`]), but the platform writes them too.
+//! One whose stored conditions or actions cannot be used (an invalid regular expression, an
+//! unknown action type) is **logged at error level and skipped** for that event; the other
+//! automations still run and the event is acknowledged. Failing the event instead would
+//! dead-letter every event of that type until someone fixed the row. The log line names the
+//! automation and the problem; fix the row and later events match again.
+//!
+//! ## What the host wires
+//!
+//! ```text
+//! let trigger = AutomationTrigger::new(pool.clone(), topology.commands_exchange.clone());
+//! let runner = ConsumerRunner::new(trigger, automation_trigger_queue, consumer_settings);
+//! // CLI: worker-host automations import FILE
+//! let report = job_automation_trigger::import::import_file(&pool, path).await?;
+//! println!("{report}");
+//! ```
+
+pub mod condition;
+pub mod import;
+
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
+use worker_messages::{
+    AUTOMATION_ACTION, ActionCommand, AutomationAction, DomainEvent, action_execution_id,
+};
+use worker_store::classify;
+use worker_store::outbox::{self, OutboxMessage};
+
+pub use condition::{Condition, ConditionError, ConditionSpec, Op};
+pub use import::{AutomationDefinition, ImportError, ImportReport, import_file};
+
+/// The job's name, in logs, metrics and the attempt log.
+pub const JOB_NAME: &str = "automation-trigger";
+
+/// An automation whose conditions held for an event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matched {
+    pub automation_id: Uuid,
+    pub name: String,
+    pub actions: Vec<AutomationAction>,
+}
+
+/// The automation trigger consumer. Input: a [`DomainEvent`].
+#[derive(Debug, Clone)]
+pub struct AutomationTrigger {
+    pool: PgPool,
+    commands_exchange: String,
+    action_routing_key: String,
+}
+
+impl AutomationTrigger {
+    /// A trigger that writes to `pool` and queues its commands to `commands_exchange` with
+    /// the routing key `automation.action` (see [`Self::with_action_routing_key`]).
+    pub fn new(pool: PgPool, commands_exchange: impl Into<String>) -> Self {
+        Self {
+            pool,
+            commands_exchange: commands_exchange.into(),
+            action_routing_key: AUTOMATION_ACTION.to_string(),
+        }
+    }
+
+    /// Routes the action commands with `routing_key` instead (when the action queue was
+    /// renamed in the settings).
+    #[must_use]
+    pub fn with_action_routing_key(mut self, routing_key: impl Into<String>) -> Self {
+        self.action_routing_key = routing_key.into();
+        self
+    }
+
+    /// The enabled automations of the event's type whose conditions all hold, by name.
+    /// Automations whose stored definition cannot be used are logged and left out.
+    pub async fn matching(&self, event: &DomainEvent) -> Result<Vec<Matched>, Failure> {
+        let rows: Vec<(Uuid, String, Value, Value)> = sqlx::query_as(
+            "SELECT id, name, conditions, actions FROM automations \
+             WHERE enabled AND event_type = $1 ORDER BY name, id",
+        )
+        .bind(&event.event_type)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(classify)?;
+        let mut matched = Vec::new();
+        for (automation_id, name, conditions, actions) in rows {
+            match usable(conditions, actions) {
+                Ok((conditions, actions)) => {
+                    if conditions.iter().all(|c| c.holds(&event.data)) {
+                        matched.push(Matched {
+                            automation_id,
+                            name,
+                            actions,
+                        });
+                    }
+                }
+                Err(problem) => tracing::error!(
+                    automation_id = %automation_id,
+                    automation = %name,
+                    event_id = %event.id,
+                    problem = %problem,
+                    "skipping an automation whose stored definition cannot be used; fix the row"
+                ),
+            }
+        }
+        Ok(matched)
+    }
+}
+
+/// The stored conditions compiled and actions decoded, or why they cannot be.
+fn usable(
+    conditions: Value,
+    actions: Value,
+) -> Result<(Vec<Condition>, Vec<AutomationAction>), String> {
+    let specs: Vec<ConditionSpec> =
+        serde_json::from_value(conditions).map_err(|err| format!("conditions: {err}"))?;
+    let compiled =
+        condition::compile_all(&specs).map_err(|(at, err)| format!("conditions[{at}]: {err}"))?;
+    let actions: Vec<AutomationAction> =
+        serde_json::from_value(actions).map_err(|err| format!("actions: {err}"))?;
+    Ok((compiled, actions))
+}
+
+impl ConsumerJob for AutomationTrigger {
+    type Input = DomainEvent;
+
+    fn name(&self) -> &str {
+        JOB_NAME
+    }
+
+    #[tracing::instrument(
+        name = "automation_trigger",
+        skip_all,
+        fields(event_id = %event.id, event_type = %event.event_type, attempt = ctx.attempt)
+    )]
+    async fn handle(&self, ctx: &WorkContext, event: &DomainEvent) -> Result<Handled, Failure> {
+        let matched = self.matching(event).await?;
+        if matched.is_empty() {
+            tracing::debug!("no automation matched");
+            return Ok(Handled::Done);
+        }
+        let snapshot =
+            serde_json::to_value(event).map_err(|err| Failure::permanent("serialize", err))?;
+        let mut commands = Vec::new();
+        let mut tx = self.pool.begin().await.map_err(classify)?;
+        for automation in &matched {
+            sqlx::query(
+                "INSERT INTO automation_trigger_log (automation_id, event_id, event_type) \
+                 VALUES ($1, $2, $3)",
+            )
+            .bind(automation.automation_id)
+            .bind(event.id)
+            .bind(&event.event_type)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+            for (index, action) in automation.actions.iter().enumerate() {
+                let index = u32::try_from(index)
+                    .map_err(|_| Failure::permanent("too-many-actions", "over 2^32 actions"))?;
+                let execution_id = action_execution_id(event.id, automation.automation_id, index);
+                let action_json = serde_json::to_value(action)
+                    .map_err(|err| Failure::permanent("serialize", err))?;
+                sqlx::query(
+                    "INSERT INTO action_executions \
+                         (id, automation_id, event_id, action_index, action, event) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                )
+                .bind(execution_id)
+                .bind(automation.automation_id)
+                .bind(event.id)
+                .bind(i64::from(index))
+                .bind(&action_json)
+                .bind(&snapshot)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+                let command = ActionCommand {
+                    action_execution_id: execution_id,
+                    automation_id: automation.automation_id,
+                    event_id: event.id,
+                    action_index: index,
+                };
+                let message =
+                    OutboxMessage::json(execution_id.to_string(), AUTOMATION_ACTION, &command)
+                        .map_err(|err| Failure::permanent("serialize", err))?
+                        .with_correlation_id(event.id.to_string());
+                commands.push(message);
+            }
+        }
+        outbox::enqueue_many(
+            &mut tx,
+            &self.commands_exchange,
+            &self.action_routing_key,
+            &commands,
+        )
+        .await?;
+        tx.commit().await.map_err(classify)?;
+        tracing::info!(
+            automations = matched.len(),
+            commands = commands.len(),
+            matched = ?matched.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+            "event matched; action commands queued"
+        );
+        Ok(Handled::Done)
+    }
+}
