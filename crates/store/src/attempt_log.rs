@@ -397,10 +397,11 @@ impl AttemptLogWriter {
             tokio::pin!(deadline);
             // Collect until the batch is full, the interval passes, or we must stop.
             let stop = loop {
+                let room = self.batch_size.saturating_sub(batch.len()).max(1);
                 tokio::select! {
                     biased;
                     () = shutdown.cancelled() => break true,
-                    received = receiver.recv_many(&mut batch, self.batch_size) => {
+                    received = receiver.recv_many(&mut batch, room) => {
                         if received == 0 {
                             break true;
                         }

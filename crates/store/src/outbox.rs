@@ -292,7 +292,7 @@ pub async fn mark_processed(tx: &mut PgConnection, ids: &[i64]) -> Result<u64, F
         return Ok(0);
     }
     let done = sqlx::query(
-        "UPDATE outbox SET status = 'processed', processed_at = now(), next_attempt_at = now() \
+        "UPDATE outbox SET status = 'processed', processed_at = now() \
          WHERE id = ANY($1) AND status = 'pending'",
     )
     .bind(ids)
