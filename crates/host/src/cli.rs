@@ -34,6 +34,11 @@ pub enum Command {
     /// Print the running host's status (jobs, broker, database, active alerts) as JSON, read
     /// from its admin endpoint `/status`.
     Status,
+    /// Inspect the transactional outbox and put failed rows back.
+    Outbox {
+        #[command(subcommand)]
+        action: OutboxAction,
+    },
     /// Manage the broker topology.
     Topology {
         #[command(subcommand)]
@@ -58,4 +63,23 @@ pub enum TopologyAction {
     /// (idempotent; `run` does the same at start). A queue that exists with other arguments
     /// is reported with the argument that differs and how to resolve it.
     Declare,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxAction {
+    /// Pending and failed rows, and the age of the oldest pending one; lists the failed rows.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a failed row (or every failed row) pending again, due now, attempts reset.
+    Retry {
+        /// The outbox row id.
+        #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
+        id: Option<i64>,
+        /// Every failed row.
+        #[arg(long)]
+        all_failed: bool,
+    },
 }

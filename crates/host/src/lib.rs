@@ -9,6 +9,7 @@ pub mod admin;
 pub mod alerts;
 pub mod cli;
 pub mod connections;
+pub mod jobs;
 pub mod metrics;
 pub mod observe;
 pub mod run;

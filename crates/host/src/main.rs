@@ -67,6 +67,7 @@ fn main() -> ExitCode {
         match command {
             Command::Migrate => run::migrate(&settings).await,
             Command::Status => run::status(&settings).await,
+            Command::Outbox { action } => run::outbox(&settings, action).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => run::topology(&settings).await,

@@ -1,15 +1,21 @@
 //! The host's lifecycle: reach the services, migrate, serve the admin endpoints, run until
 //! a signal, then shut down within the grace period.
 
+use std::sync::Arc;
+
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::admin::{self, AdminState, ReadinessCheck};
+use crate::alerts::AlertBook;
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
 use crate::exit;
+use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
 use crate::settings::Settings;
+use crate::status::{Reading, StatusBoard};
+use worker_store::{AdvisoryLease, AttemptLog};
 
 /// A failure that ends the host, with the exit code it ends with.
 #[derive(Debug, thiserror::Error)]
@@ -135,14 +141,41 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
     // starts it keeps the connection up until the consumers have let go of it.
     tracker.spawn(supervisor.clone().run(shutdown.clone()));
 
+    let settings = Arc::new(settings);
+    let (attempt_log, attempt_writer) =
+        AttemptLog::new(pool.clone(), &settings.workers.attempt_log);
+    tracker.spawn(attempt_writer.run(shutdown.child_token()));
+    let jobs_context = JobsContext {
+        settings: settings.clone(),
+        pool: pool.clone(),
+        publisher: supervisor.publisher(settings.broker.publisher.clone()),
+        supervisor: supervisor.clone(),
+        lease: Arc::new(AdvisoryLease::new(pool.clone())),
+        attempt_log,
+        metrics: observability.metrics.clone(),
+        tracker: tracker.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let job_entries = jobs::start_all(&jobs_context);
+
     if settings.admin.enabled {
         let checks: Vec<Box<dyn ReadinessCheck>> = vec![
             Box::new(DatabaseCheck(pool.clone())),
             Box::new(BrokerCheck(supervisor.status())),
         ];
+        let board = StatusBoard {
+            installation: settings.installation.clone(),
+            started_at: chrono::Utc::now(),
+            jobs: job_entries,
+            broker: supervisor.status(),
+            alerts: Arc::new(AlertBook::default()),
+            database: Arc::new(DatabaseReading),
+        };
         let server = admin::serve(
             settings.admin.listen,
-            AdminState::new(checks).with_metrics(observability.prometheus.clone()),
+            AdminState::new(checks)
+                .with_metrics(observability.prometheus.clone())
+                .with_status(board),
             shutdown.clone(),
         )
         .await
@@ -215,5 +248,91 @@ pub async fn status(settings: &Settings) -> Result<(), Fatal> {
         "{}",
         serde_json::to_string_pretty(&body).unwrap_or_default()
     );
+    Ok(())
+}
+
+/// Until the health monitor job reports here, the database line of `/status` says only that
+/// readiness checks it live.
+#[derive(Debug)]
+struct DatabaseReading;
+
+impl Reading for DatabaseReading {
+    fn read(&self) -> serde_json::Value {
+        serde_json::json!({"probe": "see /readyz"})
+    }
+}
+
+/// `worker-host outbox status|retry`.
+pub async fn outbox(settings: &Settings, action: crate::cli::OutboxAction) -> Result<(), Fatal> {
+    use crate::cli::OutboxAction;
+    use worker_store::outbox;
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(Fatal::unavailable)?;
+    let failed = |e: worker_core::Failure| Fatal::software(format!("the outbox: {e}"));
+    match action {
+        OutboxAction::Status { json } => {
+            let status = outbox::status(&pool).await.map_err(failed)?;
+            let rows = outbox::failed(&pool, 50).await.map_err(failed)?;
+            if json {
+                let body = serde_json::json!({"status": status, "failed_rows": rows});
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&body).unwrap_or_default()
+                );
+            } else {
+                let oldest = status
+                    .oldest_pending_age
+                    .map(|d| {
+                        humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
+                            .to_string()
+                    })
+                    .unwrap_or_else(|| "-".into());
+                println!(
+                    "pending {}  (retrying {})  failed {}  oldest pending {oldest}",
+                    status.pending, status.retrying, status.failed
+                );
+                if !rows.is_empty() {
+                    println!(
+                        "\n{:>8}  {:<36}  {:<18}  {:>8}  last error",
+                        "id", "message id", "routing key", "attempts"
+                    );
+                    for row in rows {
+                        println!(
+                            "{:>8}  {:<36}  {:<18}  {:>8}  {}",
+                            row.id,
+                            row.message_id,
+                            row.routing_key,
+                            row.attempts,
+                            row.last_error
+                                .unwrap_or_default()
+                                .chars()
+                                .take(100)
+                                .collect::<String>()
+                        );
+                    }
+                }
+            }
+        }
+        OutboxAction::Retry { id: Some(id), .. } => {
+            match outbox::retry(&pool, id).await.map_err(failed)? {
+                outbox::RetryResult::Requeued => println!("outbox row {id} is pending again"),
+                outbox::RetryResult::AlreadyProcessed => {
+                    println!("outbox row {id} was published already; nothing to do")
+                }
+                outbox::RetryResult::NotFound => {
+                    return Err(Fatal {
+                        code: exit::USAGE,
+                        message: format!("no outbox row has id {id}"),
+                    });
+                }
+            }
+        }
+        OutboxAction::Retry { id: None, .. } => {
+            let count = outbox::retry_all_failed(&pool).await.map_err(failed)?;
+            println!("{count} failed outbox rows are pending again");
+        }
+    }
+    pool.close().await;
     Ok(())
 }

@@ -87,6 +87,7 @@ where
         let name = task.job.name().to_string();
         let busy = Arc::new(SkipIfBusy::new(name.clone()));
         let mut sequence: u64 = 0;
+        let rerun = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut planned = Instant::now();
         let mut due = match &task.schedule {
             Schedule::Every(_) => planned,
@@ -111,11 +112,18 @@ where
                     }
                     due = next;
                 }
-                _ = woken => {}
+                _ = woken => {
+                    if busy.is_busy() {
+                        // A wake is a hint, not a schedule: coalesce it into one more tick
+                        // right after the running one, rather than a counted, logged skip.
+                        rerun.store(true, Ordering::Relaxed);
+                        continue;
+                    }
+                }
             }
             sequence += 1;
             let ctx = WorkContext::new(name.as_str(), shutdown.child_token()).with_tick(sequence);
-            tracker.spawn(tick(task.clone(), busy.clone(), ctx));
+            tracker.spawn(tick(task.clone(), busy.clone(), ctx, rerun.clone()));
         }
         tracing::debug!(job = %name, "timer job stopped");
     }
@@ -125,6 +133,7 @@ async fn tick<J: TimerJob, L: SingletonLease>(
     task: Arc<TimerTask<J, L>>,
     busy: Arc<SkipIfBusy>,
     ctx: WorkContext,
+    rerun: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let job = task.job.as_ref();
     let stats = &task.stats;
@@ -139,6 +148,11 @@ async fn tick<J: TimerJob, L: SingletonLease>(
             .await
     };
     task.metrics.in_flight.add(-1, &job_label);
+    if rerun.swap(false, Ordering::Relaxed)
+        && let Some(wake) = &task.wake
+    {
+        wake.notify_one();
+    }
     span.record("outcome", outcome.as_str());
     let ran = matches!(outcome, TickOutcome::Ran(_) | TickOutcome::Failed(_));
     task.metrics

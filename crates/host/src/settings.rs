@@ -281,6 +281,8 @@ pub struct WorkersSettings {
     /// The in-process retry policy of every job that does not set its own.
     pub retry: RetryPolicy,
     pub timeouts: TimeoutSettings,
+    /// The attempt log: a row per failed try and per final outcome.
+    pub attempt_log: worker_store::AttemptLogSettings,
 }
 
 impl Default for WorkersSettings {
@@ -290,6 +292,7 @@ impl Default for WorkersSettings {
             dedup_retention: Duration::from_secs(7 * 24 * 3600),
             retry: RetryPolicy::default(),
             timeouts: TimeoutSettings::default(),
+            attempt_log: worker_store::AttemptLogSettings::default(),
         }
     }
 }
@@ -446,13 +449,35 @@ impl TimerJobSettings {
     }
 }
 
+/// `[jobs.outbox_drain]`: when the drain ticks (it is also woken at once when a row
+/// commits) and, under `[jobs.outbox_drain.drain]`, how it claims, publishes and retries.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxDrainJobSettings {
+    pub schedule: Schedule,
+    /// One tick; unset means `workers.timeouts.outbox_batch`.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    pub drain: job_outbox_drain::OutboxDrainSettings,
+}
+
+impl Default for OutboxDrainJobSettings {
+    fn default() -> Self {
+        Self {
+            schedule: Schedule::Every(Duration::from_secs(1)),
+            timeout: None,
+            drain: job_outbox_drain::OutboxDrainSettings::default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct JobsSettings {
     pub automation_trigger: ConsumerJobSettings,
     pub automation_action: ConsumerJobSettings,
     pub email_send: ConsumerJobSettings,
-    pub outbox_drain: TimerJobSettings,
+    pub outbox_drain: OutboxDrainJobSettings,
     pub inbound_email_poller: TimerJobSettings,
     pub db_health: TimerJobSettings,
     pub draft_expiry: TimerJobSettings,
@@ -464,7 +489,7 @@ impl Default for JobsSettings {
             automation_trigger: ConsumerJobSettings::default(),
             automation_action: ConsumerJobSettings::default(),
             email_send: ConsumerJobSettings::default(),
-            outbox_drain: TimerJobSettings::every(Duration::from_secs(1), Some(500)),
+            outbox_drain: OutboxDrainJobSettings::default(),
             inbound_email_poller: TimerJobSettings::every(Duration::from_secs(10), Some(100)),
             db_health: TimerJobSettings::every(Duration::from_secs(5), None),
             draft_expiry: TimerJobSettings::every(Duration::from_secs(60), Some(1000)),
@@ -689,6 +714,15 @@ impl Settings {
         if let Err(problem) = self.workers.retry.validate() {
             fail("workers.retry", problem);
         }
+        if let Err(problem) = self.workers.attempt_log.validate() {
+            fail("workers.attempt_log", problem);
+        }
+        if let Err(problem) = self.jobs.outbox_drain.drain.validate() {
+            fail("jobs.outbox_drain.drain", problem);
+        }
+        if let Some(timeout) = self.jobs.outbox_drain.timeout {
+            durations.push(("jobs.outbox_drain.timeout".into(), timeout));
+        }
         if let Err(e) = self.topology() {
             let key = match &e {
                 worker_broker::TopologyError::Invalid { queue, key, .. } => self
@@ -830,9 +864,8 @@ impl Settings {
 }
 
 impl JobsSettings {
-    pub fn timers(&self) -> [(&'static str, &TimerJobSettings); 4] {
+    pub fn timers(&self) -> [(&'static str, &TimerJobSettings); 3] {
         [
-            ("outbox_drain", &self.outbox_drain),
             ("inbound_email_poller", &self.inbound_email_poller),
             ("db_health", &self.db_health),
             ("draft_expiry", &self.draft_expiry),

@@ -166,3 +166,32 @@ fn a_cron_schedule_is_due_within_its_period() {
     assert_eq!(missed, 0);
     assert!(next > now && next <= now + Duration::from_secs(1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_during_a_running_tick_becomes_one_more_tick_not_a_skip() {
+    let job = Arc::new(Slow {
+        work: Duration::from_secs(1),
+        runs: AtomicU64::new(0),
+        fail: false,
+    });
+    let (mut task, stats) = task(job.clone(), Duration::from_secs(3600));
+    let wake = Arc::new(Notify::new());
+    task.wake = Some(wake.clone());
+    let tracker = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    let looping = tokio::spawn(task.run(tracker.clone(), shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..5 {
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        job.runs.load(Ordering::Relaxed),
+        2,
+        "five wakes while busy make one more tick"
+    );
+    assert_eq!(stats.snapshot().skipped_busy, 0);
+    shutdown.cancel();
+    looping.await.unwrap();
+}

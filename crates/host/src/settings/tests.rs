@@ -162,7 +162,7 @@ fn the_environment_overrides_any_key() {
             "6543".to_string(),
         ),
         (
-            "WORKER_HOST__JOBS__OUTBOX_DRAIN__BATCH_SIZE".to_string(),
+            "WORKER_HOST__JOBS__OUTBOX_DRAIN__DRAIN__BATCH_SIZE".to_string(),
             "42".to_string(),
         ),
         (
@@ -176,7 +176,7 @@ fn the_environment_overrides_any_key() {
     let source = write(&dir, "s.toml", "[database]\npassword = \"pw\"\n");
     let settings = Settings::load(&source, &env).unwrap();
     assert_eq!(settings.database.port, 6543);
-    assert_eq!(settings.jobs.outbox_drain.batch_size, Some(42));
+    assert_eq!(settings.jobs.outbox_drain.drain.batch_size, 42);
     assert_eq!(settings.broker.password.unwrap().expose(), "from-env");
 }
 
