@@ -54,6 +54,18 @@ pub struct EmailReceived {
     pub references: Vec<String>,
     /// Set when the mail did not parse; the event is still emitted.
     pub parse_error: Option<String>,
+    /// The In-Reply-To header's message id, without angle brackets.
+    #[serde(default)]
+    pub in_reply_to: Option<String>,
+    /// The Cc addresses.
+    #[serde(default)]
+    pub cc: Vec<String>,
+    /// The Date header, when it parsed.
+    #[serde(default)]
+    pub date: Option<DateTime<Utc>>,
+    /// Whether the text body was cut at the poller's limit.
+    #[serde(default)]
+    pub text_truncated: bool,
 }
 
 /// Run one action of one automation for one event (queue `automation.action`).

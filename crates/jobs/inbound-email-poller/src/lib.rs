@@ -1,0 +1,1038 @@
+//! # job-inbound-email-poller: mail in IMAP becomes rows and `email.received` events
+//!
+//! A timer job. Each tick polls every configured IMAP account, fetches the messages newer than
+//! the last UID it stored, and for each one writes, in **one transaction**, the inbound email
+//! row, an outbox row carrying the `email.received` [`DomainEvent`] (published later by the
+//! outbox drain), and the new last UID.
+//!
+//! ## One tick
+//!
+//! Accounts are polled side by side (at most [`PollerConfig::account_concurrency`] at once,
+//! inside the tick's task: nothing is spawned), so an unreachable account never holds the
+//! others back. For each account:
+//!
+//! 1. connect, secure (plain, STARTTLS or TLS), read the greeting and log in, all within
+//!    [`PollerConfig::connect_timeout`];
+//! 2. `SELECT` the mailbox and read its UIDVALIDITY. If it differs from the stored one the
+//!    mailbox has been rebuilt: start it over from UID 1, skipping mail whose Message-ID was
+//!    stored from this mailbox under an earlier UIDVALIDITY;
+//! 3. `UID SEARCH UID <last+1>:*`, keeping only UIDs above the last one (`n:*` matches the
+//!    last message even when it is older than `n`), at most
+//!    [`PollerConfig::max_messages_per_account`] of them, in UID order;
+//! 4. `UID FETCH (UID RFC822.SIZE)` for those: the sizes, before any body is fetched;
+//! 5. each message, in order, under its own [`PollerConfig::message_timeout`]
+//!    ([`worker_core::run_unit`]): the existence check on (account, mailbox, UIDVALIDITY, UID);
+//!    then
+//!    * over [`PollerConfig::max_message_size`]: only its header (`BODY.PEEK[HEADER]`, at most
+//!      64 KiB) is fetched, and it is recorded `skipped` with the reason; no event;
+//!    * otherwise `BODY.PEEK[]` (the mail is not marked seen), parsed with mail-parser, bodies
+//!      cut at [`PollerConfig::max_body_chars`], stored and announced. A mail that does not
+//!      parse is stored with its parse error and announced all the same;
+//! 6. `LOGOUT`.
+//!
+//! Messages are handled in UID order and the last UID only moves with a committed row, so the
+//! first failure ends the account's poll for this tick (the session is dropped, since a
+//! command cut short leaves it in an unknown state); the next tick starts at that message.
+//! A message that fails [`PollerConfig::max_message_attempts`] times in a row (its timeout,
+//! an answer we cannot parse, a row the database refuses) is recorded `skipped` with its last
+//! error, so one poison message cannot hold its mailbox back for good. A failure that is not
+//! the message's fault (the database or the server away) is not counted against it.
+//!
+//! ## Failures
+//!
+//! IMAP errors are classified once, in [`classify_imap`]: connection trouble and timeouts are
+//! transient, a refused login or a missing mailbox permanent. Either way the account is
+//! logged, counted in [`PollerStats`] and listed in the tick's report, and the other accounts
+//! go on; the account is tried again at the next tick. The tick itself fails only when every
+//! account failed (permanent only when every failure was).
+//!
+//! ## Idempotency
+//!
+//! The row's key is (account, mailbox, UIDVALIDITY, UID): checked before anything is fetched,
+//! and enforced by a unique constraint that the insert respects (`ON CONFLICT DO NOTHING`, the
+//! event is written only with a new row). A restart, or a tick re-run after a crash, fetches
+//! nothing twice. Row and event ids are derived from that key (UUID v5), so they are stable.
+//!
+//! ## What the host wires
+//!
+//! ```text
+//! let config = PollerConfig {
+//!     accounts: settings.imap.accounts.iter().map(|a| ImapAccount {
+//!         name, host, port, security, username, password: resolved_secret, mailbox }).collect(),
+//!     connect_timeout: workers.timeouts.imap_connect,
+//!     message_timeout: workers.timeouts.imap_message,
+//!     events_exchange: broker.topology.events_exchange.clone(),
+//!     max_messages_per_account: jobs.inbound_email_poller.batch_size.unwrap_or(100),
+//!     ..PollerConfig::default()
+//! };
+//! let poller = InboundEmailPoller::new(pool.clone(), config)?;   // validates the config
+//! let stats = poller.stats();                                    // for metrics
+//! scheduler.add(poller, schedule, tick_timeout, lease);          // with the lease
+//! ```
+//!
+//! The tick's timeout should exceed `connect_timeout` plus the time to handle a batch, or a
+//! slow account's batch is cut short at every tick (nothing is lost: it resumes at the next).
+
+pub mod imap;
+pub mod parse;
+pub mod stats;
+mod store;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::{StreamExt, TryStreamExt};
+use sqlx::PgPool;
+use tokio_rustls::rustls;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+use worker_core::{Failure, TickReport, TimerJob, UnitError, WorkContext, run_unit};
+use worker_messages::{DomainEvent, EMAIL_RECEIVED, EmailReceived};
+use worker_store::outbox::OutboxMessage;
+
+pub use imap::{ImapError, Stage, classify_imap};
+pub use parse::{ParsedEmail, parse_email};
+pub use stats::{AccountStatus, PollerStats};
+
+use crate::imap::{Session, timed};
+use crate::store::{NewInbound, PollState};
+
+/// The job's name, in logs, metrics and the attempt log.
+pub const JOB_NAME: &str = "inbound-email-poller";
+
+/// The most header bytes fetched of a mail over the size limit.
+const MAX_HEADER_BYTES: u32 = 64 * 1024;
+
+/// How the connection to an account is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Security {
+    /// No encryption: for a server on loopback only.
+    Plain,
+    /// Plain connect, then STARTTLS; an account whose server refuses it is not polled.
+    Starttls,
+    /// TLS from the first byte (port 993, usually).
+    Tls,
+}
+
+/// One IMAP account to poll.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ImapAccount {
+    /// A short, unique name: in logs, metrics, the poll state and the events.
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    pub security: Security,
+    pub username: String,
+    /// Resolved by the host (from the environment or a file); never printed.
+    pub password: String,
+    pub mailbox: String,
+}
+
+impl fmt::Debug for ImapAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImapAccount")
+            .field("name", &self.name)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("security", &self.security)
+            .field("username", &self.username)
+            .field("password", &"[redacted]")
+            .field("mailbox", &self.mailbox)
+            .finish()
+    }
+}
+
+/// Everything the poller needs from the settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PollerConfig {
+    pub accounts: Vec<ImapAccount>,
+    /// Connect, TLS, greeting and login of one account.
+    pub connect_timeout: Duration,
+    /// One message (existence check, fetch, parse, store), and each other command of the
+    /// session (SELECT, SEARCH, the size FETCH, LOGOUT).
+    pub message_timeout: Duration,
+    /// Mail larger than this (RFC822.SIZE, bytes) is recorded as skipped without its body.
+    pub max_message_size: u64,
+    /// The text and the HTML body are each cut at this many characters.
+    pub max_body_chars: usize,
+    /// Messages handled per account per tick; the rest waits for the next tick.
+    pub max_messages_per_account: u32,
+    /// A message that fails this many times in a row is recorded as skipped.
+    pub max_message_attempts: u32,
+    /// Accounts polled at once.
+    pub account_concurrency: usize,
+    /// The exchange the `email.received` events go to.
+    pub events_exchange: String,
+}
+
+impl Default for PollerConfig {
+    fn default() -> Self {
+        Self {
+            accounts: Vec::new(),
+            connect_timeout: Duration::from_secs(60),
+            message_timeout: Duration::from_secs(30),
+            max_message_size: 25 * 1024 * 1024,
+            max_body_chars: 100_000,
+            max_messages_per_account: 100,
+            max_message_attempts: 3,
+            account_concurrency: 4,
+            events_exchange: "events".into(),
+        }
+    }
+}
+
+/// A configuration the poller cannot run with; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct ConfigError {
+    /// `accounts[1].name`, `message_timeout`, ...
+    pub field: String,
+    pub problem: String,
+}
+
+impl PollerConfig {
+    /// Checks what the poller relies on: unique non-empty account names, non-empty hosts,
+    /// user names and mailboxes, non-zero limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field: String, problem: &str| ConfigError {
+            field,
+            problem: problem.to_string(),
+        };
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in self.accounts.iter().enumerate() {
+            if a.name.trim().is_empty() {
+                return Err(err(format!("accounts[{i}].name"), "must not be empty"));
+            }
+            if !seen.insert(a.name.as_str()) {
+                return Err(err(
+                    format!("accounts[{i}].name"),
+                    "is used by another account; names must be unique",
+                ));
+            }
+            for (field, value) in [
+                ("host", &a.host),
+                ("username", &a.username),
+                ("mailbox", &a.mailbox),
+            ] {
+                if value.trim().is_empty() {
+                    return Err(err(format!("accounts[{i}].{field}"), "must not be empty"));
+                }
+            }
+            if a.port == 0 {
+                return Err(err(format!("accounts[{i}].port"), "must not be 0"));
+            }
+        }
+        for (field, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("message_timeout", self.message_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(err(field.into(), "must be longer than zero"));
+            }
+        }
+        for (field, zero) in [
+            ("max_message_size", self.max_message_size == 0),
+            ("max_body_chars", self.max_body_chars == 0),
+            (
+                "max_messages_per_account",
+                self.max_messages_per_account == 0,
+            ),
+            ("max_message_attempts", self.max_message_attempts == 0),
+            ("account_concurrency", self.account_concurrency == 0),
+        ] {
+            if zero {
+                return Err(err(field.into(), "must be at least 1"));
+            }
+        }
+        if self.events_exchange.trim().is_empty() {
+            return Err(err("events_exchange".into(), "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// What happened to the messages of one account in one tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MessageCounts {
+    /// Stored and announced (parse errors included).
+    pub stored: u64,
+    /// Of `stored`, those that did not parse.
+    pub parse_errors: u64,
+    /// Recorded as skipped because of their size.
+    pub too_large: u64,
+    /// Recorded as skipped after failing `max_message_attempts` times.
+    pub gave_up: u64,
+    /// Already stored under their UID, or (after a UIDVALIDITY change) their Message-ID.
+    pub duplicates: u64,
+    /// Gone from the mailbox between the search and the fetch.
+    pub vanished: u64,
+}
+
+impl MessageCounts {
+    /// Messages that got a row this tick.
+    pub fn recorded(&self) -> u64 {
+        self.stored + self.too_large + self.gave_up
+    }
+}
+
+/// One account's part of a tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountReport {
+    pub account: String,
+    pub counts: MessageCounts,
+    /// Why the account's poll ended early; the counts say what was done before.
+    pub failure: Option<Failure>,
+    /// More new messages were waiting than one tick handles.
+    pub more_waiting: bool,
+    /// The UIDVALIDITY changed and the mailbox was started over.
+    pub rescanned: bool,
+}
+
+/// What one tick did, account by account.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PollReport {
+    pub accounts: Vec<AccountReport>,
+    /// The tick's token fired before every account was done.
+    pub cancelled: bool,
+}
+
+impl PollReport {
+    /// The accounts whose poll failed, with why.
+    pub fn failed(&self) -> impl Iterator<Item = (&str, &Failure)> {
+        self.accounts
+            .iter()
+            .filter_map(|a| a.failure.as_ref().map(|f| (a.account.as_str(), f)))
+    }
+
+    /// The counts of all accounts together.
+    pub fn totals(&self) -> MessageCounts {
+        self.accounts
+            .iter()
+            .fold(MessageCounts::default(), |mut t, a| {
+                t.stored += a.counts.stored;
+                t.parse_errors += a.counts.parse_errors;
+                t.too_large += a.counts.too_large;
+                t.gave_up += a.counts.gave_up;
+                t.duplicates += a.counts.duplicates;
+                t.vanished += a.counts.vanished;
+                t
+            })
+    }
+
+    /// One line for the tick's log: the counts and each failed account.
+    pub fn summary(&self) -> String {
+        let t = self.totals();
+        let failed: Vec<String> = self
+            .failed()
+            .map(|(name, f)| format!("{name} ({}: {f})", f.class()))
+            .collect();
+        let mut line = format!(
+            "{} accounts: stored {} ({} unparsed), skipped {} too large and {} failing, {} duplicates",
+            self.accounts.len(),
+            t.stored,
+            t.parse_errors,
+            t.too_large,
+            t.gave_up,
+            t.duplicates
+        );
+        if !failed.is_empty() {
+            line.push_str(&format!("; {} failed: {}", failed.len(), failed.join(", ")));
+        }
+        line
+    }
+}
+
+/// How one message went.
+enum Handled {
+    Stored { parse_error: bool },
+    TooLarge,
+    GaveUp,
+    Duplicate,
+    Vanished,
+}
+
+/// Why one message failed, and whether the failure is the message's own fault.
+struct MessageFailure {
+    failure: Failure,
+    /// Counts as one of the message's `max_message_attempts`.
+    strike: bool,
+    /// The IMAP session is in an unknown state and must not be used again.
+    session_broken: bool,
+}
+
+impl MessageFailure {
+    fn imap(err: &ImapError) -> Self {
+        use async_imap::error::Error as E;
+        let failure = classify_imap(err);
+        // What the server says about this message (a NO, an answer we cannot parse, no
+        // answer in time) counts against it; a lost connection does not.
+        let strike = match err {
+            ImapError::Timeout { .. } | ImapError::Protocol { .. } => true,
+            ImapError::Io { .. } => false,
+            ImapError::Imap { source, .. } => !matches!(source, E::Io(_) | E::ConnectionLost),
+        };
+        Self {
+            failure,
+            strike,
+            session_broken: true,
+        }
+    }
+
+    fn db(failure: Failure) -> Self {
+        Self {
+            strike: failure.is_permanent(),
+            failure,
+            session_broken: false,
+        }
+    }
+}
+
+/// A message's failures in a row, kept in memory (a restart forgives them).
+#[derive(Debug, Clone)]
+struct Strikes {
+    count: u32,
+    last_error: String,
+}
+
+type StrikeKey = (String, String, u32, u32);
+
+/// The inbound email poller. See the crate docs.
+pub struct InboundEmailPoller {
+    pool: PgPool,
+    config: Arc<PollerConfig>,
+    tls: Arc<rustls::ClientConfig>,
+    stats: PollerStats,
+    strikes: Mutex<HashMap<StrikeKey, Strikes>>,
+}
+
+impl fmt::Debug for InboundEmailPoller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InboundEmailPoller")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The namespace of the row and event ids derived here.
+const ID_NAMESPACE: Uuid = Uuid::from_u128(0x8c0f_3d2a_61b4_4f57_a9e2_1d7c_5b30_f4a6);
+
+/// The inbound email row's id: derived from (account, mailbox, UIDVALIDITY, UID).
+pub fn inbound_email_id(account: &str, mailbox: &str, uidvalidity: u32, uid: u32) -> Uuid {
+    let name = format!("{account}\u{0}{mailbox}\u{0}{uidvalidity}\u{0}{uid}");
+    Uuid::new_v5(&ID_NAMESPACE, name.as_bytes())
+}
+
+/// The `email.received` event's id for an inbound email row.
+pub fn event_id(inbound_email_id: Uuid) -> Uuid {
+    let mut name = b"email.received:".to_vec();
+    name.extend_from_slice(inbound_email_id.as_bytes());
+    Uuid::new_v5(&ID_NAMESPACE, &name)
+}
+
+impl InboundEmailPoller {
+    /// A poller over `pool` (which must hold the migrations) for the accounts in `config`.
+    pub fn new(pool: PgPool, config: PollerConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let tls = imap::tls_config().map_err(|e| ConfigError {
+            field: "tls".into(),
+            problem: format!("the TLS client cannot be set up: {e}"),
+        })?;
+        let stats = PollerStats::default();
+        for account in &config.accounts {
+            stats.register(&account.name);
+        }
+        Ok(Self {
+            pool,
+            config: Arc::new(config),
+            tls,
+            stats,
+            strikes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The per-account counters and last errors, for metrics and operators.
+    pub fn stats(&self) -> PollerStats {
+        self.stats.clone()
+    }
+
+    pub fn config(&self) -> &PollerConfig {
+        &self.config
+    }
+
+    /// One tick's work, account by account (the [`TimerJob::tick`] is this, summarised).
+    pub async fn poll(&self, ctx: &WorkContext) -> PollReport {
+        let cancel = &ctx.cancel;
+        // The futures are built first (they do nothing until polled), so that the stream's
+        // type names no closure: that keeps the tick's future `Send`.
+        let polls: Vec<_> = self
+            .config
+            .accounts
+            .iter()
+            .map(|account| {
+                let span = tracing::info_span!(
+                    "imap_account",
+                    job = JOB_NAME,
+                    account = %account.name,
+                    mailbox = %account.mailbox
+                );
+                self.poll_account(account, cancel).instrument(span)
+            })
+            .collect();
+        let accounts: Vec<AccountReport> = futures::stream::iter(polls)
+            .buffered(self.config.account_concurrency.max(1))
+            .collect()
+            .await;
+        for report in &accounts {
+            self.stats.record(report);
+            match &report.failure {
+                Some(failure) => tracing::warn!(
+                    job = JOB_NAME,
+                    account = %report.account,
+                    class = %failure.class(),
+                    reason = failure.reason(),
+                    error = %failure,
+                    stored = report.counts.stored,
+                    "polling the account failed; the other accounts go on, and this one is tried again at the next tick"
+                ),
+                None if report.counts.recorded() > 0 => tracing::info!(
+                    job = JOB_NAME,
+                    account = %report.account,
+                    stored = report.counts.stored,
+                    unparsed = report.counts.parse_errors,
+                    too_large = report.counts.too_large,
+                    gave_up = report.counts.gave_up,
+                    more_waiting = report.more_waiting,
+                    "new mail recorded"
+                ),
+                None => {}
+            }
+        }
+        PollReport {
+            accounts,
+            cancelled: cancel.is_cancelled(),
+        }
+    }
+
+    async fn poll_account(
+        &self,
+        account: &ImapAccount,
+        cancel: &CancellationToken,
+    ) -> AccountReport {
+        let mut report = AccountReport {
+            account: account.name.clone(),
+            counts: MessageCounts::default(),
+            failure: None,
+            more_waiting: false,
+            rescanned: false,
+        };
+        {
+            // Everything below is bounded by its own timeouts; the token ends it sooner.
+            let work = self.poll_account_until_done(account, cancel, &mut report);
+            tokio::pin!(work);
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {}
+                () = &mut work => {}
+            }
+        }
+        report
+    }
+
+    async fn poll_account_until_done(
+        &self,
+        account: &ImapAccount,
+        cancel: &CancellationToken,
+        report: &mut AccountReport,
+    ) {
+        let limit = self.config.connect_timeout;
+        let connected = match tokio::time::timeout(limit, imap::connect(account, &self.tls)).await {
+            Err(_) => Err(ImapError::Timeout {
+                stage: Stage::Connect,
+                limit,
+            }),
+            Ok(connected) => connected,
+        };
+        let mut session = match connected {
+            Ok(session) => session,
+            Err(err) => {
+                report.failure = Some(classify_imap(&err));
+                return;
+            }
+        };
+        let session_ok = self
+            .poll_mailbox(&mut session, account, cancel, report)
+            .await;
+        if session_ok {
+            // A polite goodbye, bounded; its failure changes nothing.
+            let limit = self.config.message_timeout.min(Duration::from_secs(5));
+            if let Err(err) = timed(Stage::Logout, limit, session.logout()).await {
+                tracing::debug!(account = %account.name, error = %err, "LOGOUT failed");
+            }
+        }
+    }
+
+    /// Polls the selected mailbox; returns whether the session is still usable.
+    async fn poll_mailbox(
+        &self,
+        session: &mut Session,
+        account: &ImapAccount,
+        cancel: &CancellationToken,
+        report: &mut AccountReport,
+    ) -> bool {
+        let limit = self.config.message_timeout;
+        let mailbox = match timed(Stage::Select, limit, session.select(&account.mailbox)).await {
+            Ok(mailbox) => mailbox,
+            Err(err) => {
+                report.failure = Some(classify_imap(&err));
+                return !matches!(err, ImapError::Timeout { .. });
+            }
+        };
+        let Some(uidvalidity) = mailbox.uid_validity else {
+            report.failure = Some(classify_imap(&ImapError::Protocol {
+                stage: Stage::Select,
+                detail: "the server reported no UIDVALIDITY".into(),
+            }));
+            return true;
+        };
+        let state =
+            match tokio::time::timeout(limit, self.current_state(account, uidvalidity, report))
+                .await
+            {
+                Ok(Ok(state)) => state,
+                Ok(Err(failure)) => {
+                    report.failure = Some(failure);
+                    return true;
+                }
+                Err(_) => {
+                    report.failure = Some(Failure::transient(format!(
+                        "reading the poll state: no answer from the database within {}ms",
+                        limit.as_millis()
+                    )));
+                    return true;
+                }
+            };
+        let Some(first) = state.last_uid.checked_add(1) else {
+            return true;
+        };
+        if mailbox.exists == 0 || mailbox.uid_next.is_some_and(|next| next <= first) {
+            return true;
+        }
+
+        let found = match timed(
+            Stage::Search,
+            limit,
+            session.uid_search(format!("UID {first}:*")),
+        )
+        .await
+        {
+            Ok(found) => found,
+            Err(err) => {
+                report.failure = Some(classify_imap(&err));
+                return false;
+            }
+        };
+        // `first:*` also matches the last message when none is newer: keep only newer UIDs.
+        let mut uids: Vec<u32> = found.into_iter().filter(|uid| *uid >= first).collect();
+        uids.sort_unstable();
+        let max = usize::try_from(self.config.max_messages_per_account).unwrap_or(usize::MAX);
+        if uids.len() > max {
+            report.more_waiting = true;
+            uids.truncate(max);
+        }
+        if uids.is_empty() {
+            return true;
+        }
+
+        let sizes = match timed(Stage::Fetch, limit, fetch_sizes(session, &uids)).await {
+            Ok(sizes) => sizes,
+            Err(err) => {
+                report.failure = Some(classify_imap(&err));
+                return false;
+            }
+        };
+
+        for uid in uids {
+            let size = sizes.get(&uid).copied();
+            let unit = run_unit(JOB_NAME, limit, cancel, |_token| async {
+                Ok(self
+                    .handle_message(session, account, uidvalidity, uid, size)
+                    .await)
+            })
+            .await;
+            let key = (
+                account.name.clone(),
+                account.mailbox.clone(),
+                uidvalidity,
+                uid,
+            );
+            match unit {
+                Ok(Ok(handled)) => {
+                    self.forgive(&key);
+                    match handled {
+                        Handled::Stored { parse_error } => {
+                            report.counts.stored += 1;
+                            report.counts.parse_errors += u64::from(parse_error);
+                        }
+                        Handled::TooLarge => report.counts.too_large += 1,
+                        Handled::GaveUp => report.counts.gave_up += 1,
+                        Handled::Duplicate => report.counts.duplicates += 1,
+                        Handled::Vanished => report.counts.vanished += 1,
+                    }
+                }
+                Ok(Err(failed)) => {
+                    if failed.strike {
+                        self.strike(&key, &failed.failure);
+                    }
+                    report.failure = Some(failed.failure.context(format!("message UID {uid}")));
+                    return !failed.session_broken;
+                }
+                Err(UnitError::Failed(failure)) => {
+                    // Its timeout, or a panic: the message's own fault, as far as we can tell.
+                    self.strike(&key, &failure);
+                    report.failure = Some(failure.context(format!("message UID {uid}")));
+                    return false;
+                }
+                Err(UnitError::Cancelled) => return false,
+            }
+        }
+        true
+    }
+
+    /// The poll state under the server's `uidvalidity`, starting the mailbox over when it
+    /// changed.
+    async fn current_state(
+        &self,
+        account: &ImapAccount,
+        uidvalidity: u32,
+        report: &mut AccountReport,
+    ) -> Result<PollState, Failure> {
+        let stored = store::load_state(&self.pool, &account.name, &account.mailbox).await?;
+        match stored {
+            Some(state) if state.uidvalidity == uidvalidity => Ok(state),
+            other => {
+                if let Some(previous) = other {
+                    report.rescanned = true;
+                    tracing::warn!(
+                        job = JOB_NAME,
+                        account = %account.name,
+                        mailbox = %account.mailbox,
+                        previous = previous.uidvalidity,
+                        current = uidvalidity,
+                        "the mailbox's UIDVALIDITY changed: starting it over, skipping mail already stored by Message-ID"
+                    );
+                }
+                store::reset_state(&self.pool, &account.name, &account.mailbox, uidvalidity)
+                    .await?;
+                Ok(PollState {
+                    uidvalidity,
+                    last_uid: 0,
+                })
+            }
+        }
+    }
+
+    async fn handle_message(
+        &self,
+        session: &mut Session,
+        account: &ImapAccount,
+        uidvalidity: u32,
+        uid: u32,
+        size: Option<u32>,
+    ) -> Result<Handled, MessageFailure> {
+        let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
+        let pool = &self.pool;
+        let limit = self.config.message_timeout;
+        if store::exists(pool, name, mailbox, uidvalidity, uid)
+            .await
+            .map_err(MessageFailure::db)?
+        {
+            store::skip_past(pool, name, mailbox, uidvalidity, uid)
+                .await
+                .map_err(MessageFailure::db)?;
+            return Ok(Handled::Duplicate);
+        }
+        let Some(size) = size else {
+            store::skip_past(pool, name, mailbox, uidvalidity, uid)
+                .await
+                .map_err(MessageFailure::db)?;
+            return Ok(Handled::Vanished);
+        };
+        let id = inbound_email_id(name, mailbox, uidvalidity, uid);
+        let key = (name.to_string(), mailbox.to_string(), uidvalidity, uid);
+
+        if let Some(strikes) = self.strikes_of(&key)
+            && strikes.count >= self.config.max_message_attempts
+        {
+            let reason = format!(
+                "gave up after {} failed attempts; the last: {}",
+                strikes.count, strikes.last_error
+            );
+            tracing::error!(job = JOB_NAME, account = name, uid, %reason, "a message keeps failing: recording it as skipped");
+            let row = NewInbound {
+                id,
+                account: name,
+                mailbox,
+                uidvalidity,
+                uid,
+                skip_reason: Some(reason),
+                parsed: &ParsedEmail::default(),
+                raw_size: u64::from(size),
+            };
+            store::record(pool, &row, None)
+                .await
+                .map_err(MessageFailure::db)?;
+            return Ok(Handled::GaveUp);
+        }
+
+        if u64::from(size) > self.config.max_message_size {
+            let query = format!("BODY.PEEK[HEADER]<0.{MAX_HEADER_BYTES}>");
+            let header = timed(
+                Stage::Fetch,
+                limit,
+                fetch_one(session, uid, &query, Part::Header),
+            )
+            .await
+            .map_err(|e| MessageFailure::imap(&e))?;
+            let parsed = header
+                .as_deref()
+                .map(parse::parse_headers)
+                .unwrap_or_default();
+            if self
+                .stored_before(account, uidvalidity, uid, &parsed)
+                .await?
+            {
+                return Ok(Handled::Duplicate);
+            }
+            let reason = format!(
+                "the message is {size} bytes, over the limit of {} bytes; its body was not fetched",
+                self.config.max_message_size
+            );
+            tracing::warn!(
+                job = JOB_NAME,
+                account = name,
+                uid,
+                size,
+                "a message over the size limit is recorded as skipped"
+            );
+            let row = NewInbound {
+                id,
+                account: name,
+                mailbox,
+                uidvalidity,
+                uid,
+                skip_reason: Some(reason),
+                parsed: &parsed,
+                raw_size: u64::from(size),
+            };
+            store::record(pool, &row, None)
+                .await
+                .map_err(MessageFailure::db)?;
+            return Ok(Handled::TooLarge);
+        }
+
+        let raw = timed(
+            Stage::Fetch,
+            limit,
+            fetch_one(session, uid, "BODY.PEEK[]", Part::Body),
+        )
+        .await
+        .map_err(|e| MessageFailure::imap(&e))?;
+        let Some(raw) = raw else {
+            store::skip_past(pool, name, mailbox, uidvalidity, uid)
+                .await
+                .map_err(MessageFailure::db)?;
+            return Ok(Handled::Vanished);
+        };
+        let parsed = parse::parse_email(&raw, self.config.max_body_chars);
+        if self
+            .stored_before(account, uidvalidity, uid, &parsed)
+            .await?
+        {
+            return Ok(Handled::Duplicate);
+        }
+        if let Some(error) = &parsed.parse_error {
+            tracing::warn!(job = JOB_NAME, account = name, uid, %error, "a message did not parse; it is stored and announced with its parse error");
+        }
+
+        let event = email_received_event(id, account, &parsed);
+        let message = OutboxMessage::json(event.id.to_string(), EMAIL_RECEIVED, &event)
+            .map_err(|e| MessageFailure::db(Failure::permanent("event-encoding", e)))?
+            .with_correlation_id(id.to_string())
+            .with_header("account", account.name.as_str());
+        let row = NewInbound {
+            id,
+            account: name,
+            mailbox,
+            uidvalidity,
+            uid,
+            skip_reason: None,
+            parsed: &parsed,
+            raw_size: u64::from(size),
+        };
+        let inserted = store::record(
+            pool,
+            &row,
+            Some((
+                &self.config.events_exchange,
+                EMAIL_RECEIVED,
+                &message,
+                event.id,
+            )),
+        )
+        .await
+        .map_err(MessageFailure::db)?;
+        if inserted {
+            Ok(Handled::Stored {
+                parse_error: parsed.parse_error.is_some(),
+            })
+        } else {
+            Ok(Handled::Duplicate)
+        }
+    }
+
+    /// After a UIDVALIDITY change: whether this mail's Message-ID was stored from this
+    /// mailbox under an earlier UIDVALIDITY; if so, the last UID moves past it.
+    async fn stored_before(
+        &self,
+        account: &ImapAccount,
+        uidvalidity: u32,
+        uid: u32,
+        parsed: &ParsedEmail,
+    ) -> Result<bool, MessageFailure> {
+        let Some(message_id) = &parsed.message_id else {
+            return Ok(false);
+        };
+        let (pool, name, mailbox) = (&self.pool, &account.name, &account.mailbox);
+        if !store::stored_before(pool, name, mailbox, uidvalidity, message_id)
+            .await
+            .map_err(MessageFailure::db)?
+        {
+            return Ok(false);
+        }
+        store::skip_past(pool, name, mailbox, uidvalidity, uid)
+            .await
+            .map_err(MessageFailure::db)?;
+        Ok(true)
+    }
+
+    fn strikes_of(&self, key: &StrikeKey) -> Option<Strikes> {
+        self.strikes
+            .lock()
+            .ok()
+            .and_then(|strikes| strikes.get(key).cloned())
+    }
+
+    fn strike(&self, key: &StrikeKey, failure: &Failure) {
+        if let Ok(mut strikes) = self.strikes.lock() {
+            let entry = strikes.entry(key.clone()).or_insert(Strikes {
+                count: 0,
+                last_error: String::new(),
+            });
+            entry.count += 1;
+            entry.last_error = failure.to_string();
+        }
+    }
+
+    fn forgive(&self, key: &StrikeKey) {
+        if let Ok(mut strikes) = self.strikes.lock() {
+            strikes.remove(key);
+        }
+    }
+}
+
+/// The `email.received` event for a stored mail.
+fn email_received_event(id: Uuid, account: &ImapAccount, parsed: &ParsedEmail) -> DomainEvent {
+    let data = EmailReceived {
+        inbound_email_id: id,
+        account: account.name.clone(),
+        mailbox: account.mailbox.clone(),
+        message_id: parsed.message_id.clone(),
+        from: parsed.from_address.clone(),
+        from_name: parsed.from_name.clone(),
+        to: parsed.to.clone(),
+        subject: parsed.subject.clone(),
+        text: parsed.text_body.clone(),
+        references: parsed.references.clone(),
+        parse_error: parsed.parse_error.clone(),
+        in_reply_to: parsed.in_reply_to.clone(),
+        cc: parsed.cc.clone(),
+        date: parsed.sent_at,
+        text_truncated: parsed.text_truncated,
+    };
+    DomainEvent {
+        id: event_id(id),
+        event_type: EMAIL_RECEIVED.into(),
+        occurred_at: Utc::now(),
+        // A struct of strings, lists and options always serializes.
+        data: serde_json::to_value(&data).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+/// `UID FETCH <uids> (UID RFC822.SIZE)`: the size of each message still there.
+async fn fetch_sizes(
+    session: &mut Session,
+    uids: &[u32],
+) -> Result<HashMap<u32, u32>, async_imap::error::Error> {
+    let fetches: Vec<_> = session
+        .uid_fetch(imap::uid_set(uids), "(UID RFC822.SIZE)")
+        .await?
+        .try_collect()
+        .await?;
+    Ok(fetches
+        .iter()
+        .filter_map(|f| Some((f.uid?, f.size?)))
+        .collect())
+}
+
+#[derive(Clone, Copy)]
+enum Part {
+    Header,
+    Body,
+}
+
+/// Fetches one part of one message by UID; `None` when the message is gone.
+async fn fetch_one(
+    session: &mut Session,
+    uid: u32,
+    query: &str,
+    part: Part,
+) -> Result<Option<Vec<u8>>, async_imap::error::Error> {
+    let fetches: Vec<_> = session
+        .uid_fetch(uid.to_string(), format!("(UID {query})"))
+        .await?
+        .try_collect()
+        .await?;
+    Ok(fetches
+        .iter()
+        .filter(|f| f.uid == Some(uid))
+        .find_map(|f| match part {
+            Part::Header => f.header(),
+            Part::Body => f.body(),
+        })
+        .map(<[u8]>::to_vec))
+}
+
+impl TimerJob for InboundEmailPoller {
+    fn name(&self) -> &str {
+        JOB_NAME
+    }
+
+    async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {
+        let report = self.poll(ctx).await;
+        let summary = report.summary();
+        let failed: Vec<&Failure> = report.failed().map(|(_, f)| f).collect();
+        if !report.accounts.is_empty() && failed.len() == report.accounts.len() {
+            let all_permanent = failed.iter().all(|f| f.is_permanent());
+            return Err(if all_permanent {
+                Failure::permanent("imap-accounts", summary)
+            } else {
+                Failure::transient(summary)
+            });
+        }
+        Ok(TickReport::items(report.totals().recorded()).with_detail(summary))
+    }
+}

@@ -1,0 +1,85 @@
+//! Per-account counters and the last error of each account, for metrics and operators.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::AccountReport;
+
+/// One account as the poller last saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct AccountStatus {
+    pub last_success_at: Option<DateTime<Utc>>,
+    pub last_failure_at: Option<DateTime<Utc>>,
+    /// Failed polls in a row; 0 after a successful one.
+    pub consecutive_failures: u32,
+    /// The last failure, with its class (`permanent imap-auth-failed: ...`); kept after a
+    /// success so an operator can still read it.
+    pub last_error: Option<String>,
+    /// Totals since start.
+    pub polls: u64,
+    pub failures: u64,
+    pub stored: u64,
+    pub parse_errors: u64,
+    pub skipped: u64,
+}
+
+/// The shared, cheaply cloned per-account view the poller writes after each tick.
+#[derive(Debug, Clone, Default)]
+pub struct PollerStats {
+    inner: Arc<Mutex<BTreeMap<String, AccountStatus>>>,
+}
+
+impl PollerStats {
+    /// Every configured account, by name.
+    pub fn snapshot(&self) -> BTreeMap<String, AccountStatus> {
+        match self.inner.lock() {
+            Ok(map) => map.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn account(&self, name: &str) -> Option<AccountStatus> {
+        self.snapshot().remove(name)
+    }
+
+    pub(crate) fn register(&self, name: &str) {
+        if let Ok(mut map) = self.inner.lock() {
+            map.entry(name.to_string()).or_default();
+        }
+    }
+
+    pub(crate) fn record(&self, report: &AccountReport) {
+        let Ok(mut map) = self.inner.lock() else {
+            return;
+        };
+        let status = map.entry(report.account.clone()).or_default();
+        let now = Utc::now();
+        status.polls += 1;
+        status.stored += report.counts.stored;
+        status.parse_errors += report.counts.parse_errors;
+        status.skipped += report.counts.too_large + report.counts.gave_up;
+        match &report.failure {
+            Some(failure) => {
+                status.failures += 1;
+                status.consecutive_failures = status.consecutive_failures.saturating_add(1);
+                status.last_failure_at = Some(now);
+                status.last_error = Some(format!("{} {failure}", failure.class()));
+            }
+            None => {
+                if status.consecutive_failures > 0 {
+                    tracing::info!(
+                        job = crate::JOB_NAME,
+                        account = %report.account,
+                        after = status.consecutive_failures,
+                        "the account is polled again after failures"
+                    );
+                }
+                status.consecutive_failures = 0;
+                status.last_success_at = Some(now);
+            }
+        }
+    }
+}
