@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use worker_store::{AdvisoryLease, AttemptLog};
 
 use crate::metrics::Metrics;
+use crate::observe::ConsumerObserver;
 use crate::scheduler::TimerTask;
 use crate::settings::Settings;
 use crate::status::{JobEntry, JobStats, TimerStats};
@@ -61,6 +62,7 @@ fn start_outbox_drain(ctx: &JobsContext) -> JobEntry {
         wake: Some(wake),
         stats: stats.clone(),
         metrics: ctx.metrics.clone(),
+        attempt_log: ctx.attempt_log.clone(),
     };
     ctx.tracker
         .spawn(task.run(ctx.tracker.clone(), ctx.shutdown.child_token()));
@@ -71,4 +73,57 @@ fn start_outbox_drain(ctx: &JobsContext) -> JobEntry {
             stats,
         },
     }
+}
+
+/// Runs `job` on its queue through the recoverability pipeline, with its section's prefetch,
+/// concurrency, attempts, timeout (else `default_timeout`) and retry (else `workers.retry`).
+pub fn start_consumer<J: worker_core::ConsumerJob>(
+    ctx: &JobsContext,
+    section: &str,
+    job: J,
+    default_timeout: std::time::Duration,
+) -> Result<JobEntry, worker_broker::TopologyError> {
+    let settings = &ctx.settings;
+    let (_, job_settings, defaults) = settings
+        .consumers()
+        .into_iter()
+        .find(|(name, _, _)| *name == section)
+        .ok_or_else(|| worker_broker::TopologyError::Invalid {
+            queue: String::new(),
+            key: section.to_string(),
+            problem: "is not a consumer job of this host".into(),
+        })?;
+    let queue = worker_broker::QueueTopology::from_settings(&job_settings.queue, defaults)?;
+    let consumer = worker_broker::ConsumerSettings {
+        prefetch: job_settings.prefetch,
+        concurrency: usize::try_from(job_settings.concurrency).unwrap_or(usize::MAX),
+        max_attempts: job_settings.max_attempts,
+        timeout: job_settings.timeout.unwrap_or(default_timeout),
+        retry: Some(
+            job_settings
+                .retry
+                .clone()
+                .unwrap_or_else(|| settings.workers.retry.clone()),
+        ),
+        shutdown_grace: settings.workers.shutdown_grace,
+        ..worker_broker::ConsumerSettings::default()
+    };
+    let observer = Arc::new(ConsumerObserver::new(
+        job.name(),
+        ctx.metrics.clone(),
+        ctx.attempt_log.clone(),
+    ));
+    let entry = JobEntry {
+        name: job.name().to_string(),
+        stats: JobStats::Consumer {
+            queue: queue.name.clone(),
+            stats: observer.stats.clone(),
+        },
+    };
+    let runner = worker_broker::ConsumerRunner::observed(job, queue, consumer, observer);
+    let supervisor = ctx.supervisor.clone();
+    let shutdown = ctx.shutdown.child_token();
+    ctx.tracker
+        .spawn(async move { runner.run(&supervisor, shutdown).await });
+    Ok(entry)
 }

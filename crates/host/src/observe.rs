@@ -6,23 +6,27 @@ use std::sync::Arc;
 use opentelemetry::KeyValue;
 use worker_broker::{ConsumerEvents, Outcome, Settled};
 use worker_core::TryRecord;
+use worker_store::AttemptLog;
 
 use crate::metrics::Metrics;
 use crate::status::ConsumerStats;
 
-/// Records one consumer job's tries and settled deliveries.
+/// Records one consumer job's tries and settled deliveries: metrics, `/status` counts and the
+/// attempt log.
 #[derive(Debug)]
 pub struct ConsumerObserver {
     job: String,
     metrics: Metrics,
+    attempt_log: AttemptLog,
     pub stats: Arc<ConsumerStats>,
 }
 
 impl ConsumerObserver {
-    pub fn new(job: impl Into<String>, metrics: Metrics) -> Self {
+    pub fn new(job: impl Into<String>, metrics: Metrics, attempt_log: AttemptLog) -> Self {
         Self {
             job: job.into(),
             metrics,
+            attempt_log,
             stats: Arc::default(),
         }
     }
@@ -30,6 +34,7 @@ impl ConsumerObserver {
 
 impl ConsumerEvents for ConsumerObserver {
     fn on_try(&self, _queue: &str, record: &TryRecord<'_>) {
+        worker_core::AttemptObserver::on_try(&self.attempt_log, record);
         if let Some(failure) = record.failure {
             if record.will_retry {
                 self.stats
@@ -79,6 +84,21 @@ impl ConsumerEvents for ConsumerObserver {
                 stats.record(&stats.requeued, false, None);
             }
         }
+        // The outcome names the dead-letter reason; the error itself went with the try.
+        let class = match settled.outcome {
+            Outcome::Parked { class, .. } | Outcome::DeadLettered { class, .. } => Some(*class),
+            _ => None,
+        };
+        self.attempt_log.record_outcome(
+            &self.job,
+            settled.message_id,
+            settled.attempt,
+            settled.tries,
+            settled.outcome.as_str(),
+            class,
+            None,
+            settled.elapsed,
+        );
         self.metrics.messages.add(1, &labels);
         self.metrics.handler_duration.record(
             settled.elapsed.as_secs_f64(),

@@ -36,6 +36,8 @@ pub struct TimerTask<J, L> {
     pub wake: Option<Arc<Notify>>,
     pub stats: Arc<TimerStats>,
     pub metrics: Metrics,
+    /// Where failed ticks (and, if asked, every tick) are written.
+    pub attempt_log: worker_store::AttemptLog,
 }
 
 impl<J, L> std::fmt::Debug for TimerTask<J, L> {
@@ -154,6 +156,12 @@ async fn tick<J: TimerJob, L: SingletonLease>(
         wake.notify_one();
     }
     span.record("outcome", outcome.as_str());
+    task.attempt_log.record_tick(
+        job.name(),
+        ctx.tick.unwrap_or_default(),
+        &outcome,
+        started.elapsed(),
+    );
     let ran = matches!(outcome, TickOutcome::Ran(_) | TickOutcome::Failed(_));
     task.metrics
         .tick(job.name(), outcome.as_str(), ran.then(|| started.elapsed()));

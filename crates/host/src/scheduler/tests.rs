@@ -36,6 +36,7 @@ fn task(job: Arc<Slow>, every: Duration) -> (TimerTask<Slow, NoLease>, Arc<Timer
         wake: None,
         stats: stats.clone(),
         metrics: Metrics::new(opentelemetry::global::meter("test")),
+        attempt_log: worker_store::AttemptLog::disabled(),
     };
     (task, stats)
 }
