@@ -1,0 +1,96 @@
+//! # job-dead-letter-archive: every dead letter, searchable and replayable
+//!
+//! Operators must see what failed, why and how often, and put it right after a fix, without a
+//! broker console and without losing anything. This crate moves every dead letter into
+//! PostgreSQL and is the library behind `worker-host dlq list|show|replay|purge`.
+//!
+//! ## The parts
+//!
+//! * [`archiver`] — the [`Archiver`]: one consume loop per `Q.dead` queue (on the broker
+//!   crate's [`Supervisor`](worker_broker::Supervisor) sessions) that inserts a row per
+//!   message and acks only after the row commits. Idempotent: `INSERT … ON CONFLICT
+//!   (dedup_key) DO NOTHING` on a hash of what survives a redelivery, so a message archived
+//!   and redelivered (the archiver killed between commit and ack) is archived once.
+//! * [`record`] — what a dead letter becomes ([`NewDeadLetter`]): the runner's `x-dead-*`
+//!   headers, or the broker's `x-death` (reason `delivery_limit`), or reason `unknown` — a
+//!   message is never dropped for saying nothing.
+//! * [`mod@fingerprint`] — the error with ids, numbers, addresses and quoted strings replaced by
+//!   placeholders, hashed to 12 hex digits: one cause, one fingerprint.
+//! * [`store`] — the idempotent insert, failed outbox rows (reason `outbox-failed`,
+//!   idempotent per outbox id) and the retention sweep (only rows replayed or purged, and
+//!   older than the window; rows still dead are never deleted).
+//! * [`maintenance`] — [`ArchiveMaintenance`], a [`worker_core::TimerJob`] that runs the
+//!   outbox archiving and the sweep on a schedule.
+//! * [`query`] — `dlq list` ([`list`]), `dlq show` ([`show`], [`show_one`]) and the numbers
+//!   for metrics and alerts ([`depth_by_queue`], [`oldest_age`], [`inflow_since`]).
+//! * [`mod@replay`] — `dlq replay` ([`replay()`]) and `dlq purge` ([`purge`]), both recorded in
+//!   `dead_letter_actions` ([`actions`]) with the [`Actor`] who ran them.
+//!
+//! ## What the host does
+//!
+//! ```no_run
+//! # async fn host(pool: sqlx::PgPool, supervisor: worker_broker::Supervisor) -> Result<(), worker_core::Failure> {
+//! use job_dead_letter_archive::*;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let root = CancellationToken::new();
+//! let tracker = tokio_util::task::TaskTracker::new();
+//! let settings = ArchiverSettings::default(); // [jobs.dead_letter_archive]
+//! settings.validate().map_err(|e| worker_core::Failure::permanent("settings", e))?;
+//!
+//! // `worker-host run`: one archiver task per dead queue of the topology.
+//! let archiver = Archiver::new(pool.clone(), settings.clone());
+//! for dead in dead_queues(supervisor.topology()) {
+//!     let (archiver, supervisor, token) = (archiver.clone(), supervisor.clone(), root.child_token());
+//!     tracker.spawn(async move { archiver.run(&supervisor, dead, token).await });
+//! }
+//! // ... and ArchiveMaintenance::new(pool.clone(), settings) as a timer job (with a lease).
+//!
+//! // `worker-host dlq ...`
+//! let queues = list(&pool).await?;
+//! let filter = Filter { fingerprint: Some("3fa9c2e01b7d".into()), ..Filter::default() };
+//! let rows = show(&pool, &filter).await?;
+//! let publisher = supervisor.publisher(worker_broker::PublisherSettings::default());
+//! let actor = Actor::new("ops", "host-1"); // $USER and the host name, read by the host
+//! let plan = replay(&pool, &publisher, &filter, true, None, &actor).await?; // --dry-run
+//! let done = replay(&pool, &publisher, &filter, false, Some(50), &actor).await?; // --rate 50
+//! # let _ = (queues, rows, plan, done); Ok(()) }
+//! ```
+//!
+//! ## Invariants
+//!
+//! * **Nothing is acked before its row commits**, and nothing is nacked: a batch the database
+//!   does not take is held and tried again; on shutdown it returns to the queue.
+//! * **Nothing is dropped**: not for lack of room (no cap on the table), not for lack of
+//!   headers (reason `unknown`), not for a value PostgreSQL cannot store (NUL bytes are
+//!   replaced; a row refused still is stored without its headers).
+//! * **A replay never deletes**: a row becomes `replayed` only after its publish is confirmed,
+//!   and `purged` rows stay until the retention sweep.
+//! * **Every replay and purge is recorded** with its actor, host, filter and counts.
+
+pub mod archiver;
+pub mod fingerprint;
+pub mod maintenance;
+pub mod query;
+pub mod record;
+pub mod replay;
+pub mod store;
+
+pub use archiver::{
+    ArchiveEvents, Archiver, ArchiverSettings, JOB_NAME, NoEvents, SessionEnd, dead_queues,
+};
+pub use fingerprint::{fingerprint, normalize};
+pub use maintenance::{ArchiveMaintenance, MAINTENANCE_JOB_NAME, MaintenanceReport};
+pub use query::{
+    DeadLetter, DeadLetterSummary, Filter, FingerprintCount, QueueDepth, QueueSummary, Status,
+    depth_by_queue, inflow_since, list, list_top, oldest_age, show, show_one,
+};
+pub use record::{
+    DELIVERY_LIMIT, DeadQueue, MessageProperties, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE,
+    REPLAYED_FROM_HEADER, RawMessage, Source, UNKNOWN,
+};
+pub use replay::{
+    Action, Actor, ItemOutcome, PurgeReport, ReplayItem, ReplayReport, actions, count, purge,
+    replay,
+};
+pub use store::{InsertReport, archive_failed_outbox, sweep};

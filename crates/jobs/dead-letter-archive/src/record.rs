@@ -1,0 +1,723 @@
+//! What one dead letter becomes: a [`NewDeadLetter`] row, read from a delivery's headers (or
+//! from a failed outbox row), pure and testable without a broker.
+//!
+//! Three kinds of dead letter reach a dead queue, and each is read for what it says:
+//!
+//! * the consumer runner's: `x-dead-reason` (malformed, rejected, gave-up), `x-dead-attempts`,
+//!   `x-dead-error`, `x-dead-class`, `x-dead-queue`, `x-dead-at` — [`Source::Runner`];
+//! * the broker's, when a queue's delivery limit (or another dead-lettering rule) caught a
+//!   message the host could not settle: the latest `x-death` entry (reason `delivery_limit`,
+//!   queue, count, time) or the `x-first-death-*` headers — [`Source::Broker`];
+//! * anything else (published straight to a dead exchange by hand, say): reason `unknown`,
+//!   [`Source::Unknown`]. It is archived all the same: nothing is ever dropped.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use worker_broker::QueueTopology;
+use worker_broker::consumer::{
+    ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,
+    DEAD_QUEUE_HEADER, DEAD_REASON_HEADER,
+};
+use worker_broker::topology::ORIGINAL_ROUTING_KEY_HEADER;
+
+use crate::fingerprint::{fingerprint, hex};
+
+/// The header a replayed message carries: the id of the archived dead letter it came from.
+pub const REPLAYED_FROM_HEADER: &str = "x-replayed-from";
+
+/// The `queue` of an archived failed outbox row (and the `--queue` that selects them).
+pub const OUTBOX_QUEUE: &str = "outbox";
+
+/// Reason of a broker dead letter caught by the queue's delivery limit.
+pub const DELIVERY_LIMIT: &str = "delivery_limit";
+/// Reason of an archived failed outbox row.
+pub const OUTBOX_FAILED: &str = "outbox-failed";
+/// Reason of a dead letter that says nothing about why it died.
+pub const UNKNOWN: &str = "unknown";
+
+/// Per-delivery bookkeeping of the broker: differs between two deliveries of one message, so
+/// it is neither stored nor hashed nor replayed.
+const DELIVERY_COUNTERS: [&str; 2] = ["x-delivery-count", "x-acquired-count"];
+
+/// A dead queue the archiver empties, and the work queue its messages died in (the queue a
+/// dead letter without an `x-dead-queue` of its own is replayed to).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadQueue {
+    pub dead_queue: String,
+    pub queue: String,
+}
+
+impl DeadQueue {
+    pub fn new(dead_queue: impl Into<String>, queue: impl Into<String>) -> Self {
+        Self {
+            dead_queue: dead_queue.into(),
+            queue: queue.into(),
+        }
+    }
+
+    /// The dead queue of a consumer queue of the topology (`Q.dead` for `Q` by default).
+    pub fn of(queue: &QueueTopology) -> Self {
+        Self::new(queue.dead_queue.clone(), queue.name.clone())
+    }
+}
+
+/// Who dead-lettered a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The consumer runner, with its `x-dead-*` headers.
+    Runner,
+    /// The broker (`x-death`): the queue's delivery limit, typically.
+    Broker,
+    /// A failed outbox row.
+    Outbox,
+    /// Nobody said.
+    Unknown,
+}
+
+impl Source {
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Runner => "runner",
+            Self::Broker => "broker",
+            Self::Outbox => "outbox",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "runner" => Self::Runner,
+            "broker" => Self::Broker,
+            "outbox" => Self::Outbox,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// The AMQP properties of a dead letter, as stored (`properties` jsonb) and replayed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MessageProperties {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    /// Seconds since the epoch, as AMQP has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<u64>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_mode: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expiration: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+}
+
+impl MessageProperties {
+    pub fn of(p: &BasicProperties) -> Self {
+        let s = |v: &Option<ShortString>| v.as_ref().map(|v| scrub_str(v.as_str()));
+        Self {
+            content_type: s(p.content_type()),
+            content_encoding: s(p.content_encoding()),
+            correlation_id: s(p.correlation_id()),
+            message_id: s(p.message_id()),
+            timestamp: *p.timestamp(),
+            kind: s(p.kind()),
+            app_id: s(p.app_id()),
+            priority: *p.priority(),
+            reply_to: s(p.reply_to()),
+            delivery_mode: *p.delivery_mode(),
+            expiration: s(p.expiration()),
+            user_id: s(p.user_id()),
+            cluster_id: s(p.cluster_id()),
+        }
+    }
+
+    /// The properties a replayed copy carries: persistent, without `expiration` (which would
+    /// expire it) or `user-id` (which must match the publishing connection's user).
+    pub fn for_replay(&self) -> BasicProperties {
+        let short = |v: &Option<String>| v.as_deref().and_then(|v| ShortString::try_new(v).ok());
+        let mut out = BasicProperties::default().with_delivery_mode(2);
+        if let Some(v) = short(&self.content_type) {
+            out = out.with_content_type(v);
+        }
+        if let Some(v) = short(&self.content_encoding) {
+            out = out.with_content_encoding(v);
+        }
+        if let Some(v) = short(&self.correlation_id) {
+            out = out.with_correlation_id(v);
+        }
+        if let Some(v) = short(&self.message_id) {
+            out = out.with_message_id(v);
+        }
+        if let Some(v) = self.timestamp {
+            out = out.with_timestamp(v);
+        }
+        if let Some(v) = short(&self.kind) {
+            out = out.with_type(v);
+        }
+        if let Some(v) = short(&self.app_id) {
+            out = out.with_app_id(v);
+        }
+        if let Some(v) = self.priority {
+            out = out.with_priority(v);
+        }
+        if let Some(v) = short(&self.reply_to) {
+            out = out.with_reply_to(v);
+        }
+        if let Some(v) = short(&self.cluster_id) {
+            out = out.with_cluster_id(v);
+        }
+        out
+    }
+}
+
+/// One row to archive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewDeadLetter {
+    pub dedup_key: String,
+    /// The delivery was redelivered by the broker (so it may be archived already).
+    pub redelivered: bool,
+    pub source: Source,
+    pub queue: String,
+    pub dead_queue: Option<String>,
+    pub exchange: Option<String>,
+    pub routing_key: Option<String>,
+    pub message_id: Option<String>,
+    pub message_type: Option<String>,
+    pub reason: String,
+    pub class: Option<String>,
+    pub attempts: Option<i32>,
+    pub last_error: Option<String>,
+    pub error_fingerprint: String,
+    pub error_normalized: String,
+    pub died_at: DateTime<Utc>,
+    pub headers: Value,
+    pub amqp_headers: Option<Value>,
+    pub properties: Value,
+    pub body: Vec<u8>,
+    pub outbox_id: Option<i64>,
+}
+
+/// What [`NewDeadLetter::from_message`] needs of a delivery.
+#[derive(Debug, Clone, Copy)]
+pub struct RawMessage<'a> {
+    pub routing_key: &'a str,
+    pub redelivered: bool,
+    pub properties: &'a BasicProperties,
+    pub body: &'a [u8],
+}
+
+impl<'a> From<&'a Delivery> for RawMessage<'a> {
+    fn from(d: &'a Delivery) -> Self {
+        Self {
+            routing_key: d.routing_key.as_str(),
+            redelivered: d.redelivered,
+            properties: &d.properties,
+            body: &d.data,
+        }
+    }
+}
+
+impl NewDeadLetter {
+    /// Reads a message taken from `dead`'s dead queue; `now` is its time of death when the
+    /// message does not say.
+    pub fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self {
+        let empty = FieldTable::default();
+        let table = message.properties.headers().as_ref().unwrap_or(&empty);
+        let mut kept = table.inner().clone();
+        for key in DELIVERY_COUNTERS {
+            kept.remove(key);
+        }
+        let kept = FieldTable::from(kept);
+        let h = kept.inner();
+
+        let (source, reason, queue, class, attempts, last_error, died_at);
+        if let Some(r) = text(h.get(DEAD_REASON_HEADER)) {
+            source = Source::Runner;
+            reason = r;
+            queue = text(h.get(DEAD_QUEUE_HEADER));
+            class = text(h.get(DEAD_CLASS_HEADER));
+            attempts = int(h.get(DEAD_ATTEMPTS_HEADER));
+            last_error = text(h.get(DEAD_ERROR_HEADER));
+            died_at = text(h.get(DEAD_AT_HEADER))
+                .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+                .map(|t| t.with_timezone(&Utc))
+                .or_else(|| latest_death(h).and_then(|d| d.time));
+        } else if let Some(death) = latest_death(h).or_else(|| first_death(h)) {
+            source = Source::Broker;
+            reason = death.reason.clone().unwrap_or_else(|| UNKNOWN.into());
+            queue = death.queue.clone();
+            class = None;
+            attempts = int(h.get(ATTEMPT_HEADER));
+            last_error = Some(format!(
+                "dead-lettered by the broker from {}: {}{}",
+                death.queue.as_deref().unwrap_or("its queue"),
+                death.reason.as_deref().unwrap_or("no reason given"),
+                death
+                    .count
+                    .map(|c| format!(" (x-death count {c})"))
+                    .unwrap_or_default(),
+            ));
+            died_at = death.time;
+        } else {
+            source = Source::Unknown;
+            reason = UNKNOWN.into();
+            queue = text(h.get(DEAD_QUEUE_HEADER));
+            class = None;
+            attempts = None;
+            last_error = text(h.get(DEAD_ERROR_HEADER));
+            died_at = None;
+        }
+
+        let properties = MessageProperties::of(message.properties);
+        let routing_key =
+            text(h.get(ORIGINAL_ROUTING_KEY_HEADER)).unwrap_or_else(|| message.routing_key.into());
+        let dedup_key = dedup_key(&dead.dead_queue, message, &properties, &kept);
+        let replayable = FieldTable::from(
+            h.iter()
+                .filter(|(k, _)| !is_dead_letter_bookkeeping(k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        );
+        let amqp_headers = serde_json::to_value(&replayable)
+            .ok()
+            .filter(|v| !contains_nul(v));
+        let last_error = last_error.map(|e| scrub_str(&e));
+        let (error_fingerprint, error_normalized) = fingerprint(last_error.as_deref());
+        Self {
+            dedup_key,
+            redelivered: message.redelivered,
+            source,
+            queue: queue
+                .map(|q| scrub_str(&q))
+                .unwrap_or_else(|| dead.queue.clone()),
+            dead_queue: Some(dead.dead_queue.clone()),
+            exchange: None,
+            routing_key: Some(scrub_str(&routing_key)),
+            message_id: properties.message_id.clone(),
+            message_type: properties.kind.clone(),
+            reason: scrub_str(&reason),
+            class: class.map(|c| scrub_str(&c)),
+            attempts: attempts.and_then(|a| i32::try_from(a).ok()),
+            last_error,
+            error_fingerprint,
+            error_normalized,
+            died_at: died_at.unwrap_or(now),
+            headers: table_to_json(&kept),
+            amqp_headers,
+            properties: serde_json::to_value(&properties).unwrap_or_default(),
+            body: message.body.to_vec(),
+            outbox_id: None,
+        }
+    }
+}
+
+/// Whether a header is the dead-letter bookkeeping a replay drops: the attempt (reset), the
+/// runner's `x-dead-*`, the broker's `x-death` and `x-first-/x-last-death-*`, the delivery
+/// counters, and a previous `x-replayed-from`.
+pub fn is_dead_letter_bookkeeping(key: &str) -> bool {
+    key == ATTEMPT_HEADER
+        || key == REPLAYED_FROM_HEADER
+        || key.starts_with("x-dead-")
+        || key == "x-death"
+        || key.starts_with("x-first-death-")
+        || key.starts_with("x-last-death-")
+        || DELIVERY_COUNTERS.contains(&key)
+}
+
+/// One `x-death` entry, or the `x-first-death-*` headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Death {
+    reason: Option<String>,
+    queue: Option<String>,
+    count: Option<i64>,
+    time: Option<DateTime<Utc>>,
+}
+
+/// The most recent `x-death` entry (RabbitMQ keeps the most recent first).
+fn latest_death(h: &std::collections::BTreeMap<ShortString, AMQPValue>) -> Option<Death> {
+    let Some(AMQPValue::FieldArray(deaths)) = h.get("x-death") else {
+        return None;
+    };
+    deaths.as_slice().iter().find_map(|entry| match entry {
+        AMQPValue::FieldTable(t) => {
+            let t = t.inner();
+            Some(Death {
+                reason: text(t.get("reason")),
+                queue: text(t.get("queue")),
+                count: int(t.get("count")),
+                time: match t.get("time") {
+                    Some(AMQPValue::Timestamp(ts)) => i64::try_from(*ts)
+                        .ok()
+                        .and_then(|s| DateTime::from_timestamp(s, 0)),
+                    other => int(other).and_then(|s| DateTime::from_timestamp(s, 0)),
+                },
+            })
+        }
+        _ => None,
+    })
+}
+
+fn first_death(h: &std::collections::BTreeMap<ShortString, AMQPValue>) -> Option<Death> {
+    let reason = text(h.get("x-first-death-reason"))?;
+    Some(Death {
+        reason: Some(reason),
+        queue: text(h.get("x-first-death-queue")),
+        count: None,
+        time: None,
+    })
+}
+
+/// The sha256 of everything that stays the same across redeliveries of one message: the dead
+/// queue, the routing key, the properties, the headers without the delivery counters, and the
+/// body.
+fn dedup_key(
+    dead_queue: &str,
+    message: RawMessage<'_>,
+    properties: &MessageProperties,
+    headers: &FieldTable,
+) -> String {
+    let mut h = Sha256::new();
+    let mut part = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    part(dead_queue.as_bytes());
+    part(message.routing_key.as_bytes());
+    part(&serde_json::to_vec(properties).unwrap_or_default());
+    part(&serde_json::to_vec(headers).unwrap_or_default());
+    part(message.body);
+    format!("amqp:{}", hex(&h.finalize()))
+}
+
+/// A header's text: a long or short string (lossy UTF-8).
+pub(crate) fn text(v: Option<&AMQPValue>) -> Option<String> {
+    match v? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    }
+}
+
+/// A header's integer, of any AMQP integer type.
+pub(crate) fn int(v: Option<&AMQPValue>) -> Option<i64> {
+    match v? {
+        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::Timestamp(n) => i64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// Headers as an operator reads them: strings as strings, numbers as numbers, byte strings
+/// that are not UTF-8 as `{"hex": "…"}`, timestamps as RFC 3339 strings.
+pub fn table_to_json(table: &FieldTable) -> Value {
+    Value::Object(
+        table
+            .inner()
+            .iter()
+            .map(|(k, v)| (scrub_str(k.as_str()), value_to_json(v)))
+            .collect(),
+    )
+}
+
+fn value_to_json(v: &AMQPValue) -> Value {
+    match v {
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::ShortShortInt(n) => (*n).into(),
+        AMQPValue::ShortShortUInt(n) => (*n).into(),
+        AMQPValue::ShortInt(n) => (*n).into(),
+        AMQPValue::ShortUInt(n) => (*n).into(),
+        AMQPValue::LongInt(n) => (*n).into(),
+        AMQPValue::LongUInt(n) => (*n).into(),
+        AMQPValue::LongLongInt(n) => (*n).into(),
+        AMQPValue::Float(f) => serde_json::Number::from_f64(f64::from(*f))
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
+        AMQPValue::Double(f) => serde_json::Number::from_f64(*f)
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
+        AMQPValue::DecimalValue(d) => {
+            serde_json::json!({"decimal": d.value, "scale": d.scale})
+        }
+        AMQPValue::ShortString(s) => Value::String(scrub_str(s.as_str())),
+        AMQPValue::LongString(s) => bytes_to_json(s.as_bytes()),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(value_to_json).collect()),
+        AMQPValue::Timestamp(t) => i64::try_from(*t)
+            .ok()
+            .and_then(|s| DateTime::from_timestamp(s, 0))
+            .map(|t| Value::String(t.to_rfc3339_opts(SecondsFormat::Secs, true)))
+            .unwrap_or_else(|| (*t).into()),
+        AMQPValue::FieldTable(t) => table_to_json(t),
+        AMQPValue::ByteArray(b) => serde_json::json!({"hex": hex(b.as_slice())}),
+        AMQPValue::Void => Value::Null,
+    }
+}
+
+fn bytes_to_json(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Value::String(scrub_str(s)),
+        Err(_) => serde_json::json!({"hex": hex(bytes)}),
+    }
+}
+
+/// Readable JSON headers back to AMQP, for a row whose exact headers could not be kept (and
+/// for outbox rows, whose headers are JSON to begin with): strings, integers, floats, booleans;
+/// anything else as its JSON text.
+pub fn json_to_table(headers: &Value) -> FieldTable {
+    let mut table = FieldTable::default();
+    let Value::Object(map) = headers else {
+        return table;
+    };
+    for (key, value) in map {
+        let Ok(key) = ShortString::try_new(key.as_str()) else {
+            continue;
+        };
+        let value = match value {
+            Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+            Value::Bool(b) => AMQPValue::Boolean(*b),
+            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) => AMQPValue::LongLongInt(i),
+                (None, Some(f)) => AMQPValue::Double(f),
+                (None, None) => AMQPValue::LongString(LongString::from(n.to_string())),
+            },
+            Value::Null => AMQPValue::Void,
+            other => AMQPValue::LongString(LongString::from(other.to_string())),
+        };
+        table.insert(key, value);
+    }
+    table
+}
+
+/// PostgreSQL text and jsonb cannot hold NUL: it becomes U+FFFD.
+pub(crate) fn scrub_str(s: &str) -> String {
+    if s.contains('\0') {
+        s.replace('\0', "\u{FFFD}")
+    } else {
+        s.to_string()
+    }
+}
+
+/// Whether a JSON value holds a NUL anywhere (jsonb would refuse it).
+pub(crate) fn contains_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(contains_nul),
+        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+/// A JSON value with every NUL in its strings and keys replaced.
+pub(crate) fn scrub_json(v: Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(scrub_str(&s)),
+        Value::Array(a) => Value::Array(a.into_iter().map(scrub_json).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, v)| (scrub_str(&k), scrub_json(v)))
+                .collect::<Map<String, Value>>(),
+        ),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::FieldArray;
+
+    use super::*;
+
+    fn s(v: &str) -> AMQPValue {
+        AMQPValue::LongString(LongString::from(v))
+    }
+
+    fn props(headers: &[(&str, AMQPValue)]) -> BasicProperties {
+        let mut t = FieldTable::default();
+        for (k, v) in headers {
+            t.insert((*k).into(), v.clone());
+        }
+        BasicProperties::default()
+            .with_message_id("m-1".into())
+            .with_type("email.send".into())
+            .with_content_type("application/json".into())
+            .with_headers(t)
+    }
+
+    fn read(p: &BasicProperties, redelivered: bool) -> NewDeadLetter {
+        NewDeadLetter::from_message(
+            &DeadQueue::new("orders.dead", "orders"),
+            RawMessage {
+                routing_key: "orders",
+                redelivered,
+                properties: p,
+                body: b"{\"id\":1}",
+            },
+            DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn the_runners_headers_are_read() {
+        let p = props(&[
+            (DEAD_REASON_HEADER, s("gave-up")),
+            (DEAD_ATTEMPTS_HEADER, AMQPValue::LongLongInt(5)),
+            (DEAD_ERROR_HEADER, s("smtp 421 for ann@example.com")),
+            (DEAD_CLASS_HEADER, s("transient")),
+            (DEAD_QUEUE_HEADER, s("email.send")),
+            (DEAD_AT_HEADER, s("2026-11-29T10:00:00.250Z")),
+            (ORIGINAL_ROUTING_KEY_HEADER, s("email.send")),
+            ("traceparent", s("00-abc-def-01")),
+        ]);
+        let row = read(&p, false);
+        assert_eq!(row.source, Source::Runner);
+        assert_eq!(row.reason, "gave-up");
+        assert_eq!(row.queue, "email.send");
+        assert_eq!(row.attempts, Some(5));
+        assert_eq!(row.class.as_deref(), Some("transient"));
+        assert_eq!(row.routing_key.as_deref(), Some("email.send"));
+        assert_eq!(row.message_id.as_deref(), Some("m-1"));
+        assert_eq!(row.message_type.as_deref(), Some("email.send"));
+        assert_eq!(row.error_normalized, "smtp <n> for <email>");
+        assert_eq!(
+            row.died_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            "2026-11-29T10:00:00.250Z"
+        );
+        assert_eq!(row.headers["x-dead-attempts"], 5);
+        // The replayable headers keep the application ones, typed, and drop the bookkeeping.
+        let table: FieldTable = serde_json::from_value(row.amqp_headers.clone().unwrap()).unwrap();
+        assert_eq!(table.inner().get("traceparent"), Some(&s("00-abc-def-01")));
+        assert_eq!(
+            table.inner().get(ORIGINAL_ROUTING_KEY_HEADER),
+            Some(&s("email.send"))
+        );
+        assert!(
+            table
+                .inner()
+                .keys()
+                .all(|k| !k.as_str().starts_with("x-dead-"))
+        );
+    }
+
+    #[test]
+    fn a_delivery_limit_dead_letter_is_read_from_x_death() {
+        let mut death = FieldTable::default();
+        death.insert("reason".into(), s("delivery_limit"));
+        death.insert("queue".into(), s("orders"));
+        death.insert("count".into(), AMQPValue::LongLongInt(1));
+        death.insert("time".into(), AMQPValue::Timestamp(1_800_000_100));
+        let mut expired = FieldTable::default();
+        expired.insert("reason".into(), s("expired"));
+        expired.insert("queue".into(), s("orders.retry.10s"));
+        let deaths = FieldArray::from(vec![
+            AMQPValue::FieldTable(death),
+            AMQPValue::FieldTable(expired),
+        ]);
+        let p = props(&[
+            ("x-death", AMQPValue::FieldArray(deaths)),
+            ("x-first-death-reason", s("expired")),
+            ("x-attempt", AMQPValue::LongLongInt(2)),
+        ]);
+        let row = read(&p, false);
+        assert_eq!(row.source, Source::Broker);
+        assert_eq!(row.reason, DELIVERY_LIMIT);
+        assert_eq!(row.queue, "orders");
+        assert_eq!(row.attempts, Some(2));
+        assert_eq!(row.died_at.timestamp(), 1_800_000_100);
+        assert_eq!(
+            row.error_normalized,
+            "dead-lettered by the broker from orders: delivery_limit (x-death count <n>)"
+        );
+        assert_eq!(row.headers["x-death"][0]["time"], "2027-01-15T08:01:40Z");
+    }
+
+    #[test]
+    fn a_message_without_either_is_unknown_not_dropped() {
+        let p = BasicProperties::default();
+        let row = read(&p, false);
+        assert_eq!(row.source, Source::Unknown);
+        assert_eq!(row.reason, UNKNOWN);
+        assert_eq!(row.queue, "orders", "the dead queue's work queue");
+        assert_eq!(row.died_at.timestamp(), 1_800_000_000, "now");
+        assert_eq!(row.body, b"{\"id\":1}");
+    }
+
+    #[test]
+    fn the_key_ignores_the_delivery_counters_and_the_redelivered_flag() {
+        let base = [(DEAD_REASON_HEADER, s("rejected"))];
+        let first = read(&props(&base), false);
+        let again = read(
+            &props(&[
+                (DEAD_REASON_HEADER, s("rejected")),
+                ("x-delivery-count", AMQPValue::LongLongInt(1)),
+            ]),
+            true,
+        );
+        assert_eq!(first.dedup_key, again.dedup_key);
+        assert_eq!(first.headers, again.headers);
+        let other = read(&props(&[(DEAD_REASON_HEADER, s("gave-up"))]), false);
+        assert_ne!(first.dedup_key, other.dedup_key);
+    }
+
+    #[test]
+    fn nul_bytes_never_reach_postgres() {
+        let p = props(&[
+            (DEAD_REASON_HEADER, s("rejected")),
+            (DEAD_ERROR_HEADER, s("bad\0byte")),
+            ("x-app", s("a\0b")),
+        ]);
+        let row = read(&p, false);
+        assert_eq!(row.last_error.as_deref(), Some("bad\u{FFFD}byte"));
+        assert!(!contains_nul(&row.headers));
+        assert!(row.amqp_headers.is_some(), "byte strings are kept as bytes");
+    }
+
+    #[test]
+    fn json_headers_back_to_amqp() {
+        let t =
+            json_to_table(&serde_json::json!({"a": "x", "n": 3, "f": 1.5, "b": true, "z": null}));
+        let t = t.inner();
+        assert_eq!(t.get("a"), Some(&s("x")));
+        assert_eq!(t.get("n"), Some(&AMQPValue::LongLongInt(3)));
+        assert_eq!(t.get("f"), Some(&AMQPValue::Double(1.5)));
+        assert_eq!(t.get("b"), Some(&AMQPValue::Boolean(true)));
+        assert_eq!(t.get("z"), Some(&AMQPValue::Void));
+    }
+
+    #[test]
+    fn properties_round_trip_for_replay() {
+        let p = props(&[]).with_timestamp(42).with_expiration("1000".into());
+        let mp = MessageProperties::of(&p);
+        let back = mp.for_replay();
+        assert_eq!(back.message_id(), p.message_id());
+        assert_eq!(back.timestamp(), &Some(42));
+        assert_eq!(back.expiration(), &None, "a replayed copy does not expire");
+        assert_eq!(back.delivery_mode(), &Some(2));
+    }
+}
