@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::admin::ReadinessCheck;
@@ -95,9 +94,13 @@ pub async fn connect_broker(
     })
 }
 
-/// Ready while a trivial query answers.
+/// Ready while the health monitor's last probe succeeded, and is recent.
 #[derive(Debug)]
-pub struct DatabaseCheck(pub PgPool);
+pub struct DatabaseCheck {
+    pub health: job_db_health::HealthHandle,
+    /// A monitor that stopped probing is not trusted past this.
+    pub stale_after: Duration,
+}
 
 impl ReadinessCheck for DatabaseCheck {
     fn name(&self) -> &'static str {
@@ -105,14 +108,7 @@ impl ReadinessCheck for DatabaseCheck {
     }
 
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
-        async move {
-            sqlx::query("SELECT 1")
-                .execute(&self.0)
-                .await
-                .map(|_| ())
-                .map_err(|e| worker_core::error_chain(&e))
-        }
-        .boxed()
+        futures::future::ready(self.health.readiness(Some(self.stale_after))).boxed()
     }
 }
 

@@ -13,7 +13,7 @@ use worker_store::{AdvisoryLease, AttemptLog};
 use crate::metrics::Metrics;
 use crate::observe::ConsumerObserver;
 use crate::scheduler::TimerTask;
-use crate::settings::Settings;
+use crate::settings::{Schedule, Security, Settings};
 use crate::status::{JobEntry, JobStats, TimerStats};
 
 /// What every job is built from.
@@ -30,9 +30,214 @@ pub struct JobsContext {
     pub shutdown: CancellationToken,
 }
 
-/// Starts every job through the tracker; returns their entries for `/status`.
-pub fn start_all(ctx: &JobsContext) -> Vec<JobEntry> {
-    vec![start_outbox_drain(ctx)]
+/// A job that cannot be built from the settings; names the job and why.
+#[derive(Debug, thiserror::Error)]
+#[error("job {job}: {problem}")]
+pub struct JobError {
+    pub job: String,
+    pub problem: String,
+}
+
+fn job_error(job: &str, problem: impl std::fmt::Display) -> JobError {
+    JobError {
+        job: job.to_string(),
+        problem: problem.to_string(),
+    }
+}
+
+/// What the running jobs expose to the rest of the host.
+#[derive(Debug)]
+pub struct Started {
+    pub entries: Vec<JobEntry>,
+    pub health: job_db_health::HealthHandle,
+}
+
+/// Starts every job through the tracker.
+pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
+    let settings = &ctx.settings;
+    let timeouts = &settings.workers.timeouts;
+    let commands = settings.broker.topology.commands_exchange.clone();
+    let mut entries = Vec::new();
+
+    let trigger =
+        job_automation_trigger::AutomationTrigger::new(ctx.pool.clone(), commands.clone());
+    entries.push(
+        start_consumer(ctx, "automation_trigger", trigger, timeouts.automation)
+            .map_err(|e| job_error("automation_trigger", e))?,
+    );
+
+    let executor =
+        job_automation_action::ActionExecutor::new(ctx.pool.clone(), commands, timeouts.webhook)
+            .map_err(|e| job_error("automation_action", e))?;
+    entries.push(
+        start_consumer(ctx, "automation_action", executor, timeouts.automation)
+            .map_err(|e| job_error("automation_action", e))?,
+    );
+
+    let smtp = smtp_config(settings);
+    let sender = job_email_send::EmailSender::new(
+        ctx.pool.clone(),
+        &smtp,
+        &settings.smtp.from,
+        timeouts.email_send,
+    )
+    .map_err(|e| job_error("email_send", e))?;
+    // The runner's limit sits above the send's own, so that the job records its own timeout.
+    let email_timeout = timeouts.email_send + std::time::Duration::from_secs(5);
+    entries.push(
+        start_consumer(ctx, "email_send", sender, email_timeout)
+            .map_err(|e| job_error("email_send", e))?,
+    );
+
+    entries.push(start_outbox_drain(ctx));
+
+    let poller = job_inbound_email_poller::InboundEmailPoller::new(
+        ctx.pool.clone(),
+        poller_config(settings),
+    )
+    .map_err(|e| job_error("inbound_email_poller", e))?;
+    let section = &settings.jobs.inbound_email_poller;
+    entries.push(start_timer(
+        ctx,
+        poller,
+        &section.schedule,
+        section.timeout,
+        Some(ctx.lease.clone()),
+        None,
+    ));
+
+    let section = &settings.jobs.db_health;
+    let health = job_db_health::DbHealth::new(
+        ctx.pool.clone(),
+        job_db_health::DbHealthConfig {
+            probe_timeout: section.probe_timeout,
+            unhealthy_after: section.unhealthy_after,
+        },
+    );
+    let handle = health.handle();
+    // Every replica probes for itself: its own readiness depends on it.
+    entries.push(start_timer(
+        ctx,
+        health,
+        &section.schedule,
+        timeouts.health,
+        None,
+        None,
+    ));
+
+    let section = &settings.jobs.draft_expiry;
+    let drafts = job_draft_expiry::DraftExpiry::new(
+        ctx.pool.clone(),
+        job_draft_expiry::DraftExpiryConfig {
+            batch_size: section.batch_size,
+            max_batches_per_tick: section.max_batches_per_tick,
+        },
+    );
+    entries.push(start_timer(
+        ctx,
+        drafts,
+        &section.schedule,
+        timeouts.draft,
+        Some(ctx.lease.clone()),
+        None,
+    ));
+
+    Ok(Started {
+        entries,
+        health: handle,
+    })
+}
+
+/// The SMTP connection the settings describe.
+pub fn smtp_config(settings: &Settings) -> job_email_send::SmtpConfig {
+    let smtp = &settings.smtp;
+    job_email_send::SmtpConfig {
+        host: smtp.host.clone(),
+        port: smtp.port,
+        security: match smtp.security {
+            Security::Plain => job_email_send::SmtpSecurity::Plain,
+            Security::Starttls => job_email_send::SmtpSecurity::Starttls,
+            Security::Tls => job_email_send::SmtpSecurity::Tls,
+        },
+        username: smtp.username.clone(),
+        password: smtp
+            .password
+            .as_ref()
+            .map(|p| secrecy::SecretString::from(p.expose().to_string())),
+        pool_size: smtp.pool_size,
+        ..job_email_send::SmtpConfig::default()
+    }
+}
+
+/// The poller's accounts and limits as the settings describe them.
+pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerConfig {
+    use job_inbound_email_poller::{ImapAccount, PollerConfig, Security as ImapSecurity};
+    let section = &settings.jobs.inbound_email_poller;
+    PollerConfig {
+        accounts: settings
+            .imap
+            .accounts
+            .iter()
+            .map(|account| ImapAccount {
+                name: account.name.clone(),
+                host: account.host.clone(),
+                port: account.port,
+                security: match account.security {
+                    Security::Plain => ImapSecurity::Plain,
+                    Security::Starttls => ImapSecurity::Starttls,
+                    Security::Tls => ImapSecurity::Tls,
+                },
+                username: account.username.clone(),
+                password: account
+                    .password
+                    .as_ref()
+                    .map(|p| p.expose().to_string())
+                    .unwrap_or_default(),
+                mailbox: account.mailbox.clone(),
+            })
+            .collect(),
+        connect_timeout: settings.workers.timeouts.imap_connect,
+        message_timeout: settings.workers.timeouts.imap_message,
+        max_message_size: section.max_message_bytes,
+        max_body_chars: section.max_body_chars,
+        max_messages_per_account: section.max_messages_per_account,
+        max_message_attempts: section.max_message_attempts,
+        account_concurrency: section.account_concurrency,
+        events_exchange: settings.broker.topology.events_exchange.clone(),
+    }
+}
+
+/// Runs a timer job on its schedule, under the busy guard, the lease (when given) and the
+/// timeout.
+fn start_timer<J: worker_core::TimerJob>(
+    ctx: &JobsContext,
+    job: J,
+    schedule: &Schedule,
+    timeout: std::time::Duration,
+    lease: Option<Arc<AdvisoryLease>>,
+    wake: Option<Arc<Notify>>,
+) -> JobEntry {
+    let stats = Arc::new(TimerStats::default());
+    let entry = JobEntry {
+        name: job.name().to_string(),
+        stats: JobStats::Timer {
+            schedule: schedule.to_string(),
+            stats: stats.clone(),
+        },
+    };
+    let task = TimerTask {
+        job: Arc::new(job),
+        schedule: schedule.clone(),
+        timeout,
+        lease,
+        wake,
+        stats,
+        metrics: ctx.metrics.clone(),
+        attempt_log: ctx.attempt_log.clone(),
+    };
+    ctx.tracker
+        .spawn(task.run(ctx.tracker.clone(), ctx.shutdown.child_token()));
+    entry
 }
 
 /// The outbox drain: on its schedule, and at once when a row commits (LISTEN/NOTIFY). No
@@ -51,28 +256,10 @@ fn start_outbox_drain(ctx: &JobsContext) -> JobEntry {
         wake.clone(),
         ctx.shutdown.child_token(),
     ));
-    let stats = Arc::new(TimerStats::default());
-    let task = TimerTask {
-        job: Arc::new(drain),
-        schedule: section.schedule.clone(),
-        timeout: section
-            .timeout
-            .unwrap_or(ctx.settings.workers.timeouts.outbox_batch),
-        lease: None::<Arc<AdvisoryLease>>,
-        wake: Some(wake),
-        stats: stats.clone(),
-        metrics: ctx.metrics.clone(),
-        attempt_log: ctx.attempt_log.clone(),
-    };
-    ctx.tracker
-        .spawn(task.run(ctx.tracker.clone(), ctx.shutdown.child_token()));
-    JobEntry {
-        name: job_outbox_drain::JOB_NAME.to_string(),
-        stats: JobStats::Timer {
-            schedule: section.schedule.to_string(),
-            stats,
-        },
-    }
+    let timeout = section
+        .timeout
+        .unwrap_or(ctx.settings.workers.timeouts.outbox_batch);
+    start_timer(ctx, drain, &section.schedule, timeout, None, Some(wake))
 }
 
 /// Runs `job` on its queue through the recoverability pipeline, with its section's prefetch,

@@ -156,20 +156,26 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
     };
-    let job_entries = jobs::start_all(&jobs_context);
+    let started = jobs::start_all(&jobs_context).map_err(|e| Fatal {
+        code: exit::USAGE,
+        message: e.to_string(),
+    })?;
 
     if settings.admin.enabled {
         let checks: Vec<Box<dyn ReadinessCheck>> = vec![
-            Box::new(DatabaseCheck(pool.clone())),
+            Box::new(DatabaseCheck {
+                health: started.health.clone(),
+                stale_after: settings.workers.timeouts.health * 3,
+            }),
             Box::new(BrokerCheck(supervisor.status())),
         ];
         let board = StatusBoard {
             installation: settings.installation.clone(),
             started_at: chrono::Utc::now(),
-            jobs: job_entries,
+            jobs: started.entries,
             broker: supervisor.status(),
             alerts: Arc::new(AlertBook::default()),
-            database: Arc::new(DatabaseReading),
+            database: Arc::new(DatabaseReading(started.health.clone())),
         };
         let server = admin::serve(
             settings.admin.listen,
@@ -251,14 +257,13 @@ pub async fn status(settings: &Settings) -> Result<(), Fatal> {
     Ok(())
 }
 
-/// Until the health monitor job reports here, the database line of `/status` says only that
-/// readiness checks it live.
+/// The database line of `/status`: what the health monitor last saw.
 #[derive(Debug)]
-struct DatabaseReading;
+struct DatabaseReading(job_db_health::HealthHandle);
 
 impl Reading for DatabaseReading {
     fn read(&self) -> serde_json::Value {
-        serde_json::json!({"probe": "see /readyz"})
+        serde_json::to_value(self.0.snapshot()).unwrap_or_default()
     }
 }
 

@@ -422,29 +422,79 @@ impl Default for ConsumerJobSettings {
     }
 }
 
-/// The settings of one timer job.
+/// `[jobs.inbound_email_poller]`: the accounts are under `[imap]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TimerJobSettings {
+#[serde(default, deny_unknown_fields)]
+pub struct InboundPollerJobSettings {
     pub schedule: Schedule,
-    /// One tick; unset means the shared timeout of its kind.
-    #[serde(
-        default,
-        with = "humantime_serde",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub timeout: Option<Duration>,
-    /// Rows or items handled per tick, where the job works in batches.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch_size: Option<u32>,
+    /// One tick over every account.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Mail larger than this many bytes is recorded as skipped, without its body.
+    pub max_message_bytes: u64,
+    /// The text and the HTML body are each cut at this many characters.
+    pub max_body_chars: usize,
+    /// Messages handled per account per tick; the rest waits for the next tick.
+    pub max_messages_per_account: u32,
+    /// A message that fails this many ticks in a row is recorded as skipped.
+    pub max_message_attempts: u32,
+    /// Accounts polled at once.
+    pub account_concurrency: usize,
 }
 
-impl TimerJobSettings {
-    fn every(every: Duration, batch_size: Option<u32>) -> Self {
+impl Default for InboundPollerJobSettings {
+    fn default() -> Self {
         Self {
-            schedule: Schedule::Every(every),
-            timeout: None,
-            batch_size,
+            schedule: Schedule::Every(Duration::from_secs(10)),
+            timeout: Duration::from_secs(300),
+            max_message_bytes: 25 * 1024 * 1024,
+            max_body_chars: 100_000,
+            max_messages_per_account: 100,
+            max_message_attempts: 3,
+            account_concurrency: 4,
+        }
+    }
+}
+
+/// `[jobs.db_health]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DbHealthJobSettings {
+    pub schedule: Schedule,
+    /// The probe must answer within this (`workers.timeouts.health` bounds the whole tick).
+    #[serde(with = "humantime_serde")]
+    pub probe_timeout: Duration,
+    /// Failed probes in a row before the database counts as unhealthy.
+    pub unhealthy_after: u32,
+}
+
+impl Default for DbHealthJobSettings {
+    fn default() -> Self {
+        Self {
+            schedule: Schedule::Every(Duration::from_secs(5)),
+            probe_timeout: Duration::from_secs(5),
+            unhealthy_after: 1,
+        }
+    }
+}
+
+/// `[jobs.draft_expiry]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DraftExpiryJobSettings {
+    pub schedule: Schedule,
+    /// Drafts expired per batch (one short transaction).
+    pub batch_size: u32,
+    /// Batches per tick at most; a larger backlog is worked off over several ticks.
+    pub max_batches_per_tick: u32,
+}
+
+impl Default for DraftExpiryJobSettings {
+    fn default() -> Self {
+        Self {
+            schedule: Schedule::Every(Duration::from_secs(60)),
+            batch_size: 1000,
+            max_batches_per_tick: 10,
         }
     }
 }
@@ -478,9 +528,9 @@ pub struct JobsSettings {
     pub automation_action: ConsumerJobSettings,
     pub email_send: ConsumerJobSettings,
     pub outbox_drain: OutboxDrainJobSettings,
-    pub inbound_email_poller: TimerJobSettings,
-    pub db_health: TimerJobSettings,
-    pub draft_expiry: TimerJobSettings,
+    pub inbound_email_poller: InboundPollerJobSettings,
+    pub db_health: DbHealthJobSettings,
+    pub draft_expiry: DraftExpiryJobSettings,
 }
 
 impl Default for JobsSettings {
@@ -490,9 +540,9 @@ impl Default for JobsSettings {
             automation_action: ConsumerJobSettings::default(),
             email_send: ConsumerJobSettings::default(),
             outbox_drain: OutboxDrainJobSettings::default(),
-            inbound_email_poller: TimerJobSettings::every(Duration::from_secs(10), Some(100)),
-            db_health: TimerJobSettings::every(Duration::from_secs(5), None),
-            draft_expiry: TimerJobSettings::every(Duration::from_secs(60), Some(1000)),
+            inbound_email_poller: InboundPollerJobSettings::default(),
+            db_health: DbHealthJobSettings::default(),
+            draft_expiry: DraftExpiryJobSettings::default(),
         }
     }
 }
@@ -760,14 +810,62 @@ impl Settings {
                 durations.push((format!("jobs.{name}.retry.max_delay"), retry.max_delay));
             }
         }
-        for (name, job) in self.jobs.timers() {
-            if let Some(timeout) = job.timeout {
-                durations.push((format!("jobs.{name}.timeout"), timeout));
+        let jobs = &self.jobs;
+        durations.push((
+            "jobs.inbound_email_poller.timeout".into(),
+            jobs.inbound_email_poller.timeout,
+        ));
+        durations.push((
+            "jobs.db_health.probe_timeout".into(),
+            jobs.db_health.probe_timeout,
+        ));
+        for (key, value) in [
+            (
+                "jobs.inbound_email_poller.max_message_bytes",
+                jobs.inbound_email_poller.max_message_bytes,
+            ),
+            (
+                "jobs.inbound_email_poller.max_body_chars",
+                jobs.inbound_email_poller.max_body_chars as u64,
+            ),
+            (
+                "jobs.inbound_email_poller.max_messages_per_account",
+                u64::from(jobs.inbound_email_poller.max_messages_per_account),
+            ),
+            (
+                "jobs.inbound_email_poller.max_message_attempts",
+                u64::from(jobs.inbound_email_poller.max_message_attempts),
+            ),
+            (
+                "jobs.inbound_email_poller.account_concurrency",
+                jobs.inbound_email_poller.account_concurrency as u64,
+            ),
+            (
+                "jobs.db_health.unhealthy_after",
+                u64::from(jobs.db_health.unhealthy_after),
+            ),
+            (
+                "jobs.draft_expiry.batch_size",
+                u64::from(jobs.draft_expiry.batch_size),
+            ),
+            (
+                "jobs.draft_expiry.max_batches_per_tick",
+                u64::from(jobs.draft_expiry.max_batches_per_tick),
+            ),
+        ] {
+            if value == 0 {
+                fail(key, "expected a positive number, found 0".into());
             }
-            if job.batch_size == Some(0) {
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, account) in self.imap.accounts.iter().enumerate() {
+            if !names.insert(account.name.as_str()) {
                 fail(
-                    &format!("jobs.{name}.batch_size"),
-                    "expected a positive number, found 0".into(),
+                    &format!("imap.accounts[{i}].name"),
+                    format!(
+                        "expected a unique account name, but `{}` is used twice",
+                        account.name
+                    ),
                 );
             }
         }
@@ -859,16 +957,6 @@ impl Settings {
                 &jobs.email_send,
                 worker_broker::QueueDefaults::email_send(topology),
             ),
-        ]
-    }
-}
-
-impl JobsSettings {
-    pub fn timers(&self) -> [(&'static str, &TimerJobSettings); 3] {
-        [
-            ("inbound_email_poller", &self.inbound_email_poller),
-            ("db_health", &self.db_health),
-            ("draft_expiry", &self.draft_expiry),
         ]
     }
 }
