@@ -34,6 +34,11 @@ pub enum Command {
     /// Print the running host's status (jobs, broker, database, active alerts) as JSON, read
     /// from its admin endpoint `/status`.
     Status,
+    /// Load automations into the database.
+    Automations {
+        #[command(subcommand)]
+        action: AutomationsAction,
+    },
     /// Inspect the transactional outbox and put failed rows back.
     Outbox {
         #[command(subcommand)]
@@ -81,5 +86,18 @@ pub enum OutboxAction {
         /// Every failed row.
         #[arg(long)]
         all_failed: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AutomationsAction {
+    /// Import (create or update, by id or else by name) the automations of a TOML or JSON
+    /// file, all or none.
+    Import {
+        /// The file; its extension (.toml or .json) names the format.
+        file: PathBuf,
+        /// Validate the file without touching the database.
+        #[arg(long)]
+        dry_run: bool,
     },
 }

@@ -68,6 +68,7 @@ fn main() -> ExitCode {
             Command::Migrate => run::migrate(&settings).await,
             Command::Status => run::status(&settings).await,
             Command::Outbox { action } => run::outbox(&settings, action).await,
+            Command::Automations { action } => run::automations(&settings, action).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => run::topology(&settings).await,

@@ -128,6 +128,15 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
                 .await
                 .map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
         }
+        for file in &settings.automations_files {
+            let report = job_automation_trigger::import::import_file(&pool, file)
+                .await
+                .map_err(|e| Fatal {
+                    code: exit::USAGE,
+                    message: format!("importing automations from {}: {e}", file.display()),
+                })?;
+            tracing::info!(file = %file.display(), "automations imported:\n{report}");
+        }
         declare_topology(&settings).await?;
         let topology = settings.topology().map_err(topology_failure)?;
         let supervisor =
@@ -338,6 +347,36 @@ pub async fn outbox(settings: &Settings, action: crate::cli::OutboxAction) -> Re
             println!("{count} failed outbox rows are pending again");
         }
     }
+    pool.close().await;
+    Ok(())
+}
+
+/// `worker-host automations import FILE`.
+pub async fn automations(
+    settings: &Settings,
+    action: crate::cli::AutomationsAction,
+) -> Result<(), Fatal> {
+    let crate::cli::AutomationsAction::Import { file, dry_run } = action;
+    let invalid = |e: job_automation_trigger::import::ImportError| Fatal {
+        code: exit::USAGE,
+        message: format!("{}: {e}", file.display()),
+    };
+    if dry_run {
+        let definitions = job_automation_trigger::import::load_file(&file).map_err(invalid)?;
+        println!(
+            "{}: {} automations, all valid",
+            file.display(),
+            definitions.len()
+        );
+        return Ok(());
+    }
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(Fatal::unavailable)?;
+    let report = job_automation_trigger::import::import_file(&pool, &file)
+        .await
+        .map_err(invalid)?;
+    println!("{report}");
     pool.close().await;
     Ok(())
 }

@@ -26,6 +26,9 @@ pub const ENV_PREFIX: &str = "WORKER_HOST__";
 pub struct Settings {
     /// Which client installation this host serves; a resource attribute of every trace.
     pub installation: String,
+    /// Automation files (TOML or JSON) imported at start, by name: for demos and fixed
+    /// installations. The platform normally writes automations itself.
+    pub automations_files: Vec<PathBuf>,
     pub database: DatabaseSettings,
     pub broker: BrokerSettings,
     pub smtp: SmtpSettings,
@@ -40,6 +43,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             installation: "local".into(),
+            automations_files: Vec::new(),
             database: DatabaseSettings::default(),
             broker: BrokerSettings::default(),
             smtp: SmtpSettings::default(),
@@ -888,6 +892,14 @@ impl Settings {
                 fail(
                     &format!("imap.accounts[{i}].port"),
                     "expected a port number from 1 to 65535, found 0".into(),
+                );
+            }
+        }
+        for (i, file) in self.automations_files.iter().enumerate() {
+            if let Err(e) = job_automation_trigger::import::load_file(file) {
+                fail(
+                    &format!("automations_files[{i}]"),
+                    format!("expected a valid automations file: {e}"),
                 );
             }
         }
