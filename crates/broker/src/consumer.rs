@@ -206,6 +206,18 @@ pub struct Settled<'a> {
 /// The host's hook for metrics: every in-process try and every settled delivery.
 pub trait ConsumerEvents: Send + Sync {
     fn on_try(&self, _queue: &str, _record: &TryRecord<'_>) {}
+    /// Every in-process try, with the delivery it belongs to: its message id and its attempt
+    /// across parks (for the attempt log). The runner calls this one; by default it calls
+    /// [`on_try`](Self::on_try).
+    fn on_delivery_try(
+        &self,
+        queue: &str,
+        _message_id: Option<&str>,
+        _attempt: u32,
+        record: &TryRecord<'_>,
+    ) {
+        self.on_try(queue, record);
+    }
     fn on_settled(&self, _settled: &Settled<'_>) {}
 }
 
@@ -740,11 +752,14 @@ async fn nack(channel: &Channel, tag: u64) -> Result<(), String> {
 struct TryForwarder<'a> {
     events: &'a dyn ConsumerEvents,
     queue: &'a str,
+    message_id: Option<&'a str>,
+    attempt: u32,
 }
 
 impl AttemptObserver for TryForwarder<'_> {
     fn on_try(&self, record: &TryRecord<'_>) {
-        self.events.on_try(self.queue, record);
+        self.events
+            .on_delivery_try(self.queue, self.message_id, self.attempt, record);
     }
 }
 
@@ -865,6 +880,8 @@ async fn pipeline<J: ConsumerJob>(
     let observer = TryForwarder {
         events: shared.events.as_ref(),
         queue: &shared.queue.name,
+        message_id: ctx.message_id.as_deref(),
+        attempt,
     };
     let job = &shared.job;
     let input = &input;

@@ -23,9 +23,10 @@
 //!
 //! ## What the host wires
 //!
-//! * consumers: `log.for_unit(&ctx)` (an observer that knows the message id and the delivery
-//!   attempt) or `log` itself, passed to [`worker_core::Retry::observer`]; the runner's
-//!   settled outcome through [`AttemptLog::record_outcome`];
+//! * consumers: from the runner's event hook, each try through [`AttemptLog::record_try`]
+//!   (`ConsumerEvents::on_delivery_try` gives the message id and the delivery attempt) and the
+//!   settled outcome through [`AttemptLog::record_outcome`]; where a [`WorkContext`] is at
+//!   hand, `log.for_unit(&ctx)` is an observer for [`worker_core::Retry::observer`];
 //! * timer jobs: [`AttemptLog::record_tick`] after each [`worker_core::tick_once`];
 //! * retention: [`purge`] on a schedule.
 
@@ -286,6 +287,12 @@ impl AttemptLog {
             log: self.clone(),
             unit: UnitInfo::of(ctx),
         }
+    }
+
+    /// A try of the unit `unit` (for a consumer runner's event hook, which knows the delivery
+    /// but not its [`WorkContext`]). Successful tries are dropped unless successes are logged.
+    pub fn record_try(&self, record: &TryRecord<'_>, unit: &UnitInfo) {
+        self.on_try_of(record, Some(unit));
     }
 
     fn on_try_of(&self, record: &TryRecord<'_>, unit: Option<&UnitInfo>) {
@@ -715,6 +722,47 @@ mod tests {
         assert!(!got[0].is_final);
         assert_eq!(got[1].outcome, "succeeded");
         assert!(got[1].is_final);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_hooks_tries_carry_the_delivery() {
+        let (tx, mut rx) = mpsc::channel(10);
+        let log = AttemptLog {
+            inner: Arc::new(Inner {
+                sender: Some(tx),
+                log_successes: false,
+                dropped: AtomicU64::new(0),
+            }),
+        };
+        let f = failure();
+        let unit = UnitInfo {
+            message_id: Some("m-9".into()),
+            tick: None,
+            attempt: 4,
+        };
+        log.record_try(
+            &TryRecord {
+                job: "executor",
+                attempt: 2,
+                outcome: TryOutcome::Failed,
+                failure: Some(&f),
+                duration: Duration::from_millis(3),
+                will_retry: false,
+            },
+            &unit,
+        );
+        drop(log);
+        let r = rx.recv().await.unwrap();
+        assert_eq!(
+            (
+                r.job.as_str(),
+                r.message_id.as_deref(),
+                r.attempt,
+                r.try_number
+            ),
+            ("executor", Some("m-9"), 4, 2)
+        );
+        assert!(rx.recv().await.is_none());
     }
 
     #[test]
