@@ -11,6 +11,11 @@
 //! * **claim + mark**: the drain's database work alone (claim, mark processed, commit), for
 //!   the ceiling PostgreSQL puts on it.
 //!
+//! Each run also prints the CPU it cost per 1000 rows (broker, this run's PostgreSQL backends,
+//! this process, from `/proc`): on a small machine whose cores the broker, PostgreSQL and the
+//! host share, the ratio follows the CPU ratio, since every core is busy. `BENCH_PROFILE=1`
+//! adds the time of each step of a batch on one lane.
+//!
 //! ```text
 //! cargo bench -p job-outbox-drain --bench drain
 //! BENCH_ROWS=20000 BENCH_BATCH=500 BENCH_IN_FLIGHT=2 BENCH_ROUNDS=3 cargo bench -p job-outbox-drain --bench drain

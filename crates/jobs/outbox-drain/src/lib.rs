@@ -17,8 +17,12 @@
 //!    with a backoff, or mark it `failed` with its error once it has had `max_attempts`;
 //! 4. commit.
 //!
-//! When the first batch is full, `batches_in_flight` batches run at once, so that the database
-//! work of one overlaps the publishing of another and the drain is bounded by the broker.
+//! When the first batch is full, `batches_in_flight` lanes of batches run at once, and each lane
+//! claims and publishes its next batch while the previous one writes its marks and commits, so
+//! that the database work overlaps the publishing and the drain is bounded by the broker. A tick
+//! holds up to `2 × batches_in_flight` pooled connections. The marks commit with
+//! `synchronous_commit = off`: a commit lost to a PostgreSQL crash only publishes its rows
+//! again, which at-least-once allows (the enqueuing transaction stays fully durable).
 //!
 //! ## Guarantees
 //!
