@@ -40,14 +40,19 @@
 //! ## What the host wires
 //!
 //! ```text
-//! let drain = OutboxDrain::new(pool.clone(), supervisor.publisher(..), settings);
 //! let wake = Arc::new(Notify::new());
+//! let drain = OutboxDrain::new(pool.clone(), supervisor.publisher(..), settings)
+//!     .wake_on_backlog(wake.clone());
 //! tracker.spawn(waker::listen(pool.clone(), ListenerSettings::default(), wake.clone(), token.child_token()));
 //! loop {
 //!     select! { schedule tick, wake.notified(), shutdown }
 //!     tick_once(&drain, &busy, None::<&NoLease>, timeout, &ctx).await;  // no lease needed
 //! }
 //! ```
+//!
+//! A tick starts no new batch once its `tick_budget` is spent (keep it below the tick's
+//! timeout, which would drop the batches in flight and publish them again); with a backlog
+//! left it signals the wake-up, so the next tick follows at once.
 //!
 //! The retention sweep of processed rows runs inside ticks, at most once per
 //! `purge_interval`; [`OutboxDrain::purge`] runs it on demand.
@@ -56,11 +61,12 @@ pub mod publish;
 pub mod waker;
 
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -94,6 +100,11 @@ pub struct OutboxDrainSettings {
     /// The retention sweep runs at most this often, inside a tick.
     #[serde(with = "humantime_serde")]
     pub purge_interval: Duration,
+    /// A tick starts no new batch after this long; the batches in flight finish and commit.
+    /// Keep it well below the tick's timeout, which drops a tick (and rolls back the batches
+    /// in flight, to be published again) rather than letting it finish.
+    #[serde(with = "humantime_serde")]
+    pub tick_budget: Duration,
 }
 
 impl Default for OutboxDrainSettings {
@@ -111,6 +122,7 @@ impl Default for OutboxDrainSettings {
             },
             retention: Duration::from_secs(7 * 24 * 3600),
             purge_interval: Duration::from_secs(600),
+            tick_budget: Duration::from_secs(10),
         }
     }
 }
@@ -133,6 +145,9 @@ impl OutboxDrainSettings {
         if self.retention.is_zero() {
             return Err("`retention` must be longer than zero".into());
         }
+        if self.tick_budget.is_zero() {
+            return Err("`tick_budget` must be longer than zero".into());
+        }
         Ok(())
     }
 
@@ -153,10 +168,13 @@ pub struct BatchReport {
     pub failed: u64,
     /// Not tried to the end (broker away, tick cancelled): left pending as they were.
     pub untouched: u64,
+    /// The drain stopped on its tick budget while full batches kept coming: more is due.
+    pub more_due: bool,
 }
 
 impl BatchReport {
     fn add(&mut self, other: &Self) {
+        self.more_due |= other.more_due;
         self.claimed += other.claimed;
         self.published += other.published;
         self.retrying += other.retrying;
@@ -199,6 +217,7 @@ pub struct OutboxDrain {
     publisher: Publisher,
     settings: OutboxDrainSettings,
     last_purge: Mutex<Option<Instant>>,
+    wake: Option<Arc<Notify>>,
 }
 
 impl fmt::Debug for OutboxDrain {
@@ -219,22 +238,34 @@ impl OutboxDrain {
             publisher,
             settings,
             last_purge: Mutex::new(None),
+            wake: None,
         }
+    }
+
+    /// Signals `wake` (the host's wake-up for this job, the one [`listen`] signals) when a
+    /// tick ends on its budget with more rows due, so that the next tick follows at once
+    /// instead of on the schedule.
+    #[must_use]
+    pub fn wake_on_backlog(mut self, wake: Arc<Notify>) -> Self {
+        self.wake = Some(wake);
+        self
     }
 
     pub fn settings(&self) -> &OutboxDrainSettings {
         &self.settings
     }
 
-    /// Drains batches until the outbox is drained, `cancel` fires, or a batch fails.
+    /// Drains batches until the outbox is drained, `cancel` fires, a batch fails, or the tick
+    /// budget is spent (then the report says `more_due`).
     pub async fn drain(&self, cancel: &CancellationToken) -> Result<BatchReport, Failure> {
+        let until = Instant::now() + self.settings.tick_budget;
         let mut total = BatchReport::default();
         let first = self.drain_batch(cancel).await?;
         total.add(&first);
         if !self.is_full(&first) {
             return Ok(total);
         }
-        let lanes = (0..self.settings.batches_in_flight.max(1)).map(|_| self.lane(cancel));
+        let lanes = (0..self.settings.batches_in_flight.max(1)).map(|_| self.lane(cancel, until));
         let mut failure = None;
         for (report, error) in futures::future::join_all(lanes).await {
             total.add(&report);
@@ -256,10 +287,21 @@ impl OutboxDrain {
     /// One lane of batches, while they come back full. The lane is pipelined: batch `k+1` is
     /// claimed and published while batch `k` writes its marks and commits (on another
     /// connection; `SKIP LOCKED` keeps the two apart), so the marks stay off the critical path.
-    async fn lane(&self, cancel: &CancellationToken) -> (BatchReport, Option<Failure>) {
+    async fn lane(
+        &self,
+        cancel: &CancellationToken,
+        until: Instant,
+    ) -> (BatchReport, Option<Failure>) {
         let mut total = BatchReport::default();
         let mut settling = None;
-        while !cancel.is_cancelled() {
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            if Instant::now() >= until {
+                total.more_due = true;
+                break;
+            }
             let next = self.claim_and_publish(cancel);
             let (next, settled) = match settling.take() {
                 Some(settle) => {
@@ -438,6 +480,7 @@ impl OutboxDrain {
             retrying: counts.retrying,
             failed: counts.failed,
             untouched,
+            more_due: false,
         })
     }
 
@@ -479,6 +522,11 @@ impl TimerJob for OutboxDrain {
 
     async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {
         let report = self.drain(&ctx.cancel).await?;
+        if report.more_due
+            && let Some(wake) = &self.wake
+        {
+            wake.notify_one();
+        }
         self.purge_if_due().await;
         let mut tick = TickReport::items(report.published);
         if report.claimed > 0 {

@@ -261,6 +261,66 @@ async fn poisoned_rows_end_failed_without_holding_back_the_rows_behind_them() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_stops_on_its_budget_and_asks_for_the_next_at_once() -> anyhow::Result<()> {
+    let env = Env::create().await?;
+    let recorder = Recorder::start(&env, None).await?;
+    let wake = Arc::new(Notify::new());
+    let drain = env
+        .drain(
+            None,
+            job_outbox_drain::OutboxDrainSettings {
+                tick_budget: ms(1),
+                ..settings(100, 3)
+            },
+        )
+        .await?
+        .wake_on_backlog(wake.clone());
+    env.enqueue("budget", 2_000, ROUTED).await?;
+
+    let busy = worker_core::SkipIfBusy::new("outbox-drain");
+    let ctx = worker_core::WorkContext::new("outbox-drain", CancellationToken::new());
+    let mut ticks = 0;
+    let mut published = 0;
+    loop {
+        let outcome = worker_core::tick_once(
+            &drain,
+            &busy,
+            None::<&worker_core::NoLease>,
+            Duration::from_secs(30),
+            &ctx,
+        )
+        .await;
+        let TickOutcome::Ran(report) = outcome else {
+            panic!("{outcome:?}")
+        };
+        ticks += 1;
+        published += report.items;
+        // Each tick but the last asks for the next one at once.
+        if tokio::time::timeout(ms(1), wake.notified()).await.is_err() {
+            break;
+        }
+        assert!(ticks < 100, "the backlog never drained");
+    }
+    println!("2000 rows in {ticks} ticks of a 1 ms budget");
+    assert!(ticks > 1, "the budget never stopped a tick");
+    assert_eq!(published, 2_000);
+    recorder
+        .wait_until(Duration::from_secs(20), "2000 messages", |s| {
+            s.counts.len() >= 2_000
+        })
+        .await?;
+    {
+        let seen = recorder.seen.lock().unwrap();
+        assert_eq!(
+            seen.deliveries, 2_000,
+            "a tick stopped on its budget publishes nothing twice"
+        );
+    }
+    recorder.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_burns_no_attempts() -> anyhow::Result<()> {
     let env = Env::create().await?;
     let connection = env.connection().await?;
