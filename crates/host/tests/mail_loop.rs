@@ -1,0 +1,904 @@
+//! The mail loop, end to end, with the real `worker-host` binary on the real services: a mail
+//! delivered over SMTP to an IMAP account the host polls is picked up by the inbound poller,
+//! matched by the automation trigger, turned into a reply by the action executor and sent by
+//! the outbound email consumer; the sender reads exactly one reply over IMAP.
+//!
+//! Each test runs its own host, with its own database, vhost, admin port and IMAP accounts
+//! (unique names), and stops it with SIGTERM (exit 0). The tests run one at a time (the
+//! machine is small and shared, and the 4xx test depends on timing), and every wait is
+//! bounded.
+//!
+//! - `the_loop_replies_once_and_a_republished_event_sends_nothing_more`: one reply with
+//!   `Re: <subject>` and In-Reply-To; the same `email.received` event published again by hand
+//!   is dropped by the executor's guard; `/metrics` shows the counts the test produced.
+//! - `a_4xx_parks_the_reply_which_arrives_once_when_the_server_recovers`
+//! - `a_5xx_dead_letters_the_send_as_rejected_and_fails_the_email_row`
+//!
+//! A failed wait prints the tail of the host's log; `MAIL_LOOP_SHOW_LOG=1` prints the whole
+//! log of every host when it stops.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::TryStreamExt;
+use lapin::options::{BasicGetOptions, BasicNackOptions, BasicPublishOptions};
+use lapin::types::AMQPValue;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use lettre::message::Mailbox;
+use lettre::transport::smtp::AsyncSmtpTransport;
+use lettre::{AsyncTransport, Message, Tokio1Executor};
+use worker_testkit::{TestDb, TestVhost};
+
+/// How long any one thing the test waits for may take (the machine is slow and shared).
+const WAIT: Duration = Duration::from_secs(60);
+/// How often a wait looks again.
+const POLL: Duration = Duration::from_millis(200);
+/// How long "nothing more arrives" is watched for.
+const QUIET: Duration = Duration::from_secs(3);
+
+/// One test at a time: each starts a host of its own, on two shared cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The automation under test: a reply to the sender of any mail whose subject contains `ping`.
+const AUTOMATION: &str = r#"
+[[automations]]
+name = "reply-to-ping"
+event_type = "email.received"
+conditions = [{ path = "subject", op = "contains", value = "ping" }]
+
+[[automations.actions]]
+type = "send_email"
+to = ["{{ from }}"]
+subject = "Re: {{ subject }}"
+text = "pong: the worker host got your mail \"{{ subject }}\"."
+"#;
+
+fn short_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host
+// ---------------------------------------------------------------------------------------------
+
+/// A running `worker-host run`, with its settings and its log in a temporary folder. Killed
+/// when dropped if a test ends without stopping it.
+struct Host {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Host {
+    /// Starts the host on the test's database and vhost, polling the IMAP account `account`
+    /// every 500 ms, with short retry tiers for email.send, and waits until `/readyz` is 200.
+    async fn start(db: &TestDb, vhost: &TestVhost, account: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let automations = dir.path().join("automations.toml");
+        std::fs::write(&automations, AUTOMATION)?;
+        let port = free_port();
+        let config = dir.path().join("worker-host.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+installation = "mail-loop-test"
+automations_files = [{automations:?}]
+
+[database]
+name = {db:?}
+password = "worker_host"
+
+[broker]
+vhost = {vhost:?}
+password = "guest"
+
+[admin]
+listen = "127.0.0.1:{port}"
+
+[workers]
+shutdown_grace = "5s"
+
+[[imap.accounts]]
+name = "loop"
+username = {account:?}
+password = "secret"
+
+[jobs.inbound_email_poller]
+schedule = "every 500ms"
+
+[jobs.email_send]
+max_attempts = 10
+
+[jobs.email_send.queue]
+retry_tiers = ["1s", "2s"]
+"#,
+                automations = automations.display().to_string(),
+                db = db.name,
+                vhost = vhost.name,
+            ),
+        )?;
+        let log = dir.path().join("host.log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_worker-host"));
+        command
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .env_remove("WORKER_HOST_CONFIG")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?);
+        // Only this test's file configures the host.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("WORKER_HOST__") {
+                command.env_remove(key);
+            }
+        }
+        let child = command.spawn().context("starting worker-host")?;
+        let mut host = Self {
+            child,
+            port,
+            log,
+            _dir: dir,
+        };
+        let readyz = host.url("/readyz");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(response) = reqwest::get(&readyz).await
+                && response.status().as_u16() == 200
+            {
+                return Ok(host);
+            }
+            if let Ok(Some(status)) = host.child.try_wait() {
+                bail!(
+                    "the host exited with {status} before it was ready:\n{}",
+                    host.log_tail()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "/readyz did not answer 200 within {WAIT:?}:\n{}",
+                    host.log_tail()
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// The last lines the host logged, for failure messages.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(60);
+        format!(
+            "--- last lines of the host's log ---\n{}",
+            lines[from..].join("\n")
+        )
+    }
+
+    async fn get_text(&self, path: &str) -> anyhow::Result<String> {
+        let response = reqwest::Client::new()
+            .get(self.url(path))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?;
+        let status = response.status();
+        let text = response.text().await?;
+        if !status.is_success() {
+            bail!("{path}: HTTP {status}: {text}");
+        }
+        Ok(text)
+    }
+
+    /// `/metrics`, parsed.
+    async fn metrics(&self) -> anyhow::Result<Metrics> {
+        Ok(Metrics(self.get_text("/metrics").await?))
+    }
+
+    /// The counts `/status` shows for one job.
+    async fn counts(&self, job: &str) -> anyhow::Result<serde_json::Value> {
+        let status: serde_json::Value = serde_json::from_str(&self.get_text("/status").await?)?;
+        status["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|j| j["name"] == job))
+            .map(|j| j["counts"].clone())
+            .with_context(|| format!("no job {job} on /status: {status}"))
+    }
+
+    async fn count(&self, job: &str, key: &str) -> anyhow::Result<u64> {
+        let counts = self.counts(job).await?;
+        counts[key]
+            .as_u64()
+            .with_context(|| format!("no count {key} for {job}: {counts}"))
+    }
+
+    /// Waits until `probe` returns `Some`, at most [`WAIT`]; fails naming `what`, the last
+    /// error of the probe and the tail of the host's log.
+    async fn wait_for<T, F, Fut>(&self, what: &str, mut probe: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = anyhow::Result<Option<T>>>,
+    {
+        let deadline = Instant::now() + WAIT;
+        let mut last = String::from("(no answer yet)");
+        loop {
+            match probe().await {
+                Ok(Some(value)) => return value,
+                Ok(None) => {}
+                Err(err) => last = format!("{err:#}"),
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{what}: not within {WAIT:?} (last error: {last})\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGTERM, then the exit code (None if it did not exit within 30 s and was killed).
+    async fn stop(&mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+
+    /// Stops the host and asserts it exited with 0.
+    async fn stop_cleanly(mut self) {
+        let code = self.stop().await;
+        if std::env::var_os("MAIL_LOOP_SHOW_LOG").is_some() {
+            eprintln!("{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        }
+        assert_eq!(
+            code,
+            Some(0),
+            "SIGTERM must stop the host with exit 0\n{}",
+            self.log_tail()
+        );
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A Prometheus text scrape.
+struct Metrics(String);
+
+impl Metrics {
+    /// The sum of the samples of `name` whose labels include all of `want`.
+    fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
+        self.0
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let (metric, labels) = match series.split_once('{') {
+                    Some((metric, rest)) => (metric, parse_labels(rest.strip_suffix('}')?)),
+                    None => (series, BTreeMap::new()),
+                };
+                let selected = metric == name
+                    && want
+                        .iter()
+                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v));
+                selected.then(|| value.parse::<f64>().ok()).flatten()
+            })
+            .sum()
+    }
+
+    fn messages(&self, job: &str, outcome: &str) -> f64 {
+        self.sum(
+            "worker_messages_total",
+            &[("job", job), ("outcome", outcome)],
+        )
+    }
+}
+
+/// `a="x",b="y \"quoted\""` into a map.
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        if key.is_empty() || chars.next() != Some('"') {
+            return labels;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => {}
+                },
+                '"' => break,
+                other => value.push(other),
+            }
+        }
+        labels.insert(key.trim().to_string(), value);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mail
+// ---------------------------------------------------------------------------------------------
+
+/// The addresses of one test: the account the host polls and the sender of the ping, whose
+/// mailbox receives the reply. Both unique, so no test sees another's mail.
+struct Mailboxes {
+    account: String,
+    sender: String,
+}
+
+impl Mailboxes {
+    fn new(prefix: &str) -> Self {
+        let id = short_id();
+        Self {
+            account: format!("loop-{prefix}-{id}"),
+            sender: format!("sender-{prefix}-{id}"),
+        }
+    }
+
+    fn account_address(&self) -> String {
+        format!("{}@localhost", self.account)
+    }
+
+    fn sender_address(&self) -> String {
+        format!("{}@localhost", self.sender)
+    }
+}
+
+/// Sends the ping from `from` to `to` over the local SMTP server; returns its Message-ID
+/// (without angle brackets).
+async fn send_ping(from: &str, to: &str, subject: &str) -> anyhow::Result<String> {
+    let message_id = format!("ping-{}@mail-loop.test", uuid::Uuid::new_v4().simple());
+    let mail = Message::builder()
+        .from(from.parse::<Mailbox>()?)
+        .to(to.parse::<Mailbox>()?)
+        .subject(subject)
+        .message_id(Some(format!("<{message_id}>")))
+        .body("are you there?".to_string())?;
+    let addr = worker_testkit::smtp_addr();
+    let (host, port) = addr.rsplit_once(':').context("WH_TEST_SMTP is host:port")?;
+    let smtp = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
+        .port(port.parse()?)
+        .timeout(Some(Duration::from_secs(20)))
+        .build();
+    smtp.send(mail).await.context("sending the ping")?;
+    Ok(message_id)
+}
+
+/// A mail as read back over IMAP.
+#[derive(Debug)]
+struct Received {
+    subject: Option<String>,
+    in_reply_to: Vec<String>,
+    to: Vec<String>,
+}
+
+fn parse_mail(raw: &[u8]) -> anyhow::Result<Received> {
+    let message = mail_parser::MessageParser::default()
+        .parse(raw)
+        .context("a mail that does not parse")?;
+    let in_reply_to = match message.in_reply_to() {
+        mail_parser::HeaderValue::Text(id) => vec![id.to_string()],
+        mail_parser::HeaderValue::TextList(ids) => ids.iter().map(|id| id.to_string()).collect(),
+        _ => Vec::new(),
+    };
+    let to = message
+        .to()
+        .map(|to| {
+            to.iter()
+                .filter_map(|a| a.address().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Received {
+        subject: message.subject().map(str::to_string),
+        in_reply_to,
+        to,
+    })
+}
+
+/// Every mail in `user`'s INBOX, read over IMAP (read-only, so nothing changes).
+async fn inbox(user: &str) -> anyhow::Result<Vec<Received>> {
+    let raw = tokio::time::timeout(Duration::from_secs(20), async {
+        let stream = tokio::net::TcpStream::connect(worker_testkit::imap_addr()).await?;
+        let mut client = async_imap::Client::new(stream);
+        let _greeting = client.read_response().await?;
+        let mut session = client.login(user, "secret").await.map_err(|(err, _)| err)?;
+        session.examine("INBOX").await?;
+        let found = session.search("ALL").await?;
+        let mut raw = Vec::new();
+        if !found.is_empty() {
+            let mut seqs: Vec<u32> = found.into_iter().collect();
+            seqs.sort_unstable();
+            let set: Vec<String> = seqs.iter().map(u32::to_string).collect();
+            let fetched: Vec<_> = session
+                .fetch(set.join(","), "RFC822")
+                .await?
+                .try_collect()
+                .await?;
+            raw.extend(
+                fetched
+                    .iter()
+                    .map(|f| f.body().unwrap_or_default().to_vec()),
+            );
+        }
+        session.logout().await?;
+        anyhow::Ok(raw)
+    })
+    .await
+    .with_context(|| format!("reading {user}'s INBOX over IMAP timed out"))??;
+    raw.iter().map(|m| parse_mail(m)).collect()
+}
+
+/// While it lives, the local SMTP server answers RCPT for `address` with `reply`.
+struct SmtpFailSwitch {
+    path: PathBuf,
+}
+
+impl SmtpFailSwitch {
+    fn set(address: &str, reply: &str) -> anyhow::Result<Self> {
+        let dir = worker_testkit::services_dir().join("smtp-fail");
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(address);
+        std::fs::write(&path, format!("{reply}\n"))
+            .with_context(|| format!("writing the switch {}", path.display()))?;
+        Ok(Self { path })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SmtpFailSwitch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database and broker
+// ---------------------------------------------------------------------------------------------
+
+/// The outbound email rows: (status, attempts, last_error, in_reply_to, to).
+type EmailRow = (String, i32, Option<String>, Option<String>, Vec<String>);
+
+async fn outbound_emails(db: &TestDb) -> anyhow::Result<Vec<EmailRow>> {
+    Ok(sqlx::query_as(
+        "SELECT status, attempts, last_error, in_reply_to, to_addresses \
+         FROM outbound_emails ORDER BY created_at",
+    )
+    .fetch_all(&db.pool)
+    .await?)
+}
+
+async fn count_rows(db: &TestDb, sql: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(sql).fetch_one(&db.pool).await?)
+}
+
+/// An outbox row as published: (message_id, message_type, content_type, exchange, body).
+type OutboxRow = (String, Option<String>, Option<String>, String, Vec<u8>);
+
+/// Publishes the `email.received` event of the outbox row a second time, by hand, to the
+/// events exchange of the test's vhost, with the properties the outbox drain gives it.
+async fn republish_email_received(db: &TestDb, vhost: &TestVhost) -> anyhow::Result<()> {
+    let rows: Vec<OutboxRow> = sqlx::query_as(
+        "SELECT message_id, message_type, content_type, exchange, body FROM outbox \
+         WHERE routing_key = 'email.received' ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    let [(message_id, message_type, content_type, exchange, body)] = rows.as_slice() else {
+        bail!(
+            "expected one email.received outbox row, found {}",
+            rows.len()
+        );
+    };
+    assert_eq!(exchange, "events");
+    let connection =
+        Connection::connect(&vhost.amqp_url(), ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(Default::default()).await?;
+    let properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(message_id.as_str().into())
+        .with_type(message_type.as_deref().unwrap_or("email.received").into())
+        .with_content_type(content_type.as_deref().unwrap_or("application/json").into());
+    let confirm = channel
+        .basic_publish(
+            "events".into(),
+            "email.received".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            body,
+            properties,
+        )
+        .await?
+        .await?;
+    if confirm.take_message().is_some() {
+        bail!("the republished email.received event was returned unroutable");
+    }
+    let _ = connection.close(200, "done".into()).await;
+    Ok(())
+}
+
+/// How a dead letter of email.send was seen: (reason, error), from the archive table when an
+/// archiver took it there, else from the message in `email.send.dead` (left in place).
+async fn email_send_dead_letter(
+    db: &TestDb,
+    channel: &lapin::Channel,
+) -> anyhow::Result<Option<(String, String)>> {
+    let archived: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT reason, last_error FROM dead_letters WHERE queue = 'email.send' ORDER BY id LIMIT 1",
+    )
+    .fetch_optional(&db.pool)
+    .await?;
+    if let Some((reason, error)) = archived {
+        return Ok(Some((reason, error.unwrap_or_default())));
+    }
+    let Some(message) = channel
+        .basic_get("email.send.dead".into(), BasicGetOptions { no_ack: false })
+        .await?
+    else {
+        return Ok(None);
+    };
+    let delivery = message.delivery;
+    let header = |key: &str| -> String {
+        match delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(key))
+        {
+            Some(AMQPValue::LongString(s)) => s.to_string(),
+            Some(AMQPValue::ShortString(s)) => s.to_string(),
+            Some(other) => format!("{other:?}"),
+            None => String::new(),
+        }
+    };
+    let found = (header("x-dead-reason"), header("x-dead-error"));
+    // Back where it was: the dead letter is for operators, not for this test to take.
+    channel
+        .basic_nack(
+            delivery.delivery_tag,
+            BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            },
+        )
+        .await?;
+    Ok(Some(found))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests
+// ---------------------------------------------------------------------------------------------
+
+/// Checks the sender's INBOX holds exactly one mail, the reply to `subject` threaded on
+/// `message_id`, now and after [`QUIET`].
+async fn assert_one_reply(host: &Host, boxes: &Mailboxes, subject: &str, message_id: &str) {
+    let sender = boxes.sender.as_str();
+    let mails = host
+        .wait_for("the reply in the sender's INBOX", || async move {
+            let mails = inbox(sender).await?;
+            Ok((!mails.is_empty()).then_some(mails))
+        })
+        .await;
+    assert_eq!(mails.len(), 1, "exactly one reply: {mails:?}");
+    let reply = &mails[0];
+    assert_eq!(
+        reply.subject.as_deref(),
+        Some(format!("Re: {subject}").as_str())
+    );
+    assert_eq!(reply.in_reply_to, vec![message_id.to_string()], "{reply:?}");
+    assert_eq!(reply.to, vec![boxes.sender_address()], "{reply:?}");
+
+    tokio::time::sleep(QUIET).await;
+    let mails = inbox(sender).await.unwrap();
+    assert_eq!(mails.len(), 1, "still exactly one reply: {mails:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loop_replies_once_and_a_republished_event_sends_nothing_more() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let db = TestDb::create_empty().await?;
+    let vhost = TestVhost::create().await?;
+    let boxes = Mailboxes::new("ok");
+    let host = Host::start(&db, &vhost, &boxes.account).await?;
+    eprintln!("host ready after {:?}", started.elapsed());
+
+    let subject = format!("ping from the loop test {}", short_id());
+    let message_id = send_ping(&boxes.sender_address(), &boxes.account_address(), &subject).await?;
+    let sent_at = Instant::now();
+    assert_one_reply(&host, &boxes, &subject, &message_id).await;
+    eprintln!(
+        "reply read (and {QUIET:?} of quiet) {:?} after the ping",
+        sent_at.elapsed()
+    );
+
+    // What the loop left in the database: one inbound mail, one execution, one sent email.
+    let inbound: Vec<(Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT message_id, from_address FROM inbound_emails")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(
+        inbound,
+        vec![(Some(message_id.clone()), Some(boxes.sender_address()))]
+    );
+    let emails = outbound_emails(&db).await?;
+    assert_eq!(emails.len(), 1, "{emails:?}");
+    assert_eq!(emails[0].0, "sent", "{emails:?}");
+    assert_eq!(emails[0].3.as_deref(), Some(message_id.as_str()));
+
+    // Metrics: the three consumers each settled one delivery as succeeded, the poller ran.
+    let host_ref = &host;
+    let metrics = host
+        .wait_for("the succeeded counts on /metrics", || async move {
+            let m = host_ref.metrics().await?;
+            let done = m.messages("automation-trigger", "succeeded") >= 1.0
+                && m.messages("automation-action", "succeeded") >= 1.0
+                && m.messages("email-send", "succeeded") >= 1.0;
+            Ok(done.then_some(m))
+        })
+        .await;
+    assert_eq!(metrics.messages("automation-trigger", "succeeded"), 1.0);
+    assert_eq!(metrics.messages("automation-action", "succeeded"), 1.0);
+    assert_eq!(metrics.messages("email-send", "succeeded"), 1.0);
+    for job in ["automation-trigger", "automation-action", "email-send"] {
+        for outcome in ["duplicate", "parked", "dead-lettered"] {
+            assert_eq!(
+                metrics.messages(job, outcome),
+                0.0,
+                "{job} {outcome}:\n{}",
+                metrics.0
+            );
+        }
+    }
+    let ran = metrics.sum(
+        "worker_ticks_total",
+        &[("job", "inbound-email-poller"), ("outcome", "ran")],
+    );
+    assert!(ran > 0.0, "the poller's ticks:\n{}", metrics.0);
+
+    // The same email.received event once more, by hand: the trigger matches it again, the
+    // executor's guard drops the command, and no second reply goes out.
+    republish_email_received(&db, &vhost).await?;
+    host.wait_for(
+        "the republished event handled (trigger 2 succeeded, executor 1 duplicate)",
+        || async move {
+            let m = host_ref.metrics().await?;
+            Ok((m.messages("automation-trigger", "succeeded") >= 2.0
+                && m.messages("automation-action", "duplicate") >= 1.0)
+                .then_some(()))
+        },
+    )
+    .await;
+    tokio::time::sleep(QUIET).await;
+    let mails = inbox(&boxes.sender).await?;
+    assert_eq!(mails.len(), 1, "no second reply: {mails:?}");
+    let metrics = host.metrics().await?;
+    assert_eq!(metrics.messages("automation-trigger", "succeeded"), 2.0);
+    assert_eq!(metrics.messages("automation-action", "succeeded"), 1.0);
+    assert_eq!(metrics.messages("automation-action", "duplicate"), 1.0);
+    assert_eq!(metrics.messages("email-send", "succeeded"), 1.0);
+    assert_eq!(metrics.messages("email-send", "duplicate"), 0.0);
+    assert_eq!(outbound_emails(&db).await?.len(), 1);
+    assert_eq!(
+        count_rows(&db, "SELECT count(*) FROM action_executions").await?,
+        1
+    );
+    assert_eq!(
+        count_rows(&db, "SELECT count(*) FROM automation_trigger_log").await?,
+        2,
+        "the duplicate event logs its match again"
+    );
+    // /status agrees with /metrics.
+    assert_eq!(host.count("automation-trigger", "succeeded").await?, 2);
+    assert_eq!(host.count("automation-action", "duplicate").await?, 1);
+    assert_eq!(host.count("email-send", "succeeded").await?, 1);
+
+    host.stop_cleanly().await;
+    eprintln!("test done in {:?}", started.elapsed());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4xx_parks_the_reply_which_arrives_once_when_the_server_recovers() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let db = TestDb::create_empty().await?;
+    let vhost = TestVhost::create().await?;
+    let boxes = Mailboxes::new("4xx");
+    let switch = SmtpFailSwitch::set(&boxes.sender_address(), "451 4.3.0 try later")?;
+    let host = Host::start(&db, &vhost, &boxes.account).await?;
+
+    let subject = format!("ping while the server says later {}", short_id());
+    let message_id = send_ping(&boxes.sender_address(), &boxes.account_address(), &subject).await?;
+    let sent_at = Instant::now();
+
+    // The send is refused with 451, tried again in process, then parked in a retry tier.
+    let host_ref = &host;
+    host.wait_for("email-send parked at least once", || async move {
+        let parked = host_ref.count("email-send", "parked").await?;
+        Ok((parked >= 1).then_some(()))
+    })
+    .await;
+    eprintln!("parked {:?} after the ping", sent_at.elapsed());
+    let metrics = host.metrics().await?;
+    assert!(
+        metrics.messages("email-send", "parked") >= 1.0,
+        "{}",
+        metrics.0
+    );
+    let emails = outbound_emails(&db).await?;
+    assert_eq!(emails.len(), 1, "{emails:?}");
+    let (status, attempts, last_error, _, _) = &emails[0];
+    assert_eq!(status, "queued", "{emails:?}");
+    assert!(*attempts >= 1, "{emails:?}");
+    assert!(
+        last_error.as_deref().unwrap_or_default().contains("451"),
+        "the row keeps the server's answer: {emails:?}"
+    );
+    assert!(
+        inbox(&boxes.sender).await?.is_empty(),
+        "nothing delivered while refused"
+    );
+
+    // The server recovers: the next attempt out of the retry tier sends the reply, once.
+    std::fs::remove_file(switch.path())?;
+    drop(switch);
+    let recovered_at = Instant::now();
+    assert_one_reply(&host, &boxes, &subject, &message_id).await;
+    eprintln!(
+        "reply read (and {QUIET:?} of quiet) {:?} after the server recovered",
+        recovered_at.elapsed()
+    );
+
+    let emails = outbound_emails(&db).await?;
+    assert_eq!(emails.len(), 1, "{emails:?}");
+    assert_eq!(emails[0].0, "sent", "{emails:?}");
+    assert!(
+        emails[0].1 >= 2,
+        "a failed try and the one that worked: {emails:?}"
+    );
+    let metrics = host
+        .wait_for("email-send succeeded on /metrics", || async move {
+            let m = host_ref.metrics().await?;
+            Ok((m.messages("email-send", "succeeded") >= 1.0).then_some(m))
+        })
+        .await;
+    assert_eq!(metrics.messages("email-send", "succeeded"), 1.0);
+    assert_eq!(metrics.messages("email-send", "dead-lettered"), 0.0);
+    assert_eq!(vhost.queue_depth("email.send.dead").await?, 0);
+
+    host.stop_cleanly().await;
+    eprintln!("test done in {:?}", started.elapsed());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_dead_letters_the_send_as_rejected_and_fails_the_email_row() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let db = TestDb::create_empty().await?;
+    let vhost = TestVhost::create().await?;
+    let boxes = Mailboxes::new("5xx");
+    let answer = "550 5.1.1 no such user";
+    let _switch = SmtpFailSwitch::set(&boxes.sender_address(), answer)?;
+    let host = Host::start(&db, &vhost, &boxes.account).await?;
+
+    let subject = format!("ping to a sender who does not exist {}", short_id());
+    send_ping(&boxes.sender_address(), &boxes.account_address(), &subject).await?;
+    let sent_at = Instant::now();
+
+    // The command is dead-lettered as `rejected`, with the server's answer.
+    let connection =
+        Connection::connect(&vhost.amqp_url(), ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    let (db_ref, channel_ref) = (&db, &channel);
+    let (reason, error) = host
+        .wait_for("the email.send command dead-lettered", || async move {
+            email_send_dead_letter(db_ref, channel_ref).await
+        })
+        .await;
+    eprintln!("dead-lettered {:?} after the ping", sent_at.elapsed());
+    assert_eq!(reason, "rejected", "error: {error}");
+    assert!(error.contains(answer), "the dead letter's error: {error}");
+
+    // The email row is `failed` with the server's answer.
+    let emails = host
+        .wait_for("the outbound email row failed", || async move {
+            let emails = outbound_emails(db_ref).await?;
+            Ok(emails.iter().any(|e| e.0 == "failed").then_some(emails))
+        })
+        .await;
+    assert_eq!(emails.len(), 1, "{emails:?}");
+    let (status, attempts, last_error, _, to) = &emails[0];
+    assert_eq!(status, "failed");
+    assert!(*attempts >= 1, "{emails:?}");
+    assert_eq!(to, &vec![boxes.sender_address()]);
+    assert!(
+        last_error.as_deref().unwrap_or_default().contains(answer),
+        "last_error keeps the server's answer: {emails:?}"
+    );
+
+    // Counted as dead-lettered `rejected`, never parked, never sent.
+    let host_ref = &host;
+    let metrics = host
+        .wait_for("email-send dead-lettered on /metrics", || async move {
+            let m = host_ref.metrics().await?;
+            Ok((m.messages("email-send", "dead-lettered") >= 1.0).then_some(m))
+        })
+        .await;
+    assert_eq!(
+        metrics.sum(
+            "worker_messages_total",
+            &[
+                ("job", "email-send"),
+                ("outcome", "dead-lettered"),
+                ("reason", "rejected"),
+            ],
+        ),
+        1.0,
+        "{}",
+        metrics.0
+    );
+    assert_eq!(metrics.messages("email-send", "parked"), 0.0);
+    assert_eq!(metrics.messages("email-send", "succeeded"), 0.0);
+    assert_eq!(host.count("email-send", "dead_lettered").await?, 1);
+
+    tokio::time::sleep(QUIET).await;
+    let mails = inbox(&boxes.sender).await?;
+    assert!(mails.is_empty(), "no reply arrives: {mails:?}");
+    let _ = connection.close(200, "done".into()).await;
+
+    host.stop_cleanly().await;
+    eprintln!("test done in {:?}", started.elapsed());
+    Ok(())
+}
