@@ -18,10 +18,18 @@
 //!
 //! ```text
 //! cargo bench -p job-outbox-drain --bench drain
-//! BENCH_ROWS=20000 BENCH_BATCH=500 BENCH_IN_FLIGHT=2 BENCH_ROUNDS=3 cargo bench -p job-outbox-drain --bench drain
+//! BENCH_ROWS=20000 BENCH_BATCH=500 BENCH_IN_FLIGHT=3 BENCH_ROUNDS=6 cargo bench -p job-outbox-drain --bench drain
 //! ```
 //!
 //! Needs the local services (`scripts/services.sh up`).
+//!
+//! ## Figures (2 cores shared with other builds and tests, load average 2–4)
+//!
+//! `BENCH_IN_FLIGHT=3 BENCH_ROUNDS=6`: bare 9.7k–13.4k rows/s, drain 6.5k–9.2k rows/s, ratio
+//! per round 0.63–0.91, median 0.83. With 2 in flight: median 0.75. CPU per 1000 rows: bare
+//! ≈ broker 100 ms + publisher 36 ms; drain ≈ broker 100 ms + PostgreSQL 35 ms + host 50 ms.
+//! Every core is busy, so the ratio follows the CPU ratio; claim + mark alone runs at
+//! 25k–33k rows/s. Where PostgreSQL has cores of its own, the pipelined lanes hide its work.
 
 // A benchmark program: a failure should stop it loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -248,8 +256,8 @@ fn rate(n: usize, took: Duration) -> f64 {
 async fn main() {
     let rows = env("BENCH_ROWS", 20_000);
     let batch = env("BENCH_BATCH", 500);
-    let in_flight = env("BENCH_IN_FLIGHT", 2);
-    let rounds = env("BENCH_ROUNDS", 2);
+    let in_flight = env("BENCH_IN_FLIGHT", 3);
+    let rounds = env("BENCH_ROUNDS", 4);
 
     let db = TestDb::create().await.unwrap();
     let vhost = TestVhost::create().await.unwrap();

@@ -111,7 +111,7 @@ impl Default for OutboxDrainSettings {
     fn default() -> Self {
         Self {
             batch_size: 500,
-            batches_in_flight: 2,
+            batches_in_flight: 3,
             max_attempts: 10,
             backoff: RetryPolicy {
                 max_attempts: 10,
