@@ -34,6 +34,11 @@ pub enum Command {
     /// Print the running host's status (jobs, broker, database, active alerts) as JSON, read
     /// from its admin endpoint `/status`.
     Status,
+    /// Search, replay and purge the dead-letter archive.
+    Dlq {
+        #[command(subcommand)]
+        action: crate::dlq::DlqAction,
+    },
     /// Load automations into the database.
     Automations {
         #[command(subcommand)]

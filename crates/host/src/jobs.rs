@@ -142,10 +142,65 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
         None,
     ));
 
+    entries.extend(start_dead_letter_archive(ctx));
+
     Ok(Started {
         entries,
         health: handle,
     })
+}
+
+/// One archiver per dead queue (each message archived, then acked), and the maintenance timer
+/// (failed outbox rows into the archive, retention sweep) under the lease.
+fn start_dead_letter_archive(ctx: &JobsContext) -> Vec<JobEntry> {
+    let section = &ctx.settings.jobs.dead_letter_archive;
+    let archived = ctx
+        .metrics
+        .meter
+        .u64_counter(crate::metrics::names::DEAD_LETTERS_ARCHIVED)
+        .build();
+    let archiver = job_dead_letter_archive::Archiver::observed(
+        ctx.pool.clone(),
+        section.archiver.clone(),
+        Arc::new(ArchiveCounter(archived)),
+    );
+    for dead in job_dead_letter_archive::dead_queues(ctx.supervisor.topology()) {
+        let (archiver, supervisor, shutdown) = (
+            archiver.clone(),
+            ctx.supervisor.clone(),
+            ctx.shutdown.child_token(),
+        );
+        ctx.tracker
+            .spawn(async move { archiver.run(&supervisor, dead, shutdown).await });
+    }
+    let maintenance = job_dead_letter_archive::ArchiveMaintenance::new(
+        ctx.pool.clone(),
+        section.archiver.clone(),
+    );
+    vec![start_timer(
+        ctx,
+        maintenance,
+        &section.maintenance_schedule,
+        section.archiver.insert_timeout * 2,
+        Some(ctx.lease.clone()),
+        None,
+    )]
+}
+
+/// Counts archived dead letters per dead queue; archive errors are logged by the archiver.
+#[derive(Debug)]
+struct ArchiveCounter(opentelemetry::metrics::Counter<u64>);
+
+impl job_dead_letter_archive::ArchiveEvents for ArchiveCounter {
+    fn on_archived(&self, dead_queue: &str, report: &job_dead_letter_archive::InsertReport) {
+        self.0.add(
+            report.inserted,
+            &[opentelemetry::KeyValue::new(
+                "dead_queue",
+                dead_queue.to_string(),
+            )],
+        );
+    }
 }
 
 /// The SMTP connection the settings describe.

@@ -69,6 +69,7 @@ fn main() -> ExitCode {
             Command::Status => run::status(&settings).await,
             Command::Outbox { action } => run::outbox(&settings, action).await,
             Command::Automations { action } => run::automations(&settings, action).await,
+            Command::Dlq { action } => worker_host::dlq::run(&settings, action).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => run::topology(&settings).await,

@@ -36,6 +36,12 @@ pub mod names {
     pub const QUEUE_DEPTH: &str = "worker_queue_depth";
     /// Gauge: messages waiting in a queue's dead-letter queue, by `queue`.
     pub const DEAD_LETTER_DEPTH: &str = "worker_dead_letter_depth";
+    /// Gauge: dead letters archived in the last minute, over all queues.
+    pub const DEAD_LETTER_INFLOW: &str = "worker_dead_letter_inflow_per_minute";
+    /// Gauge (seconds): age of the oldest dead letter waiting in the archive.
+    pub const DEAD_LETTER_OLDEST_AGE: &str = "worker_dead_letter_oldest_age_seconds";
+    /// Counter: dead letters archived, by `dead_queue`.
+    pub const DEAD_LETTERS_ARCHIVED: &str = "worker_dead_letters_archived_total";
     /// Gauge: outbox rows waiting to be published.
     pub const OUTBOX_PENDING: &str = "worker_outbox_pending";
     /// Gauge: outbox rows that gave up (`failed`), waiting for an operator.

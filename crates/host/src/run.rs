@@ -13,6 +13,7 @@ use crate::connections::{self, BrokerCheck, DatabaseCheck};
 use crate::exit;
 use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
+use crate::sampler;
 use crate::settings::Settings;
 use crate::status::{Reading, StatusBoard};
 use worker_store::{AdvisoryLease, AttemptLog};
@@ -170,6 +171,23 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         message: e.to_string(),
     })?;
 
+    // Readings for the gauges and the alerts. No alert touches readiness: restarting the
+    // host cures none of them.
+    let alerts = Arc::new(AlertBook::default());
+    let readings = Arc::new(std::sync::RwLock::new(sampler::Readings::default()));
+    sampler::register_gauges(&observability.metrics, readings.clone());
+    tracker.spawn(sampler::run(
+        sampler::Sources {
+            pool: pool.clone(),
+            supervisor: supervisor.clone(),
+            health: started.health.clone(),
+        },
+        readings,
+        alerts.clone(),
+        settings.alerts.clone(),
+        shutdown.child_token(),
+    ));
+
     if settings.admin.enabled {
         let checks: Vec<Box<dyn ReadinessCheck>> = vec![
             Box::new(DatabaseCheck {
@@ -183,7 +201,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
             started_at: chrono::Utc::now(),
             jobs: started.entries,
             broker: supervisor.status(),
-            alerts: Arc::new(AlertBook::default()),
+            alerts: alerts.clone(),
             database: Arc::new(DatabaseReading(started.health.clone())),
         };
         let server = admin::serve(

@@ -37,6 +37,7 @@ pub struct Settings {
     pub admin: AdminSettings,
     pub workers: WorkersSettings,
     pub jobs: JobsSettings,
+    pub alerts: AlertSettings,
 }
 
 impl Default for Settings {
@@ -52,6 +53,7 @@ impl Default for Settings {
             admin: AdminSettings::default(),
             workers: WorkersSettings::default(),
             jobs: JobsSettings::default(),
+            alerts: AlertSettings::default(),
         }
     }
 }
@@ -525,7 +527,56 @@ impl Default for OutboxDrainJobSettings {
     }
 }
 
+/// `[jobs.dead_letter_archive]`: the archiver of every `Q.dead` queue, and the schedule of its
+/// maintenance (archiving failed outbox rows, the retention sweep).
 #[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadLetterArchiveJobSettings {
+    /// When failed outbox rows are archived and settled rows past retention swept.
+    pub maintenance_schedule: Schedule,
+    pub archiver: job_dead_letter_archive::ArchiverSettings,
+}
+
+impl Default for DeadLetterArchiveJobSettings {
+    fn default() -> Self {
+        Self {
+            maintenance_schedule: Schedule::Every(Duration::from_secs(60)),
+            archiver: job_dead_letter_archive::ArchiverSettings::default(),
+        }
+    }
+}
+
+/// `[alerts]`: thresholds; crossing one logs an error once and shows on `/status`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertSettings {
+    /// How often the readings are taken.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Dead letters waiting in one queue's archive (or its dead queue) above this.
+    pub dead_letter_depth: u64,
+    /// Dead letters archived in the last minute, over all queues, above this.
+    pub dead_letter_inflow_per_minute: u64,
+    /// The oldest pending outbox row older than this.
+    #[serde(with = "humantime_serde")]
+    pub outbox_oldest_pending: Duration,
+    /// Failed database probes in a row above this.
+    pub db_probe_failures: u32,
+}
+
+impl Default for AlertSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(15),
+            dead_letter_depth: 100,
+            dead_letter_inflow_per_minute: 50,
+            outbox_oldest_pending: Duration::from_secs(300),
+            db_probe_failures: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct JobsSettings {
     pub automation_trigger: ConsumerJobSettings,
@@ -535,20 +586,7 @@ pub struct JobsSettings {
     pub inbound_email_poller: InboundPollerJobSettings,
     pub db_health: DbHealthJobSettings,
     pub draft_expiry: DraftExpiryJobSettings,
-}
-
-impl Default for JobsSettings {
-    fn default() -> Self {
-        Self {
-            automation_trigger: ConsumerJobSettings::default(),
-            automation_action: ConsumerJobSettings::default(),
-            email_send: ConsumerJobSettings::default(),
-            outbox_drain: OutboxDrainJobSettings::default(),
-            inbound_email_poller: InboundPollerJobSettings::default(),
-            db_health: DbHealthJobSettings::default(),
-            draft_expiry: DraftExpiryJobSettings::default(),
-        }
-    }
+    pub dead_letter_archive: DeadLetterArchiveJobSettings,
 }
 
 /// A settings file, or the environment, that cannot be used; names where and what.
@@ -774,6 +812,14 @@ impl Settings {
         if let Err(problem) = self.jobs.outbox_drain.drain.validate() {
             fail("jobs.outbox_drain.drain", problem);
         }
+        if let Err(problem) = self.jobs.dead_letter_archive.archiver.validate() {
+            fail("jobs.dead_letter_archive.archiver", problem);
+        }
+        durations.push(("alerts.interval".into(), self.alerts.interval));
+        durations.push((
+            "alerts.outbox_oldest_pending".into(),
+            self.alerts.outbox_oldest_pending,
+        ));
         if let Some(timeout) = self.jobs.outbox_drain.timeout {
             durations.push(("jobs.outbox_drain.timeout".into(), timeout));
         }

@@ -1,0 +1,410 @@
+//! `worker-host dlq`: the dead-letter archive on the command line — list, show, replay and
+//! purge, as a readable table or as JSON.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use job_dead_letter_archive as archive;
+
+use crate::connections;
+use crate::exit;
+use crate::run::Fatal;
+use crate::settings::Settings;
+
+#[derive(Debug, Subcommand)]
+pub enum DlqAction {
+    /// Per queue: dead letters waiting, the oldest and newest, and the top error fingerprints.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dead letters that match, newest first, with reason, attempts, error and a body
+    /// preview; with an ID, that one dead letter whole.
+    Show {
+        /// One dead letter, whole (headers, properties and body).
+        id: Option<i64>,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// `dead` (the default), `replayed` or `purged`.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Publish the matching dead letters to their original queues again, attempt reset; each
+    /// is marked replayed (never deleted) once the broker confirmed it.
+    Replay {
+        /// One dead letter by id.
+        #[arg(long)]
+        id: Option<i64>,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Every dead letter, when no filter narrows it.
+        #[arg(long)]
+        all: bool,
+        /// List what would go; move nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// At most this many messages per second.
+        #[arg(long)]
+        rate: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark the matching dead letters purged (kept until the retention sweep).
+    Purge {
+        #[arg(long)]
+        id: Option<i64>,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Every dead letter, when no filter narrows it.
+        #[arg(long)]
+        all: bool,
+        /// Required: purging is deliberate.
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The filters shared by show, replay and purge.
+#[derive(Debug, Clone, Args)]
+pub struct FilterArgs {
+    /// The queue it died in (`outbox` for failed outbox rows).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// `malformed`, `rejected`, `gave-up`, `delivery_limit`, `outbox-failed`, `unknown`.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// An error fingerprint from `dlq list`, or its first 4+ hex digits.
+    #[arg(long)]
+    pub fingerprint: Option<String>,
+    /// Died at or after: an RFC 3339 time (2026-11-29T10:00:00Z) or an age (2h, 30m).
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<DateTime<Utc>>,
+    /// At most this many.
+    #[arg(long)]
+    pub limit: Option<u32>,
+}
+
+impl FilterArgs {
+    fn filter(&self, id: Option<i64>) -> archive::Filter {
+        archive::Filter {
+            id,
+            queue: self.queue.clone(),
+            reason: self.reason.clone(),
+            fingerprint: self.fingerprint.clone(),
+            since: self.since,
+            limit: self.limit,
+            status: None,
+        }
+    }
+
+    fn narrows(&self, id: Option<i64>) -> bool {
+        id.is_some()
+            || self.queue.is_some()
+            || self.reason.is_some()
+            || self.fingerprint.is_some()
+            || self.since.is_some()
+    }
+}
+
+fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    let age = humantime::parse_duration(text)
+        .map_err(|_| format!("`{text}` is neither an RFC 3339 time nor an age like `2h`"))?;
+    let age = chrono::Duration::from_std(age).map_err(|e| e.to_string())?;
+    Ok(Utc::now() - age)
+}
+
+fn usage(message: impl Into<String>) -> Fatal {
+    Fatal {
+        code: exit::USAGE,
+        message: message.into(),
+    }
+}
+
+fn failed(e: worker_core::Failure) -> Fatal {
+    if e.is_permanent() {
+        usage(e.to_string())
+    } else {
+        Fatal {
+            code: exit::UNAVAILABLE,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+fn when(at: Option<DateTime<Utc>>) -> String {
+    at.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+fn cut(text: &str, chars: usize) -> String {
+    let line = text.replace(['\n', '\r'], " ");
+    if line.chars().count() <= chars {
+        line
+    } else {
+        format!("{}…", line.chars().take(chars).collect::<String>())
+    }
+}
+
+/// Who runs an action, recorded with it.
+fn actor() -> archive::Actor {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string(PathBuf::from("/etc/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into());
+    archive::Actor::new(user, host)
+}
+
+pub async fn run(settings: &Settings, action: DlqAction) -> Result<(), Fatal> {
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(|e| Fatal {
+            code: exit::UNAVAILABLE,
+            message: e.to_string(),
+        })?;
+    let result = dispatch(settings, &pool, action).await;
+    pool.close().await;
+    result
+}
+
+async fn dispatch(
+    settings: &Settings,
+    pool: &sqlx::PgPool,
+    action: DlqAction,
+) -> Result<(), Fatal> {
+    match action {
+        DlqAction::List { json } => {
+            let queues = archive::list(pool).await.map_err(failed)?;
+            if json {
+                print_json(&queues);
+                return Ok(());
+            }
+            if queues.is_empty() {
+                println!("the dead-letter archive is empty");
+            }
+            for queue in queues {
+                println!(
+                    "{}  dead {}  replayed {}  purged {}  oldest {}  newest {}",
+                    queue.queue,
+                    queue.dead,
+                    queue.replayed,
+                    queue.purged,
+                    when(queue.oldest),
+                    when(queue.newest)
+                );
+                for fp in queue.top_fingerprints {
+                    println!(
+                        "    {:>6}  {}  {}",
+                        fp.count,
+                        fp.fingerprint,
+                        cut(&fp.normalized, 100)
+                    );
+                }
+            }
+        }
+        DlqAction::Show { id: Some(id), .. } => {
+            let Some(dead) = archive::show_one(pool, id).await.map_err(failed)? else {
+                return Err(usage(format!("no dead letter has id {id}")));
+            };
+            // One whole record is nested (headers, properties): its JSON is the readable form.
+            print_json(&dead);
+        }
+        DlqAction::Show {
+            id: None,
+            filter,
+            status,
+            json,
+        } => {
+            let mut query = filter.filter(None);
+            query.status = match status.as_deref() {
+                None => None,
+                Some("dead") => Some(archive::Status::Dead),
+                Some("replayed") => Some(archive::Status::Replayed),
+                Some("purged") => Some(archive::Status::Purged),
+                Some(other) => {
+                    return Err(usage(format!(
+                        "--status {other}: expected dead, replayed or purged"
+                    )));
+                }
+            };
+            query.validate().map_err(usage)?;
+            let rows = archive::show(pool, &query).await.map_err(failed)?;
+            if json {
+                print_json(&rows);
+                return Ok(());
+            }
+            println!(
+                "{:>7}  {:<19}  {:<20}  {:<14}  {:>3}  {:<12}  error / body",
+                "id", "died at", "queue", "reason", "att", "fingerprint"
+            );
+            for row in rows {
+                println!(
+                    "{:>7}  {:<19}  {:<20}  {:<14}  {:>3}  {:<12}  {}",
+                    row.id,
+                    when(Some(row.died_at)),
+                    cut(&row.queue, 20),
+                    row.reason,
+                    row.attempts
+                        .map(|a| a.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    row.fingerprint,
+                    cut(row.error.as_deref().unwrap_or(""), 80)
+                );
+                println!("{:>7}  body: {}", "", cut(&row.body_preview, 120));
+            }
+        }
+        DlqAction::Replay {
+            id,
+            filter,
+            all,
+            dry_run,
+            rate,
+            json,
+        } => {
+            if !filter.narrows(id) && !all {
+                return Err(usage(
+                    "replay needs --id, a filter (--queue, --reason, --fingerprint, --since) or --all",
+                ));
+            }
+            if rate == Some(0) {
+                return Err(usage("--rate must be at least 1"));
+            }
+            let query = filter.filter(id);
+            query.validate().map_err(usage)?;
+            let report = with_publisher(settings, |publisher| async move {
+                archive::replay(pool, &publisher, &query, dry_run, rate, &actor()).await
+            })
+            .await?
+            .map_err(failed)?;
+            if json {
+                print_json(&report);
+            } else {
+                let verb = if report.dry_run {
+                    "would replay"
+                } else {
+                    "replayed"
+                };
+                println!(
+                    "{verb} {} of {} matching dead letters; {} failed",
+                    if report.dry_run {
+                        report.matched
+                    } else {
+                        report.replayed
+                    },
+                    report.matched,
+                    report.failed
+                );
+                for item in &report.items {
+                    println!(
+                        "    {:>7}  {:<20} -> {}/{}  {:?}{}",
+                        item.id,
+                        cut(&item.queue, 20),
+                        if item.exchange.is_empty() {
+                            "(default)"
+                        } else {
+                            &item.exchange
+                        },
+                        item.routing_key,
+                        item.outcome,
+                        item.error
+                            .as_deref()
+                            .map(|e| format!("  {e}"))
+                            .unwrap_or_default()
+                    );
+                }
+                if let Some(why) = &report.stopped {
+                    println!("stopped early: {why}");
+                }
+            }
+            if report.failed > 0 || report.stopped.is_some() {
+                return Err(Fatal {
+                    code: exit::UNAVAILABLE,
+                    message: format!(
+                        "{} dead letters could not be replayed; they stay in the archive",
+                        report.matched - report.replayed
+                    ),
+                });
+            }
+        }
+        DlqAction::Purge {
+            id,
+            filter,
+            all,
+            yes,
+            json,
+        } => {
+            if !filter.narrows(id) && !all {
+                return Err(usage(
+                    "purge needs --id, a filter (--queue, --reason, --fingerprint, --since) or --all",
+                ));
+            }
+            let query = filter.filter(id);
+            query.validate().map_err(usage)?;
+            if !yes {
+                let matching = archive::count(pool, &query).await.map_err(failed)?;
+                return Err(usage(format!(
+                    "{matching} dead letters match; add --yes to mark them purged"
+                )));
+            }
+            let report = archive::purge(pool, &query, &actor())
+                .await
+                .map_err(failed)?;
+            if json {
+                print_json(&report);
+            } else {
+                println!(
+                    "purged {} dead letters (action {})",
+                    report.purged, report.action_id
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work` with a confirmed publisher on a connection of its own.
+async fn with_publisher<F, Fut, T>(settings: &Settings, work: F) -> Result<T, Fatal>
+where
+    F: FnOnce(worker_broker::Publisher) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let connection = connections::connect_broker(
+        &connections::broker_connection(settings),
+        settings.broker.connect_attempts,
+    )
+    .await
+    .map_err(|e| Fatal {
+        code: exit::UNAVAILABLE,
+        message: e.to_string(),
+    })?;
+    let session = worker_broker::Session::new(connection);
+    let publisher =
+        worker_broker::Publisher::new(session.clone().fixed(), settings.broker.publisher.clone());
+    let result = work(publisher).await;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        session.connection().close(200, "dlq done".into()),
+    )
+    .await;
+    Ok(result)
+}

@@ -1,0 +1,296 @@
+//! Readings taken on an interval: queue and dead-letter depths, dead-letter inflow, the
+//! outbox, the database probe and the broker link. They feed the gauges of `/metrics` (and
+//! OTLP) and the alerts of `/status`. Taken once per interval, so a scrape never queries the
+//! broker or the database.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use chrono::Utc;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use opentelemetry::KeyValue;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::alerts::AlertBook;
+use crate::metrics::{Metrics, names};
+use crate::settings::AlertSettings;
+
+/// The latest readings. A value that could not be read this time keeps its last reading.
+#[derive(Debug, Default, Clone)]
+pub struct Readings {
+    /// Ready messages per consumer queue, as the broker counts them.
+    pub queue_depth: BTreeMap<String, u64>,
+    /// Dead letters per queue: archived and waiting, plus those still in `Q.dead`.
+    pub dead_letter_depth: BTreeMap<String, u64>,
+    pub dead_letter_inflow_per_minute: u64,
+    pub oldest_dead_letter_age: Option<Duration>,
+    pub outbox_pending: u64,
+    pub outbox_failed: u64,
+    pub outbox_oldest_pending: Option<Duration>,
+    pub db_latency: Option<Duration>,
+    pub db_healthy: bool,
+    pub db_consecutive_failures: u32,
+    pub broker_connected: bool,
+    pub broker_reconnects: u64,
+}
+
+/// What the sampler reads from.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub pool: PgPool,
+    pub supervisor: worker_broker::Supervisor,
+    pub health: job_db_health::HealthHandle,
+}
+
+/// Registers the gauges over `readings` on the meter. The callbacks read the last readings.
+pub fn register_gauges(metrics: &Metrics, readings: Arc<RwLock<Readings>>) {
+    let meter = &metrics.meter;
+    let read = move || readings.read().map(|r| r.clone()).unwrap_or_default();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::QUEUE_DEPTH)
+        .with_description("messages ready in a consumer queue")
+        .with_callback(move |o| {
+            for (queue, depth) in r().queue_depth {
+                o.observe(depth, &[KeyValue::new("queue", queue)]);
+            }
+        })
+        .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::DEAD_LETTER_DEPTH)
+        .with_description("dead letters waiting, archived or still in the dead queue")
+        .with_callback(move |o| {
+            for (queue, depth) in r().dead_letter_depth {
+                o.observe(depth, &[KeyValue::new("queue", queue)]);
+            }
+        })
+        .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::DEAD_LETTER_INFLOW)
+        .with_description("dead letters archived in the last minute")
+        .with_callback(move |o| o.observe(r().dead_letter_inflow_per_minute, &[]))
+        .build();
+    let r = read.clone();
+    meter
+        .f64_observable_gauge(names::DEAD_LETTER_OLDEST_AGE)
+        .with_unit("s")
+        .with_description("age of the oldest dead letter waiting")
+        .with_callback(move |o| {
+            o.observe(
+                r().oldest_dead_letter_age.map_or(0.0, |d| d.as_secs_f64()),
+                &[],
+            )
+        })
+        .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::OUTBOX_PENDING)
+        .with_description("outbox rows waiting to be published")
+        .with_callback(move |o| o.observe(r().outbox_pending, &[]))
+        .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::OUTBOX_FAILED)
+        .with_description("outbox rows that gave up")
+        .with_callback(move |o| o.observe(r().outbox_failed, &[]))
+        .build();
+    let r = read.clone();
+    meter
+        .f64_observable_gauge(names::OUTBOX_OLDEST_AGE)
+        .with_unit("s")
+        .with_description("age of the oldest pending outbox row")
+        .with_callback(move |o| {
+            o.observe(
+                r().outbox_oldest_pending.map_or(0.0, |d| d.as_secs_f64()),
+                &[],
+            )
+        })
+        .build();
+    let r = read.clone();
+    meter
+        .f64_observable_gauge(names::DB_PROBE_LATENCY)
+        .with_unit("s")
+        .with_description("latency of the last database probe")
+        .with_callback(move |o| o.observe(r().db_latency.map_or(0.0, |d| d.as_secs_f64()), &[]))
+        .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::DB_HEALTHY)
+        .with_description("1 while the last database probe succeeded")
+        .with_callback(move |o| o.observe(u64::from(r().db_healthy), &[]))
+        .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::BROKER_CONNECTED)
+        .with_description("1 while the broker link is connected")
+        .with_callback(move |o| o.observe(u64::from(r().broker_connected), &[]))
+        .build();
+    let r = read;
+    meter
+        .u64_observable_gauge(names::BROKER_RECONNECTS)
+        .with_description("reconnections of the broker link since start")
+        .with_callback(move |o| o.observe(r().broker_reconnects, &[]))
+        .build();
+}
+
+/// Takes the readings every `settings.interval` until `shutdown`, and evaluates the alerts.
+pub async fn run(
+    sources: Sources,
+    readings: Arc<RwLock<Readings>>,
+    alerts: Arc<AlertBook>,
+    settings: AlertSettings,
+    shutdown: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(settings.interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let previous = readings.read().map(|r| r.clone()).unwrap_or_default();
+        let fresh = sample(&sources, previous).await;
+        evaluate(&alerts, &settings, &fresh);
+        if let Ok(mut slot) = readings.write() {
+            *slot = fresh;
+        }
+    }
+}
+
+/// One round of readings; what cannot be read keeps `previous`'s value.
+pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
+    let mut r = previous;
+    let status = sources.supervisor.status().borrow().clone();
+    r.broker_connected = status.is_ready();
+    r.broker_reconnects = status.reconnects;
+    let health = sources.health.snapshot();
+    r.db_healthy = health.healthy;
+    r.db_latency = health.latency;
+    r.db_consecutive_failures = health.consecutive_failures;
+
+    let pool = &sources.pool;
+    if let Ok(outbox) = worker_store::outbox::status(pool).await {
+        r.outbox_pending = u64::try_from(outbox.pending).unwrap_or_default();
+        r.outbox_failed = u64::try_from(outbox.failed).unwrap_or_default();
+        r.outbox_oldest_pending = outbox.oldest_pending_age;
+    }
+    let archived: BTreeMap<String, u64> = match job_dead_letter_archive::depth_by_queue(pool).await
+    {
+        Ok(depths) => depths
+            .into_iter()
+            .map(|d| (d.queue, u64::try_from(d.dead).unwrap_or_default()))
+            .collect(),
+        Err(_) => r.dead_letter_depth.clone(),
+    };
+    if let Ok(age) = job_dead_letter_archive::oldest_age(pool).await {
+        r.oldest_dead_letter_age = age;
+    }
+    if let Ok(inflow) =
+        job_dead_letter_archive::inflow_since(pool, Utc::now() - chrono::Duration::minutes(1)).await
+    {
+        r.dead_letter_inflow_per_minute = inflow;
+    }
+
+    let mut dead = archived;
+    if let Some(depths) = broker_depths(&sources.supervisor).await {
+        for queue in &sources.supervisor.topology().queues {
+            if let Some(depth) = depths.get(&queue.name) {
+                r.queue_depth.insert(queue.name.clone(), *depth);
+            }
+            // Not yet archived: still in the dead queue.
+            if let Some(waiting) = depths.get(&queue.dead_queue) {
+                *dead.entry(queue.name.clone()).or_default() += waiting;
+            }
+        }
+    }
+    r.dead_letter_depth = dead;
+    r
+}
+
+/// The broker's count of ready messages in each consumer queue and dead queue, through a
+/// passive declare on a short-lived channel; `None` while the link is down.
+async fn broker_depths(supervisor: &worker_broker::Supervisor) -> Option<BTreeMap<String, u64>> {
+    let session = supervisor.sessions().borrow().clone()?;
+    let channel = session.connection().create_channel().await.ok()?;
+    let mut depths = BTreeMap::new();
+    for queue in &supervisor.topology().queues {
+        for name in [&queue.name, &queue.dead_queue] {
+            let options = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            match channel
+                .queue_declare(name.as_str().into(), options, FieldTable::default())
+                .await
+            {
+                Ok(declared) => {
+                    depths.insert(name.clone(), u64::from(declared.message_count()));
+                }
+                // A failed passive declare closes the channel: stop here with what we have.
+                Err(_) => return Some(depths),
+            }
+        }
+    }
+    let _ = channel.close(200, "sampled".into()).await;
+    Some(depths)
+}
+
+/// Compares the readings with the thresholds; each crossing and clearing is logged once.
+pub fn evaluate(alerts: &AlertBook, settings: &AlertSettings, r: &Readings) {
+    for (queue, depth) in &r.dead_letter_depth {
+        alerts.evaluate(
+            &format!("dead-letter-depth:{queue}"),
+            &format!("dead letters waiting for queue {queue}"),
+            *depth as f64,
+            settings.dead_letter_depth as f64,
+        );
+    }
+    alerts.evaluate(
+        "dead-letter-inflow",
+        "dead letters archived in the last minute",
+        r.dead_letter_inflow_per_minute as f64,
+        settings.dead_letter_inflow_per_minute as f64,
+    );
+    alerts.evaluate(
+        "outbox-oldest-pending",
+        "seconds the oldest pending outbox row has waited",
+        r.outbox_oldest_pending
+            .map_or(0.0, |d| d.as_secs().min(u64::from(u32::MAX)) as f64),
+        settings.outbox_oldest_pending.as_secs() as f64,
+    );
+    alerts.evaluate(
+        "db-probe-failures",
+        "failed database probes in a row",
+        f64::from(r.db_consecutive_failures),
+        f64::from(settings.db_probe_failures),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_letter_depth_over_its_threshold_is_an_alert_per_queue() {
+        let alerts = AlertBook::default();
+        let settings = AlertSettings {
+            dead_letter_depth: 10,
+            ..AlertSettings::default()
+        };
+        let mut r = Readings::default();
+        r.dead_letter_depth.insert("email.send".into(), 11);
+        r.dead_letter_depth.insert("automation.action".into(), 3);
+        evaluate(&alerts, &settings, &r);
+        let active = alerts.active();
+        assert_eq!(active.len(), 1);
+        assert_eq!(active[0].name, "dead-letter-depth:email.send");
+        r.dead_letter_depth.insert("email.send".into(), 0);
+        evaluate(&alerts, &settings, &r);
+        assert!(alerts.active().is_empty());
+    }
+}
