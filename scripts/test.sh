@@ -20,5 +20,5 @@ if [ "${WH_SKIP_LINT:-0}" != 1 ]; then
 fi
 
 echo "test: cargo test"
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --no-fail-fast "$@"
 echo "test: done in $(( $(date +%s) - start )) s"

@@ -579,7 +579,11 @@ async fn a_message_that_keeps_timing_out_is_skipped_after_its_attempts() -> anyh
         reason.starts_with("gave up after 2 failed attempts"),
         "{reason}"
     );
-    assert!(reason.contains("timeout"), "{reason}");
+    // Either the command's own bound or the message's timeout fires first: both are timeouts.
+    assert!(
+        reason.contains("timeout") || reason.contains("no answer within"),
+        "{reason}"
+    );
     assert_eq!(outbox_count(&db.pool).await?, 0);
     // And the mailbox moves on: the next poll finds nothing new.
     let report = poll(&poller).await;
