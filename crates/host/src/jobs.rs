@@ -299,12 +299,13 @@ fn start_timer<J: worker_core::TimerJob>(
 /// lease: replicas share the rows through `FOR UPDATE SKIP LOCKED`.
 fn start_outbox_drain(ctx: &JobsContext) -> JobEntry {
     let section = &ctx.settings.jobs.outbox_drain;
+    let wake = Arc::new(Notify::new());
     let drain = job_outbox_drain::OutboxDrain::new(
         ctx.pool.clone(),
         ctx.publisher.clone(),
         section.drain.clone(),
-    );
-    let wake = Arc::new(Notify::new());
+    )
+    .wake_on_backlog(wake.clone());
     ctx.tracker.spawn(job_outbox_drain::listen(
         ctx.pool.clone(),
         job_outbox_drain::ListenerSettings::default(),

@@ -32,24 +32,47 @@ impl ConsumerObserver {
     }
 }
 
+impl ConsumerObserver {
+    fn count_try(&self, record: &TryRecord<'_>) {
+        let Some(failure) = record.failure else {
+            return;
+        };
+        if record.will_retry {
+            self.stats
+                .retried_in_process
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.retried_tries.add(
+                1,
+                &[
+                    KeyValue::new("job", self.job.clone()),
+                    KeyValue::new("class", failure.class().as_str()),
+                ],
+            );
+        }
+        self.stats.record_error(failure.to_string());
+    }
+}
+
 impl ConsumerEvents for ConsumerObserver {
+    fn on_delivery_try(
+        &self,
+        _queue: &str,
+        message_id: Option<&str>,
+        attempt: u32,
+        record: &TryRecord<'_>,
+    ) {
+        let unit = worker_store::attempt_log::UnitInfo {
+            message_id: message_id.map(str::to_string),
+            tick: None,
+            attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
+        };
+        self.attempt_log.record_try(record, &unit);
+        self.count_try(record);
+    }
+
     fn on_try(&self, _queue: &str, record: &TryRecord<'_>) {
         worker_core::AttemptObserver::on_try(&self.attempt_log, record);
-        if let Some(failure) = record.failure {
-            if record.will_retry {
-                self.stats
-                    .retried_in_process
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.metrics.retried_tries.add(
-                    1,
-                    &[
-                        KeyValue::new("job", self.job.clone()),
-                        KeyValue::new("class", failure.class().as_str()),
-                    ],
-                );
-            }
-            self.stats.record_error(failure.to_string());
-        }
+        self.count_try(record);
     }
 
     fn on_settled(&self, settled: &Settled<'_>) {
