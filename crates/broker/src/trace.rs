@@ -7,6 +7,7 @@
 
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::trace::TraceContextExt;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The W3C header that carries the trace and parent span ids.
@@ -48,6 +49,24 @@ pub fn inject_current(headers: &mut FieldTable) {
         return;
     }
     let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut HeaderInjector(headers))
+    });
+}
+
+/// Writes `span`'s trace context into `headers`, replacing any they carry: for a publish
+/// whose own span stands between the message's origin and its consumers (the outbox drain's
+/// per-row publish). Leaves `headers` as they are when `span` has no trace context (no
+/// OpenTelemetry layer, or the span is disabled), so a trace they carry still goes on.
+pub fn inject_span(span: &tracing::Span, headers: &mut FieldTable) {
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return;
+    }
+    let mut map = headers.inner().clone();
+    map.remove(TRACEPARENT);
+    map.remove(TRACESTATE);
+    *headers = FieldTable::from(map);
     opentelemetry::global::get_text_map_propagator(|p| {
         p.inject_context(&cx, &mut HeaderInjector(headers))
     });
@@ -113,5 +132,12 @@ mod tests {
             panic!()
         };
         assert_eq!(again, &tp);
+
+        // A span without a trace context (no OpenTelemetry layer here) replaces nothing.
+        inject_span(&tracing::info_span!("publish"), &mut headers);
+        let Some(AMQPValue::LongString(kept)) = headers.inner().get(TRACEPARENT) else {
+            panic!()
+        };
+        assert_eq!(kept, &tp);
     }
 }

@@ -355,6 +355,50 @@ enum Handled {
     Vanished,
 }
 
+impl Handled {
+    /// The `outcome` of the message's `poll` span.
+    fn as_str(&self) -> &'static str {
+        match self {
+            Self::Stored { .. } => "stored",
+            Self::TooLarge => "too-large",
+            Self::GaveUp => "gave-up",
+            Self::Duplicate => "duplicate",
+            Self::Vanished => "vanished",
+        }
+    }
+}
+
+/// The span of one message's poll, `poll <account>`: the root of the mail's trace (the
+/// outbox row of its `email.received` event stores this span's context, and every later hop
+/// continues it), linked to the account's poll in the tick. Its `email.message_id` is
+/// recorded once the mail is read, its `outcome` when the message is done.
+fn message_span(account: &ImapAccount, uidvalidity: u32, uid: u32) -> tracing::Span {
+    let span = tracing::info_span!(
+        parent: None,
+        "poll",
+        otel.name = %format_args!("poll {}", account.name),
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        job = JOB_NAME,
+        account = %account.name,
+        mailbox = %account.mailbox,
+        imap.uidvalidity = uidvalidity,
+        imap.uid = uid,
+        inbound_email.id = %inbound_email_id(&account.name, &account.mailbox, uidvalidity, uid),
+        email.message_id = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    );
+    span.follows_from(tracing::Span::current());
+    span
+}
+
+/// Records the mail's Message-ID on the current (the message's `poll`) span.
+fn record_message_id(parsed: &ParsedEmail) {
+    if let Some(id) = &parsed.message_id {
+        tracing::Span::current().record("email.message_id", id.as_str());
+    }
+}
+
 /// Why one message failed, and whether the failure is the message's own fault.
 struct MessageFailure {
     failure: Failure,
@@ -657,11 +701,13 @@ impl InboundEmailPoller {
 
         for uid in uids {
             let size = sizes.get(&uid).copied();
+            let span = message_span(account, uidvalidity, uid);
             let unit = run_unit(JOB_NAME, limit, cancel, |_token| async {
                 Ok(self
                     .handle_message(session, account, uidvalidity, uid, size)
                     .await)
             })
+            .instrument(span.clone())
             .await;
             let key = (
                 account.name.clone(),
@@ -669,6 +715,15 @@ impl InboundEmailPoller {
                 uidvalidity,
                 uid,
             );
+            let outcome = match &unit {
+                Ok(Ok(handled)) => handled.as_str(),
+                Ok(Err(_)) | Err(UnitError::Failed(_)) => {
+                    span.record("otel.status_code", "ERROR");
+                    "failed"
+                }
+                Err(UnitError::Cancelled) => "cancelled",
+            };
+            span.record("outcome", outcome);
             match unit {
                 Ok(Ok(handled)) => {
                     self.forgive(&key);
@@ -801,6 +856,7 @@ impl InboundEmailPoller {
                 .as_deref()
                 .map(parse::parse_headers)
                 .unwrap_or_default();
+            record_message_id(&parsed);
             if self
                 .stored_before(account, uidvalidity, uid, &parsed)
                 .await?
@@ -848,6 +904,7 @@ impl InboundEmailPoller {
             return Ok(Handled::Vanished);
         };
         let parsed = parse::parse_email(&raw, self.config.max_body_chars);
+        record_message_id(&parsed);
         if self
             .stored_before(account, uidvalidity, uid, &parsed)
             .await?

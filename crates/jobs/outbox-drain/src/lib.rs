@@ -420,14 +420,23 @@ impl OutboxDrain {
         }
         let mut rows = Vec::with_capacity(claimed.len());
         let mut messages: Vec<Outgoing> = Vec::with_capacity(claimed.len());
+        let mut spans = Vec::with_capacity(claimed.len());
         for row in claimed {
             rows.push((row.id, row.attempts, row.message_id.clone()));
-            messages.push(publish::to_outgoing(row));
+            let id = row.id;
+            let mut message = publish::to_outgoing(row);
+            // Each row's publish is a span of its own, in the trace of the work that wrote
+            // the row; the message carries it to the consumers.
+            spans.push(publish::publish_span(id, &mut message));
+            messages.push(message);
         }
         let span = tracing::debug_span!("outbox publish", rows = rows.len());
         let verdicts = publish::publish_rows(&self.publisher, &messages, cancel)
             .instrument(span)
             .await;
+        for (span, verdict) in spans.iter().zip(&verdicts) {
+            publish::record_verdict(span, verdict);
+        }
         Ok(PublishedBatch { rows, verdicts })
     }
 

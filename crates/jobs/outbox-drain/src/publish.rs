@@ -191,6 +191,63 @@ pub fn to_outgoing(row: OutboxRow) -> Outgoing {
     }
 }
 
+/// The span of one row's publish, `outbox.publish <routing key>`, and `message` made to carry
+/// it. The span is the child of the span that enqueued the row (the trace context stored on
+/// the row) and, through the message's `traceparent`, the parent of every consumer's span:
+/// so one trace runs from the work that wrote the row, through its publish, to its
+/// consumers. It links to the drain's tick. Without an OpenTelemetry layer the message keeps
+/// the row's trace context as it is.
+pub fn publish_span(outbox_id: i64, message: &mut Outgoing) -> tracing::Span {
+    let message_id = message
+        .properties
+        .message_id()
+        .as_ref()
+        .map(ShortString::as_str)
+        .unwrap_or("");
+    let span = tracing::info_span!(
+        parent: None,
+        "outbox.publish",
+        otel.name = %format_args!("outbox.publish {}", message.routing_key),
+        otel.kind = "producer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = "rabbitmq",
+        messaging.operation = "publish",
+        messaging.destination.name = %message.exchange,
+        messaging.rabbitmq.destination.routing_key = %message.routing_key,
+        messaging.message.id = message_id,
+        outbox.id = outbox_id,
+        outcome = tracing::field::Empty,
+        error = tracing::field::Empty,
+    );
+    let mut headers = message.properties.headers().clone().unwrap_or_default();
+    worker_broker::trace::continue_trace(&span, Some(&headers));
+    span.follows_from(tracing::Span::current());
+    worker_broker::trace::inject_span(&span, &mut headers);
+    message.properties = message.properties.clone().with_headers(headers);
+    span
+}
+
+/// Records a row's verdict on its publish span: `outcome` (`published`, `failed`,
+/// `untouched`) and, for a failure, the error.
+pub fn record_verdict(span: &tracing::Span, verdict: &Verdict) {
+    match verdict {
+        Verdict::Published => {
+            span.record("outcome", "published");
+        }
+        Verdict::Failed(err) => {
+            span.record("outcome", "failed");
+            span.record("otel.status_code", "ERROR");
+            span.record("error", tracing::field::display(err));
+        }
+        Verdict::Untouched(err) => {
+            span.record("outcome", "untouched");
+            if let Some(err) = err {
+                span.record("error", tracing::field::display(err));
+            }
+        }
+    }
+}
+
 fn short(text: &str) -> Option<ShortString> {
     ShortString::try_new(text).ok()
 }
