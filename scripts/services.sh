@@ -631,14 +631,27 @@ cmd_status() {
     return $rc
 }
 
+# The services dir of the SMTP sink that answers on the port, which may be another checkout's
+# (a reused sink reads its failure switches and writes its mail there, not under $DIR).
+running_sink_dir() {
+    local pid dir
+    for pid in $(pgrep -f "aiosmtpd .*-l $HOST:$SMTP_PORT" 2>/dev/null); do
+        dir=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^WH_SERVICES_DIR=//p' | head -n 1)
+        [ -n "$dir" ] && { echo "$dir"; return 0; }
+    done
+    return 1
+}
+
 cmd_env() {
+    local dir
+    dir=$(running_sink_dir) || dir=$DIR
     cat <<EOF
 export WH_TEST_DATABASE_URL=postgres://$DB_USER:$DB_PASS@$HOST:$PG_PORT/$DB_NAME
 export WH_TEST_AMQP_URL=amqp://guest:guest@$HOST:$AMQP_PORT/%2f
 export WH_TEST_RABBIT_API=http://guest:guest@$HOST:$RABBIT_API_PORT
 export WH_TEST_IMAP=$HOST:$IMAP_PORT
 export WH_TEST_SMTP=$HOST:$SMTP_PORT
-export WH_SERVICES_DIR=$DIR
+export WH_SERVICES_DIR=$dir
 EOF
 }
 
