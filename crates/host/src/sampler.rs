@@ -146,6 +146,13 @@ pub async fn run(
     settings: AlertSettings,
     shutdown: CancellationToken,
 ) {
+    // The first readings wait for the broker link (bounded), so that the queue-depth gauges
+    // are there from the first scrape rather than one interval later.
+    let mut link = sources.supervisor.status();
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = tokio::time::timeout(Duration::from_secs(10), link.wait_for(|s| s.is_ready())) => {}
+    }
     let mut interval = tokio::time::interval(settings.interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
