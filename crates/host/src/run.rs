@@ -69,9 +69,15 @@ async fn declare_topology(settings: &Settings) -> Result<(), Fatal> {
                 connection_settings.server()
             ))
         })?;
-        worker_broker::declare(&channel, &topology)
+        let declared = worker_broker::declare(&channel, &topology)
             .await
-            .map_err(topology_failure)
+            .map_err(topology_failure);
+        // Closed before the connection, so that lapin does not report a channel torn down
+        // under it as a connection error. A failed declare has closed it already.
+        if declared.is_ok() {
+            let _ = channel.close(200, "topology declared".into()).await;
+        }
+        declared
     }
     .await;
     if let Err(e) = connection.close(200, "topology declared".into()).await {
