@@ -543,6 +543,25 @@ fn jittered(d: Duration) -> Duration {
     Duration::from_nanos(half + u64::from(seed) % half.max(1))
 }
 
+/// Waits for an open session other than generation `not` (the one just lost); `None` once the
+/// supervisor is gone. What a consume loop calls to resume on the next connection.
+pub async fn next_session(
+    sessions: &mut watch::Receiver<Option<Session>>,
+    not: Option<u64>,
+) -> Option<Session> {
+    loop {
+        if let Some(s) = sessions.borrow_and_update().clone()
+            && s.is_open()
+            && Some(s.generation()) != not
+        {
+            return Some(s);
+        }
+        if sessions.changed().await.is_err() {
+            return None;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,7 +48,7 @@ use worker_core::{
     TryRecord, WorkContext,
 };
 
-use crate::connection::{Session, Supervisor};
+use crate::connection::{Session, Supervisor, next_session};
 use crate::publisher::{Outgoing, Publisher, PublisherSettings};
 use crate::topology::{ORIGINAL_ROUTING_KEY_HEADER, QueueTopology};
 use crate::trace;
@@ -610,23 +610,6 @@ async fn open_consumer_channel<J>(
         )
         .await?;
     Ok((channel, consumer))
-}
-
-async fn next_session(
-    sessions: &mut tokio::sync::watch::Receiver<Option<Session>>,
-    not: Option<u64>,
-) -> Option<Session> {
-    loop {
-        if let Some(s) = sessions.borrow_and_update().clone()
-            && s.is_open()
-            && Some(s.generation()) != not
-        {
-            return Some(s);
-        }
-        if sessions.changed().await.is_err() {
-            return None;
-        }
-    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

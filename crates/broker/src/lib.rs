@@ -110,6 +110,7 @@ pub mod trace;
 
 pub use connection::{
     BrokerStatus, ConnectError, ConnectionSettings, Hold, LinkState, Session, Supervisor,
+    next_session,
 };
 pub use consumer::{
     ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason, Outcome, Settled,

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use worker_broker::{Session, Supervisor, Topology};
+use worker_broker::{Session, Supervisor, Topology, next_session};
 use worker_core::Failure;
 
 use crate::record::{DeadQueue, NewDeadLetter, RawMessage};
@@ -385,23 +385,6 @@ async fn ack_upto(channel: &lapin::Channel, batch: &[Delivery]) -> Result<(), St
         .basic_ack(last, BasicAckOptions { multiple: true })
         .await
         .map_err(|e| format!("ack failed: {}", worker_core::error_chain(&e)))
-}
-
-async fn next_session(
-    sessions: &mut tokio::sync::watch::Receiver<Option<Session>>,
-    not: Option<u64>,
-) -> Option<Session> {
-    loop {
-        if let Some(s) = sessions.borrow_and_update().clone()
-            && s.is_open()
-            && Some(s.generation()) != not
-        {
-            return Some(s);
-        }
-        if sessions.changed().await.is_err() {
-            return None;
-        }
-    }
 }
 
 async fn sleep_until(at: Option<Instant>) {
