@@ -32,3 +32,19 @@ lint:
 
 fmt:
     cargo fmt --all
+
+# With the host running: mail the demo account a ping and print the reply.
+demo:
+    scripts/demo-mail.sh
+
+# The running host's status (jobs, broker, database, alerts).
+status:
+    cargo run -q -p worker-host -- status
+
+# The dead-letter archive, per queue and fingerprint.
+dlq-list:
+    cargo run -q -p worker-host -- dlq list
+
+# Pending and failed outbox rows.
+outbox-status:
+    cargo run -q -p worker-host -- outbox status
