@@ -27,7 +27,8 @@ pub struct Settings {
     /// Which client installation this host serves; a resource attribute of every trace.
     pub installation: String,
     /// Automation files (TOML or JSON) imported at start, by name: for demos and fixed
-    /// installations. The platform normally writes automations itself.
+    /// installations (the platform normally writes automations itself). A relative path is
+    /// relative to the settings file's folder.
     pub automations_files: Vec<PathBuf>,
     pub database: DatabaseSettings,
     pub broker: BrokerSettings,
@@ -662,6 +663,14 @@ impl Settings {
         let mut settings: Settings = figment
             .extract()
             .map_err(|e| from_figment(e, &path_text, &overridden))?;
+        // Files named in the settings file are found beside it, wherever the host is started.
+        if let Some(folder) = source.path.parent().filter(|_| source.path.exists()) {
+            for file in &mut settings.automations_files {
+                if file.is_relative() {
+                    *file = folder.join(&*file);
+                }
+            }
+        }
         let mut errors = Vec::new();
         settings.resolve_secrets(&path_text, &mut errors);
         settings.validate(&path_text, &mut errors);

@@ -327,3 +327,30 @@ fn a_bad_queue_setting_names_the_job_and_key() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn relative_automation_files_are_found_beside_the_settings_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("autos.toml"),
+        "[[automations]]\nname = \"a\"\nevent_type = \"email.received\"\n\n[[automations.actions]]\ntype = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\n",
+    )
+    .unwrap();
+    let source = write(
+        &dir,
+        "s.toml",
+        &format!("automations_files = [\"autos.toml\"]\n{SECRETS}"),
+    );
+    let settings = Settings::load(&source, &[]).unwrap();
+    assert_eq!(
+        settings.automations_files,
+        vec![dir.path().join("autos.toml")]
+    );
+    let missing = write(
+        &dir,
+        "t.toml",
+        &format!("automations_files = [\"nope.toml\"]\n{SECRETS}"),
+    );
+    let errors = Settings::load(&missing, &[]).unwrap_err();
+    assert_eq!(errors[0].key, "automations_files[0]", "{errors:?}");
+}
