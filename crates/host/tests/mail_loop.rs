@@ -19,343 +19,48 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::net::TcpListener;
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use futures::TryStreamExt;
-use lapin::options::{BasicGetOptions, BasicNackOptions, BasicPublishOptions};
+use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use lettre::message::Mailbox;
-use lettre::transport::smtp::AsyncSmtpTransport;
-use lettre::{AsyncTransport, Message, Tokio1Executor};
+use support::{
+    Host, SERIAL, base_settings, inbox, mail_account_settings, publish_confirmed, send_mail,
+    short_id, write_automation,
+};
 use worker_testkit::{TestDb, TestVhost};
 
-/// How long any one thing the test waits for may take (the machine is slow and shared).
-const WAIT: Duration = Duration::from_secs(60);
-/// How often a wait looks again.
-const POLL: Duration = Duration::from_millis(200);
 /// How long "nothing more arrives" is watched for.
 const QUIET: Duration = Duration::from_secs(3);
-
-/// One test at a time: each starts a host of its own, on two shared cores.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The automation under test: a reply to the sender of any mail whose subject contains `ping`.
-const AUTOMATION: &str = r#"
-[[automations]]
-name = "reply-to-ping"
-event_type = "email.received"
-conditions = [{ path = "subject", op = "contains", value = "ping" }]
-
-[[automations.actions]]
-type = "send_email"
-to = ["{{ from }}"]
-subject = "Re: {{ subject }}"
-text = "pong: the worker host got your mail \"{{ subject }}\"."
-"#;
-
-fn short_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 // ---------------------------------------------------------------------------------------------
 // The host
 // ---------------------------------------------------------------------------------------------
 
-/// A running `worker-host run`, with its settings and its log in a temporary folder. Killed
-/// when dropped if a test ends without stopping it.
-struct Host {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
 impl Host {
     /// Starts the host on the test's database and vhost, polling the IMAP account `account`
     /// every 500 ms, with short retry tiers for email.send, and waits until `/readyz` is 200.
     async fn start(db: &TestDb, vhost: &TestVhost, account: &str) -> anyhow::Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let automations = dir.path().join("automations.toml");
-        std::fs::write(&automations, AUTOMATION)?;
-        let port = free_port();
-        let config = dir.path().join("worker-host.toml");
-        std::fs::write(
-            &config,
-            format!(
+        Self::launch("MAIL_LOOP_SHOW_LOG", |dir, port| {
+            let automations = write_automation(dir)?;
+            let mut settings = base_settings("mail-loop-test", &automations, db, vhost, port);
+            settings.push_str(&mail_account_settings(account));
+            settings.push_str(
                 r#"
-installation = "mail-loop-test"
-automations_files = [{automations:?}]
-
-[database]
-name = {db:?}
-password = "worker_host"
-
-[broker]
-vhost = {vhost:?}
-password = "guest"
-
-[admin]
-listen = "127.0.0.1:{port}"
-
-[workers]
-shutdown_grace = "5s"
-
-[[imap.accounts]]
-name = "loop"
-username = {account:?}
-password = "secret"
-
-[jobs.inbound_email_poller]
-schedule = "every 500ms"
-
 [jobs.email_send]
 max_attempts = 10
 
 [jobs.email_send.queue]
 retry_tiers = ["1s", "2s"]
 "#,
-                automations = automations.display().to_string(),
-                db = db.name,
-                vhost = vhost.name,
-            ),
-        )?;
-        let log = dir.path().join("host.log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_worker-host"));
-        command
-            .arg("--config")
-            .arg(&config)
-            .arg("run")
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-            .env_remove("WORKER_HOST_CONFIG")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?);
-        // Only this test's file configures the host.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("WORKER_HOST__") {
-                command.env_remove(key);
-            }
-        }
-        let child = command.spawn().context("starting worker-host")?;
-        let mut host = Self {
-            child,
-            port,
-            log,
-            _dir: dir,
-        };
-        let readyz = host.url("/readyz");
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(response) = reqwest::get(&readyz).await
-                && response.status().as_u16() == 200
-            {
-                return Ok(host);
-            }
-            if let Ok(Some(status)) = host.child.try_wait() {
-                bail!(
-                    "the host exited with {status} before it was ready:\n{}",
-                    host.log_tail()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "/readyz did not answer 200 within {WAIT:?}:\n{}",
-                    host.log_tail()
-                );
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// The last lines the host logged, for failure messages.
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let from = lines.len().saturating_sub(60);
-        format!(
-            "--- last lines of the host's log ---\n{}",
-            lines[from..].join("\n")
-        )
-    }
-
-    async fn get_text(&self, path: &str) -> anyhow::Result<String> {
-        let response = reqwest::Client::new()
-            .get(self.url(path))
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await?;
-        let status = response.status();
-        let text = response.text().await?;
-        if !status.is_success() {
-            bail!("{path}: HTTP {status}: {text}");
-        }
-        Ok(text)
-    }
-
-    /// `/metrics`, parsed.
-    async fn metrics(&self) -> anyhow::Result<Metrics> {
-        Ok(Metrics(self.get_text("/metrics").await?))
-    }
-
-    /// The counts `/status` shows for one job.
-    async fn counts(&self, job: &str) -> anyhow::Result<serde_json::Value> {
-        let status: serde_json::Value = serde_json::from_str(&self.get_text("/status").await?)?;
-        status["jobs"]
-            .as_array()
-            .and_then(|jobs| jobs.iter().find(|j| j["name"] == job))
-            .map(|j| j["counts"].clone())
-            .with_context(|| format!("no job {job} on /status: {status}"))
-    }
-
-    async fn count(&self, job: &str, key: &str) -> anyhow::Result<u64> {
-        let counts = self.counts(job).await?;
-        counts[key]
-            .as_u64()
-            .with_context(|| format!("no count {key} for {job}: {counts}"))
-    }
-
-    /// Waits until `probe` returns `Some`, at most [`WAIT`]; fails naming `what`, the last
-    /// error of the probe and the tail of the host's log.
-    async fn wait_for<T, F, Fut>(&self, what: &str, mut probe: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = anyhow::Result<Option<T>>>,
-    {
-        let deadline = Instant::now() + WAIT;
-        let mut last = String::from("(no answer yet)");
-        loop {
-            match probe().await {
-                Ok(Some(value)) => return value,
-                Ok(None) => {}
-                Err(err) => last = format!("{err:#}"),
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "{what}: not within {WAIT:?} (last error: {last})\n{}",
-                    self.log_tail()
-                );
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    /// SIGTERM, then the exit code (None if it did not exit within 30 s and was killed).
-    async fn stop(&mut self) -> Option<i32> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        None
-    }
-
-    /// Stops the host and asserts it exited with 0.
-    async fn stop_cleanly(mut self) {
-        let code = self.stop().await;
-        if std::env::var_os("MAIL_LOOP_SHOW_LOG").is_some() {
-            eprintln!("{}", std::fs::read_to_string(&self.log).unwrap_or_default());
-        }
-        assert_eq!(
-            code,
-            Some(0),
-            "SIGTERM must stop the host with exit 0\n{}",
-            self.log_tail()
-        );
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A Prometheus text scrape.
-struct Metrics(String);
-
-impl Metrics {
-    /// The sum of the samples of `name` whose labels include all of `want`.
-    fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
-        self.0
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .filter_map(|line| {
-                let (series, value) = line.rsplit_once(' ')?;
-                let (metric, labels) = match series.split_once('{') {
-                    Some((metric, rest)) => (metric, parse_labels(rest.strip_suffix('}')?)),
-                    None => (series, BTreeMap::new()),
-                };
-                let selected = metric == name
-                    && want
-                        .iter()
-                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v));
-                selected.then(|| value.parse::<f64>().ok()).flatten()
-            })
-            .sum()
-    }
-
-    fn messages(&self, job: &str, outcome: &str) -> f64 {
-        self.sum(
-            "worker_messages_total",
-            &[("job", job), ("outcome", outcome)],
-        )
-    }
-}
-
-/// `a="x",b="y \"quoted\""` into a map.
-fn parse_labels(text: &str) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
-        if key.is_empty() || chars.next() != Some('"') {
-            return labels;
-        }
-        let mut value = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some('n') => value.push('\n'),
-                    Some(other) => value.push(other),
-                    None => {}
-                },
-                '"' => break,
-                other => value.push(other),
-            }
-        }
-        labels.insert(key.trim().to_string(), value);
-        if chars.peek() == Some(&',') {
-            chars.next();
-        }
+            );
+            Ok(settings)
+        })
+        .await
     }
 }
 
@@ -391,86 +96,7 @@ impl Mailboxes {
 /// Sends the ping from `from` to `to` over the local SMTP server; returns its Message-ID
 /// (without angle brackets).
 async fn send_ping(from: &str, to: &str, subject: &str) -> anyhow::Result<String> {
-    let message_id = format!("ping-{}@mail-loop.test", uuid::Uuid::new_v4().simple());
-    let mail = Message::builder()
-        .from(from.parse::<Mailbox>()?)
-        .to(to.parse::<Mailbox>()?)
-        .subject(subject)
-        .message_id(Some(format!("<{message_id}>")))
-        .body("are you there?".to_string())?;
-    let addr = worker_testkit::smtp_addr();
-    let (host, port) = addr.rsplit_once(':').context("WH_TEST_SMTP is host:port")?;
-    let smtp = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-        .port(port.parse()?)
-        .timeout(Some(Duration::from_secs(20)))
-        .build();
-    smtp.send(mail).await.context("sending the ping")?;
-    Ok(message_id)
-}
-
-/// A mail as read back over IMAP.
-#[derive(Debug)]
-struct Received {
-    subject: Option<String>,
-    in_reply_to: Vec<String>,
-    to: Vec<String>,
-}
-
-fn parse_mail(raw: &[u8]) -> anyhow::Result<Received> {
-    let message = mail_parser::MessageParser::default()
-        .parse(raw)
-        .context("a mail that does not parse")?;
-    let in_reply_to = match message.in_reply_to() {
-        mail_parser::HeaderValue::Text(id) => vec![id.to_string()],
-        mail_parser::HeaderValue::TextList(ids) => ids.iter().map(|id| id.to_string()).collect(),
-        _ => Vec::new(),
-    };
-    let to = message
-        .to()
-        .map(|to| {
-            to.iter()
-                .filter_map(|a| a.address().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(Received {
-        subject: message.subject().map(str::to_string),
-        in_reply_to,
-        to,
-    })
-}
-
-/// Every mail in `user`'s INBOX, read over IMAP (read-only, so nothing changes).
-async fn inbox(user: &str) -> anyhow::Result<Vec<Received>> {
-    let raw = tokio::time::timeout(Duration::from_secs(20), async {
-        let stream = tokio::net::TcpStream::connect(worker_testkit::imap_addr()).await?;
-        let mut client = async_imap::Client::new(stream);
-        let _greeting = client.read_response().await?;
-        let mut session = client.login(user, "secret").await.map_err(|(err, _)| err)?;
-        session.examine("INBOX").await?;
-        let found = session.search("ALL").await?;
-        let mut raw = Vec::new();
-        if !found.is_empty() {
-            let mut seqs: Vec<u32> = found.into_iter().collect();
-            seqs.sort_unstable();
-            let set: Vec<String> = seqs.iter().map(u32::to_string).collect();
-            let fetched: Vec<_> = session
-                .fetch(set.join(","), "RFC822")
-                .await?
-                .try_collect()
-                .await?;
-            raw.extend(
-                fetched
-                    .iter()
-                    .map(|f| f.body().unwrap_or_default().to_vec()),
-            );
-        }
-        session.logout().await?;
-        anyhow::Ok(raw)
-    })
-    .await
-    .with_context(|| format!("reading {user}'s INBOX over IMAP timed out"))??;
-    raw.iter().map(|m| parse_mail(m)).collect()
+    send_mail(from, to, subject, "mail-loop.test").await
 }
 
 /// While it lives, the local SMTP server answers RCPT for `address` with `reply`.
@@ -538,32 +164,18 @@ async fn republish_email_received(db: &TestDb, vhost: &TestVhost) -> anyhow::Res
         );
     };
     assert_eq!(exchange, "events");
-    let connection =
-        Connection::connect(&vhost.amqp_url(), ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    channel.confirm_select(Default::default()).await?;
     let properties = BasicProperties::default()
         .with_delivery_mode(2)
         .with_message_id(message_id.as_str().into())
         .with_type(message_type.as_deref().unwrap_or("email.received").into())
         .with_content_type(content_type.as_deref().unwrap_or("application/json").into());
-    let confirm = channel
-        .basic_publish(
-            "events".into(),
-            "email.received".into(),
-            BasicPublishOptions {
-                mandatory: true,
-                immediate: false,
-            },
-            body,
-            properties,
-        )
-        .await?
-        .await?;
-    if confirm.take_message().is_some() {
-        bail!("the republished email.received event was returned unroutable");
-    }
-    let _ = connection.close(200, "done".into()).await;
+    publish_confirmed(
+        vhost,
+        "events",
+        "email.received",
+        &[(properties, body.as_slice())],
+    )
+    .await?;
     Ok(())
 }
 

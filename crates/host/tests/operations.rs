@@ -17,24 +17,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
-use lettre::message::Mailbox;
-use lettre::transport::smtp::AsyncSmtpTransport;
-use lettre::{AsyncTransport, Message, Tokio1Executor};
+use lapin::BasicProperties;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
@@ -43,66 +36,11 @@ use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value as NumberValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
+use support::{
+    Host, SERIAL, base_settings, inbox_count, mail_account_settings, publish_confirmed, send_mail,
+    short_id, write_automation,
+};
 use worker_testkit::{TestDb, TestVhost};
-
-/// How long any one thing the test waits for may take (the machine is slow and shared).
-const WAIT: Duration = Duration::from_secs(60);
-/// How often a wait looks again.
-const POLL: Duration = Duration::from_millis(200);
-
-/// One test at a time: each starts a host of its own, on two shared cores.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The demo's automation: a reply to the sender of any mail whose subject contains `ping`.
-const AUTOMATION: &str = r#"
-[[automations]]
-name = "reply-to-ping"
-event_type = "email.received"
-conditions = [{ path = "subject", op = "contains", value = "ping" }]
-
-[[automations.actions]]
-type = "send_email"
-to = ["{{ from }}"]
-subject = "Re: {{ subject }}"
-text = "pong: the worker host got your mail \"{{ subject }}\"."
-"#;
-
-fn short_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Runs `probe` until it returns `Some`, at most [`WAIT`]; fails naming `what`, the probe's
-/// last error and `context()` (the tail of a host's log, say).
-async fn wait_for<T, F, Fut>(what: &str, context: impl Fn() -> String, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + WAIT;
-    let mut last = String::from("(no answer yet)");
-    loop {
-        match probe().await {
-            Ok(Some(value)) => return value,
-            Ok(None) => {}
-            Err(err) => last = format!("{err:#}"),
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "{what}: not within {WAIT:?} (last error: {last})\n{}",
-                context()
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The host
@@ -120,330 +58,31 @@ struct HostConfig {
     mail_account: Option<String>,
 }
 
-/// A running `worker-host run` with its settings and its log (stderr, JSON lines) in a
-/// temporary folder. Killed when dropped if a test ends without stopping it.
-struct Host {
-    child: Child,
-    port: u16,
-    config: PathBuf,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-/// A `worker-host` command with only this test's settings file in effect.
-fn host_command(config: &PathBuf) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_worker-host"));
-    command
-        .arg("--config")
-        .arg(config)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .env_remove("WORKER_HOST_CONFIG")
-        .env("RUST_LOG", "info");
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("WORKER_HOST__") {
-            command.env_remove(key);
-        }
-    }
-    command
-}
-
 impl Host {
     /// Starts the host on the test's database and vhost and waits until `/readyz` is 200.
     async fn start(db: &TestDb, vhost: &TestVhost, extra: HostConfig) -> anyhow::Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let port = free_port();
-        let mut mail = String::new();
-        let mut automations = String::from("[]");
-        if let Some(account) = &extra.mail_account {
-            let file = dir.path().join("automations.toml");
-            std::fs::write(&file, AUTOMATION)?;
-            automations = format!("[{:?}]", file.display().to_string());
-            mail = format!(
+        Self::launch("OPERATIONS_SHOW_LOG", |dir, port| {
+            let mut mail = String::new();
+            let mut automations = String::from("[]");
+            if let Some(account) = &extra.mail_account {
+                automations = write_automation(dir)?;
+                mail = mail_account_settings(account);
+            }
+            let mut settings = base_settings("operations-test", &automations, db, vhost, port);
+            settings.push_str(&format!(
                 r#"
-[[imap.accounts]]
-name = "loop"
-username = {account:?}
-password = "secret"
-
-[jobs.inbound_email_poller]
-schedule = "every 500ms"
-"#
-            );
-        }
-        let config = dir.path().join("worker-host.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"
-installation = "operations-test"
-automations_files = {automations}
-
-[database]
-name = {db:?}
-password = "worker_host"
-
-[broker]
-vhost = {vhost:?}
-password = "guest"
-
-[admin]
-listen = "127.0.0.1:{port}"
-
-[workers]
-shutdown_grace = "5s"
-
 [telemetry]
 log_format = "json"
 {telemetry}
 {mail}
 {sections}
 "#,
-                db = db.name,
-                vhost = vhost.name,
                 telemetry = extra.telemetry,
                 sections = extra.sections,
-            ),
-        )?;
-        let log = dir.path().join("host.log");
-        let child = host_command(&config)
-            .arg("run")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting worker-host")?;
-        let mut host = Self {
-            child,
-            port,
-            config,
-            log,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if host.readyz().await.ok() == Some(200) {
-                return Ok(host);
-            }
-            if let Ok(Some(status)) = host.child.try_wait() {
-                bail!(
-                    "the host exited with {status} before it was ready:\n{}",
-                    host.log_tail()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "/readyz did not answer 200 within {WAIT:?}:\n{}",
-                    host.log_tail()
-                );
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The last lines the host logged, for failure messages.
-    fn log_tail(&self) -> String {
-        let text = self.log_text();
-        let lines: Vec<&str> = text.lines().collect();
-        let from = lines.len().saturating_sub(60);
-        format!(
-            "--- last lines of the host's log ---\n{}",
-            lines[from..].join("\n")
-        )
-    }
-
-    /// The log's JSON lines, parsed (a line that is not JSON fails the test: the format is
-    /// JSON for log collectors).
-    fn log_lines(&self) -> Vec<serde_json::Value> {
-        self.log_text()
-            .lines()
-            .filter(|line| !line.trim().is_empty())
-            .map(|line| {
-                serde_json::from_str(line)
-                    .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"))
-            })
-            .collect()
-    }
-
-    async fn readyz(&self) -> anyhow::Result<u16> {
-        let response = reqwest::Client::new()
-            .get(self.url("/readyz"))
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await?;
-        Ok(response.status().as_u16())
-    }
-
-    async fn get_text(&self, path: &str) -> anyhow::Result<String> {
-        let response = reqwest::Client::new()
-            .get(self.url(path))
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await?;
-        let status = response.status();
-        let text = response.text().await?;
-        if !status.is_success() {
-            bail!("{path}: HTTP {status}: {text}");
-        }
-        Ok(text)
-    }
-
-    async fn status(&self) -> anyhow::Result<serde_json::Value> {
-        Ok(serde_json::from_str(&self.get_text("/status").await?)?)
-    }
-
-    /// The active alerts on `/status`.
-    async fn alerts(&self) -> anyhow::Result<Vec<serde_json::Value>> {
-        let status = self.status().await?;
-        status["alerts"]
-            .as_array()
-            .cloned()
-            .with_context(|| format!("no alerts list on /status: {status}"))
-    }
-
-    async fn metrics(&self) -> anyhow::Result<Scrape> {
-        Ok(Scrape(self.get_text("/metrics").await?))
-    }
-
-    /// Waits until `probe` returns `Some`, at most [`WAIT`], showing the log's tail on failure.
-    async fn wait_for<T, F, Fut>(&self, what: &str, probe: F) -> T
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = anyhow::Result<Option<T>>>,
-    {
-        wait_for(what, || self.log_tail(), probe).await
-    }
-
-    /// Runs `worker-host ARGS` with this host's settings file; returns the exit code and the
-    /// standard output.
-    async fn cli(&self, args: &[&str]) -> anyhow::Result<(Option<i32>, String, String)> {
-        let mut command = tokio::process::Command::from(host_command(&self.config));
-        let output = tokio::time::timeout(WAIT, command.args(args).output())
-            .await
-            .with_context(|| format!("worker-host {args:?} did not finish within {WAIT:?}"))??;
-        Ok((
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        ))
-    }
-
-    /// SIGTERM, then asserts the host exited with 0 within 30 s.
-    async fn stop_cleanly(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut code = None;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                code = Some(status.code());
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if std::env::var_os("OPERATIONS_SHOW_LOG").is_some() {
-            eprintln!("{}", self.log_text());
-        }
-        assert_eq!(
-            code,
-            Some(Some(0)),
-            "SIGTERM must stop the host with exit 0 within 30 s\n{}",
-            self.log_tail()
-        );
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A Prometheus text scrape.
-struct Scrape(String);
-
-impl Scrape {
-    /// The metric families (`# TYPE name kind`).
-    fn families(&self) -> BTreeSet<String> {
-        self.0
-            .lines()
-            .filter_map(|line| line.strip_prefix("# TYPE "))
-            .filter_map(|rest| rest.split_whitespace().next())
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// The sum of the samples of `name` whose labels include all of `want`.
-    fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
-        self.0
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .filter_map(|line| {
-                let (series, value) = line.rsplit_once(' ')?;
-                let (metric, labels) = match series.split_once('{') {
-                    Some((metric, rest)) => (metric, parse_labels(rest.strip_suffix('}')?)),
-                    None => (series, BTreeMap::new()),
-                };
-                let selected = metric == name
-                    && want
-                        .iter()
-                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v));
-                selected.then(|| value.parse::<f64>().ok()).flatten()
-            })
-            .sum()
-    }
-
-    /// The values of label `label` among the samples of `name`.
-    fn label_values(&self, name: &str, label: &str) -> BTreeSet<String> {
-        self.0
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .filter_map(|line| {
-                let (series, _) = line.rsplit_once(' ')?;
-                let (metric, rest) = series.split_once('{')?;
-                (metric == name)
-                    .then(|| parse_labels(rest.strip_suffix('}')?).remove(label))
-                    .flatten()
-            })
-            .collect()
-    }
-}
-
-/// `a="x",b="y \"quoted\""` into a map.
-fn parse_labels(text: &str) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
-        if key.is_empty() || chars.next() != Some('"') {
-            return labels;
-        }
-        let mut value = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some('n') => value.push('\n'),
-                    Some(other) => value.push(other),
-                    None => {}
-                },
-                '"' => break,
-                other => value.push(other),
-            }
-        }
-        labels.insert(key.trim().to_string(), value);
-        if chars.peek() == Some(&',') {
-            chars.next();
-        }
+            ));
+            Ok(settings)
+        })
+        .await
     }
 }
 
@@ -645,7 +284,7 @@ fn points_sum(points: Option<&Vec<Point>>, want: &[(&str, &str)]) -> f64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Broker and mail
+// Broker
 // ---------------------------------------------------------------------------------------------
 
 /// Publishes `bodies` (confirmed, mandatory) to the commands exchange of the test's vhost.
@@ -654,72 +293,18 @@ async fn publish_commands(
     routing_key: &str,
     bodies: &[Vec<u8>],
 ) -> anyhow::Result<()> {
-    let connection =
-        Connection::connect(&vhost.amqp_url(), ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    for (i, body) in bodies.iter().enumerate() {
-        let properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_message_id(format!("not-json-{i}").into())
-            .with_content_type("text/plain".into());
-        let confirm = channel
-            .basic_publish(
-                "commands".into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                body,
-                properties,
-            )
-            .await?
-            .await?;
-        if confirm.take_message().is_some() {
-            bail!("the message to {routing_key} was returned unroutable");
-        }
-    }
-    let _ = connection.close(200, "done".into()).await;
-    Ok(())
-}
-
-/// Sends a mail from `from` to `to` over the local SMTP server; returns its Message-ID
-/// (without angle brackets).
-async fn send_mail(from: &str, to: &str, subject: &str) -> anyhow::Result<String> {
-    let message_id = format!("ping-{}@operations.test", uuid::Uuid::new_v4().simple());
-    let mail = Message::builder()
-        .from(from.parse::<Mailbox>()?)
-        .to(to.parse::<Mailbox>()?)
-        .subject(subject)
-        .message_id(Some(format!("<{message_id}>")))
-        .body("are you there?".to_string())?;
-    let addr = worker_testkit::smtp_addr();
-    let (host, port) = addr.rsplit_once(':').context("WH_TEST_SMTP is host:port")?;
-    let smtp = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-        .port(port.parse()?)
-        .timeout(Some(Duration::from_secs(20)))
-        .build();
-    smtp.send(mail).await.context("sending the mail")?;
-    Ok(message_id)
-}
-
-/// How many mails `user`'s INBOX holds (read-only).
-async fn inbox_count(user: &str) -> anyhow::Result<usize> {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        let stream = tokio::net::TcpStream::connect(worker_testkit::imap_addr()).await?;
-        let mut client = async_imap::Client::new(stream);
-        let _greeting = client.read_response().await?;
-        let mut session = client.login(user, "secret").await.map_err(|(err, _)| err)?;
-        session.examine("INBOX").await?;
-        let found = session.search("ALL").await?;
-        session.logout().await?;
-        anyhow::Ok(found.len())
-    })
-    .await
-    .with_context(|| format!("reading {user}'s INBOX over IMAP timed out"))?
+    let messages: Vec<(BasicProperties, &[u8])> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(format!("not-json-{i}").into())
+                .with_content_type("text/plain".into());
+            (properties, body.as_slice())
+        })
+        .collect();
+    publish_confirmed(vhost, "commands", routing_key, &messages).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1096,6 +681,7 @@ async fn one_mail_through_the_loop_is_one_trace_from_the_poll_to_the_send() -> a
         &format!("{sender}@localhost"),
         &format!("{account}@localhost"),
         &subject,
+        "operations.test",
     )
     .await?;
     let sent_at = Instant::now();
