@@ -556,9 +556,12 @@ smtp_up() {
     py=$(smtp_python) || die "smtp: no python3 with aiosmtpd (apt-get install python3-aiosmtpd)"
     mu=$(mail_user)
     if [ "$IS_ROOT" = 1 ]; then drop=(setpriv --reuid="$mu" --regid="$(id -g "$mu")" --init-groups --); fi
+    # The sink runs as the mail user, who may not reach the checkout (a clone under /root):
+    # it runs from a copy of its module in the services dir.
+    install -m 0644 "$SCRIPT_DIR/smtp_sink.py" "$DIR/smtp/smtp_sink.py"
     (
-        cd "$SCRIPT_DIR"
-        exec setsid "${drop[@]}" env PYTHONPATH="$SCRIPT_DIR" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+        cd "$DIR/smtp"
+        exec setsid "${drop[@]}" env PYTHONPATH="$DIR/smtp" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
             WH_SERVICES_DIR="$DIR" "$py" -m aiosmtpd -n -l "$HOST:$SMTP_PORT" -c smtp_sink.Handler
     ) >>"$SMTP_LOG" 2>&1 </dev/null 9>&- &
     echo $! >"$SMTP_PID"
