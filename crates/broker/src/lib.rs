@@ -115,7 +115,7 @@ pub use connection::{
 pub use consumer::{
     ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason, Outcome, Settled,
 };
-pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings};
+pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings, headers_from_json};
 pub use topology::{
     BindingSettings, DeclareConflict, QueueDefaults, QueueSettings, QueueTopology, RetryTier,
     Topology, TopologyError, TopologySettings, declare,

@@ -499,6 +499,36 @@ pub fn headers() -> FieldTable {
     FieldTable::default()
 }
 
+/// JSON headers (as stored in an outbox row or a dead letter's readable copy) as an AMQP
+/// table: strings, integers, floats and booleans as themselves, `null` as void, arrays and
+/// objects as their JSON text. Keys longer than an AMQP short string are left out.
+pub fn headers_from_json(headers: &serde_json::Value) -> FieldTable {
+    use lapin::types::LongString;
+    use serde_json::Value;
+    let mut table = FieldTable::default();
+    let Value::Object(map) = headers else {
+        return table;
+    };
+    for (key, value) in map {
+        let Ok(key) = ShortString::try_new(key.as_str()) else {
+            continue;
+        };
+        let value = match value {
+            Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+            Value::Bool(b) => AMQPValue::Boolean(*b),
+            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+                (Some(i), _) => AMQPValue::LongLongInt(i),
+                (None, Some(f)) => AMQPValue::Double(f),
+                (None, None) => AMQPValue::LongString(LongString::from(n.to_string())),
+            },
+            Value::Null => AMQPValue::Void,
+            other => AMQPValue::LongString(LongString::from(other.to_string())),
+        };
+        table.insert(key, value);
+    }
+    table
+}
+
 #[cfg(test)]
 mod tests {
     use worker_core::FailureClass;

@@ -14,7 +14,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -488,31 +488,10 @@ fn bytes_to_json(bytes: &[u8]) -> Value {
 }
 
 /// Readable JSON headers back to AMQP, for a row whose exact headers could not be kept (and
-/// for outbox rows, whose headers are JSON to begin with): strings, integers, floats, booleans;
-/// anything else as its JSON text.
+/// for outbox rows, whose headers are JSON to begin with); see
+/// [`worker_broker::headers_from_json`].
 pub fn json_to_table(headers: &Value) -> FieldTable {
-    let mut table = FieldTable::default();
-    let Value::Object(map) = headers else {
-        return table;
-    };
-    for (key, value) in map {
-        let Ok(key) = ShortString::try_new(key.as_str()) else {
-            continue;
-        };
-        let value = match value {
-            Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
-            Value::Bool(b) => AMQPValue::Boolean(*b),
-            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-                (Some(i), _) => AMQPValue::LongLongInt(i),
-                (None, Some(f)) => AMQPValue::Double(f),
-                (None, None) => AMQPValue::LongString(LongString::from(n.to_string())),
-            },
-            Value::Null => AMQPValue::Void,
-            other => AMQPValue::LongString(LongString::from(other.to_string())),
-        };
-        table.insert(key, value);
-    }
-    table
+    worker_broker::headers_from_json(headers)
 }
 
 /// PostgreSQL text and jsonb cannot hold NUL: it becomes U+FFFD.
@@ -551,6 +530,7 @@ pub(crate) fn scrub_json(v: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use lapin::types::FieldArray;
+    use lapin::types::LongString;
 
     use super::*;
 

@@ -15,7 +15,7 @@
 
 use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{FieldTable, ShortString};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use worker_broker::{Outgoing, PublishError, Publisher};
@@ -256,35 +256,14 @@ fn timestamp(at: DateTime<Utc>) -> u64 {
     u64::try_from(at.timestamp()).unwrap_or(0)
 }
 
-/// The stored JSON headers as an AMQP table: strings, integers, floats and booleans as
-/// themselves, `null` as void, arrays and objects as their JSON text.
+/// The stored JSON headers as an AMQP table (see [`worker_broker::headers_from_json`]).
 pub fn headers_of(headers: &Value) -> FieldTable {
-    let mut table = FieldTable::default();
-    let Value::Object(map) = headers else {
-        return table;
-    };
-    for (key, value) in map {
-        let Ok(key) = ShortString::try_new(key.as_str()) else {
-            continue;
-        };
-        let value = match value {
-            Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
-            Value::Bool(b) => AMQPValue::Boolean(*b),
-            Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-                (Some(i), _) => AMQPValue::LongLongInt(i),
-                (None, Some(f)) => AMQPValue::Double(f),
-                (None, None) => AMQPValue::LongString(LongString::from(n.to_string())),
-            },
-            Value::Null => AMQPValue::Void,
-            other => AMQPValue::LongString(LongString::from(other.to_string())),
-        };
-        table.insert(key, value);
-    }
-    table
+    worker_broker::headers_from_json(headers)
 }
 
 #[cfg(test)]
 mod tests {
+    use lapin::types::AMQPValue;
     use std::time::Duration;
 
     use super::*;
