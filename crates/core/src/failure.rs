@@ -65,12 +65,26 @@ pub enum Failure {
         retry_after: Duration,
         detail: String,
     },
+    /// The effect left the host and its outcome is unknown (an SMTP send that timed out after
+    /// the final "." of DATA): the other side may have acted. Transient in class, so the
+    /// message is parked for a later attempt, but never tried again in process, where a
+    /// second try would most likely double the effect.
+    #[error("outcome unknown: {detail}")]
+    Unknown { detail: String },
 }
 
 impl Failure {
     /// A failure that may go away if the work is tried again.
     pub fn transient(detail: impl fmt::Display) -> Self {
         Self::Transient {
+            detail: detail.to_string(),
+        }
+    }
+
+    /// The effect's outcome cannot be known (see [`Failure::Unknown`]): parked, never retried
+    /// in process.
+    pub fn unknown(detail: impl fmt::Display) -> Self {
+        Self::Unknown {
             detail: detail.to_string(),
         }
     }
@@ -103,7 +117,7 @@ impl Failure {
     /// The class that decides what happens next.
     pub fn class(&self) -> FailureClass {
         match self {
-            Self::Transient { .. } => FailureClass::Transient,
+            Self::Transient { .. } | Self::Unknown { .. } => FailureClass::Transient,
             Self::Permanent { .. } => FailureClass::Permanent,
             Self::Throttled { .. } => FailureClass::Throttled,
         }
@@ -114,11 +128,22 @@ impl Failure {
         matches!(self, Self::Permanent { .. })
     }
 
+    /// Whether another try in the same process may follow: not for a permanent failure, nor
+    /// for an unknown outcome (see [`Failure::Unknown`]).
+    pub fn retries_in_process(&self) -> bool {
+        !matches!(self, Self::Permanent { .. } | Self::Unknown { .. })
+    }
+
+    /// Whether the effect's outcome is unknown (see [`Failure::Unknown`]).
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, Self::Unknown { .. })
+    }
+
     /// The least time to wait before the next try, when the failure says so.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Throttled { retry_after, .. } => Some(*retry_after),
-            Self::Transient { .. } | Self::Permanent { .. } => None,
+            Self::Transient { .. } | Self::Permanent { .. } | Self::Unknown { .. } => None,
         }
     }
 
@@ -126,6 +151,7 @@ impl Failure {
     pub fn detail(&self) -> &str {
         match self {
             Self::Transient { detail }
+            | Self::Unknown { detail }
             | Self::Permanent { detail, .. }
             | Self::Throttled { detail, .. } => detail,
         }
@@ -136,6 +162,7 @@ impl Failure {
     pub fn reason(&self) -> &str {
         match self {
             Self::Permanent { reason, .. } => reason,
+            Self::Unknown { .. } => "unknown-outcome",
             Self::Transient { .. } | Self::Throttled { .. } => self.class().as_str(),
         }
     }
@@ -145,6 +172,7 @@ impl Failure {
     pub fn context(mut self, context: impl fmt::Display) -> Self {
         let detail = match &mut self {
             Self::Transient { detail }
+            | Self::Unknown { detail }
             | Self::Permanent { detail, .. }
             | Self::Throttled { detail, .. } => detail,
         };

@@ -224,6 +224,7 @@ pub struct Retry<'a> {
     policy: &'a RetryPolicy,
     per_try_timeout: Duration,
     budget: Option<Duration>,
+    wait_budget: Option<Duration>,
     parent: &'a CancellationToken,
     observer: &'a dyn AttemptObserver,
 }
@@ -235,6 +236,7 @@ impl fmt::Debug for Retry<'_> {
             .field("policy", self.policy)
             .field("per_try_timeout", &self.per_try_timeout)
             .field("budget", &self.budget)
+            .field("wait_budget", &self.wait_budget)
             .field("parent_cancelled", &self.parent.is_cancelled())
             .finish_non_exhaustive()
     }
@@ -254,6 +256,7 @@ impl<'a> Retry<'a> {
             policy,
             per_try_timeout,
             budget: None,
+            wait_budget: None,
             parent,
             observer: &NO_OBSERVER,
         }
@@ -265,6 +268,16 @@ impl<'a> Retry<'a> {
     #[must_use]
     pub fn budget(mut self, total: Duration) -> Self {
         self.budget = Some(total);
+        self
+    }
+
+    /// Bounds the time spent waiting between tries to `total`, all waits together: a wait
+    /// that would cross it (a throttled failure asking for an hour, say) is not waited out in
+    /// memory; the run ends with that failure instead, so that the caller can hand the work
+    /// back (a consumer parks it in a retry tier) without holding it.
+    #[must_use]
+    pub fn wait_budget(mut self, total: Duration) -> Self {
+        self.wait_budget = Some(total);
         self
     }
 
@@ -281,7 +294,8 @@ impl<'a> Retry<'a> {
     /// at the try's deadline, and whose `try_number` is the try's number; it runs through
     /// [`run_unit`], so a try that overruns is dropped and a panic becomes a transient failure.
     /// Between tries the loop waits `jittered_delay_for(next)`, or the throttled failure's
-    /// `retry_after` when that is longer. A permanent failure stops at once; the parent firing,
+    /// `retry_after` when that is longer. A permanent failure and an unknown outcome
+    /// ([`Failure::retries_in_process`]) stop at once; the parent firing,
     /// during a try or a wait, ends the run as [`RetryOutcome::Cancelled`] without delay.
     pub async fn run<T, F, Fut>(&self, base: &WorkContext, mut op: F) -> RetryOutcome<T>
     where
@@ -292,6 +306,7 @@ impl<'a> Retry<'a> {
         let started = Instant::now();
         let max_attempts = self.policy.attempts();
         let mut attempt = 0;
+        let mut waited = Duration::ZERO;
         loop {
             if self.parent.is_cancelled() {
                 return RetryOutcome::Cancelled { attempts: attempt };
@@ -326,11 +341,12 @@ impl<'a> Retry<'a> {
                 }
                 Err(UnitError::Failed(failure)) => failure,
             };
-            let wait = if failure.is_permanent() || attempt >= max_attempts {
+            let wait = if !failure.retries_in_process() || attempt >= max_attempts {
                 None
             } else {
                 let wait = self.wait_before(attempt + 1, &failure);
-                self.fits_budget(started, wait).then_some(wait)
+                (self.fits_budget(started, wait) && self.fits_wait_budget(waited, wait))
+                    .then_some(wait)
             };
             self.report(
                 attempt,
@@ -358,6 +374,7 @@ impl<'a> Retry<'a> {
                 () = self.parent.cancelled() => return RetryOutcome::Cancelled { attempts: attempt },
                 () = tokio::time::sleep(wait) => {}
             }
+            waited += wait;
         }
     }
 
@@ -377,6 +394,12 @@ impl<'a> Retry<'a> {
                 .checked_add(wait)
                 .is_some_and(|resume_at| resume_at < total),
         }
+    }
+
+    /// Whether waiting `wait` more keeps all the waits within the wait budget.
+    fn fits_wait_budget(&self, waited: Duration, wait: Duration) -> bool {
+        self.wait_budget
+            .is_none_or(|total| waited.saturating_add(wait) <= total)
     }
 
     fn report(
@@ -823,6 +846,86 @@ mod tests {
         assert_eq!(begin.elapsed(), Duration::from_secs(1));
         let will_retry: Vec<bool> = recorder.tries.lock().unwrap().iter().map(|t| t.3).collect();
         assert_eq!(will_retry, [true, false]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_longer_than_the_wait_budget_ends_the_run_at_once() {
+        let parent = CancellationToken::new();
+        let policy = steady(3, ms(10));
+        let calls = AtomicU32::new(0);
+        let begin = Instant::now();
+        let outcome = Retry::new("webhook", &policy, Duration::from_secs(5), &parent)
+            .wait_budget(Duration::from_secs(20))
+            .run(&ctx(&parent), |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(Failure::throttled(Duration::from_secs(3600), "429")) }
+            })
+            .await;
+        match outcome {
+            RetryOutcome::Failed { failure, attempts } => {
+                assert_eq!(attempts, 1);
+                assert_eq!(failure.retry_after(), Some(Duration::from_secs(3600)));
+            }
+            other => panic!("expected the throttled failure back, got {other:?}"),
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            begin.elapsed(),
+            Duration::ZERO,
+            "nothing was waited out in memory"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_within_the_wait_budget_are_waited() {
+        let parent = CancellationToken::new();
+        let policy = steady(3, ms(10));
+        let calls = AtomicU32::new(0);
+        let begin = Instant::now();
+        let outcome = Retry::new("webhook", &policy, Duration::from_secs(5), &parent)
+            .wait_budget(Duration::from_secs(10))
+            .run(&ctx(&parent), |c| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match c.try_number {
+                        // 4 s, then 4 s more: 8 s of the 10 s budget.
+                        1 | 2 => Err(Failure::throttled(Duration::from_secs(4), "429")),
+                        _ => Ok(()),
+                    }
+                }
+            })
+            .await;
+        assert!(matches!(
+            outcome,
+            RetryOutcome::Succeeded { attempts: 3, .. }
+        ));
+        assert_eq!(begin.elapsed(), Duration::from_secs(8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_outcome_is_never_tried_again_in_process() {
+        let parent = CancellationToken::new();
+        let policy = steady(5, ms(10));
+        let calls = AtomicU32::new(0);
+        let outcome = Retry::new("email-send", &policy, Duration::from_secs(5), &parent)
+            .run(&ctx(&parent), |_| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(Failure::unknown("no answer after the final dot")) }
+            })
+            .await;
+        match outcome {
+            RetryOutcome::Failed { failure, attempts } => {
+                assert_eq!(attempts, 1);
+                assert!(failure.is_unknown());
+                assert_eq!(
+                    failure.class(),
+                    crate::FailureClass::Transient,
+                    "parked, not dead"
+                );
+            }
+            other => panic!("expected the unknown outcome back, got {other:?}"),
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]
