@@ -10,72 +10,18 @@
 mod support;
 
 use std::fmt::Write as _;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use support::{
-    AUTOMATION, Host, SERIAL, base_settings, inbox, mail_account_settings, send_mail, short_id,
+    AUTOMATION, Host, SERIAL, base_settings, http_receiver, inbox, mail_account_settings,
+    send_mail, short_id,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use worker_testkit::{TestDb, TestVhost};
 
 const HOOKS: usize = 12;
 /// "Within seconds": the whole loop (poll, trigger, action, send, IMAP) of one ping.
 const REPLY_WITHIN: Duration = Duration::from_secs(20);
-
-/// A webhook receiver that answers every request `429` with `Retry-After: 3600`, counting
-/// the requests.
-async fn throttling_receiver() -> anyhow::Result<(u16, Arc<AtomicUsize>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let port = listener.local_addr()?.port();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let counted = counted.clone();
-            tokio::spawn(async move {
-                if answer_429(stream).await.is_ok() {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                }
-            });
-        }
-    });
-    Ok((port, calls))
-}
-
-/// Reads one whole request (headers and `Content-Length` body), then answers 429.
-async fn answer_429(mut stream: TcpStream) -> anyhow::Result<()> {
-    let mut request = Vec::new();
-    let mut buf = [0u8; 4096];
-    let body_start = loop {
-        let n = stream.read(&mut buf).await?;
-        anyhow::ensure!(n > 0, "the client went away mid-request");
-        request.extend_from_slice(&buf[..n]);
-        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&request[..body_start]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while request.len() < body_start + length {
-        let n = stream.read(&mut buf).await?;
-        anyhow::ensure!(n > 0, "the client went away mid-body");
-        request.extend_from_slice(&buf[..n]);
-    }
-    stream
-        .write_all(
-            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3600\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        )
-        .await?;
-    stream.shutdown().await?;
-    Ok(())
-}
 
 /// The demo's ping automation, and twelve automations that each call the receiver on any
 /// mail whose subject contains `hook`.
@@ -105,7 +51,11 @@ async fn twelve_webhooks_throttled_for_an_hour_do_not_hold_a_ping_reply() -> any
     let _serial = SERIAL.lock().await;
     let db = TestDb::create_empty().await?;
     let vhost = TestVhost::create().await?;
-    let (port, calls) = throttling_receiver().await?;
+    // Every webhook call is answered 429, come back in an hour.
+    let (port, calls) = http_receiver(
+        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3600\r\nContent-Length: 0\r\n",
+    )
+    .await?;
     let id = short_id();
     let account = format!("throttle-{id}");
     let sender = format!("sender-throttle-{id}");
