@@ -43,9 +43,14 @@
 //! tracked, and shutdown waits for them within the same drain deadline.
 //!
 //! A park or dead letter whose confirm is lost with the channel cannot be known to have
-//! reached its queue: it is not acked, the broker requeues the delivery, and the message may
-//! then exist twice (the requeued delivery and the parked copy). Nothing is lost; the second
-//! copy is absorbed by the job's guard once either copy succeeds (see the crate docs).
+//! reached its queue, and the delivery cannot be acked on a dead channel: the broker requeues
+//! it, and the message may then exist twice (the requeued delivery, and the parked copy one
+//! attempt further). The runner keeps both rather than guess: dropping either could lose the
+//! message. Both copies carry the same message id and body, so a guarded job answers whichever
+//! comes second, after the other succeeded, as a duplicate: the guard's mark commits with the
+//! effect, so it is there exactly when the effect is. While neither copy succeeds, each runs
+//! its own attempts, and a message that never succeeds can end as two dead letters. A job
+//! without a guard (the automation trigger) handles both; its next hop is guarded.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -1122,7 +1127,9 @@ async fn park<J>(
             }
         }
         Err(err) => {
-            tracing::error!(tier = %tier.queue, error = %err, "parking failed; dead-lettering instead");
+            // When the confirm was lost with the channel, the copy may have reached the
+            // tier all the same: the message may then exist twice (see the module docs).
+            tracing::error!(tier = %tier.queue, error = %err, "parking failed (its copy may have reached the tier all the same; a later copy then meets the job's guard); dead-lettering instead");
             let why = format!(
                 "parking in {} failed ({err}); last error: {why}",
                 tier.queue

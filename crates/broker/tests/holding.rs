@@ -8,7 +8,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -296,5 +296,217 @@ async fn shutdown_finishes_the_prefetched_deliveries_and_returns_none() -> anyho
         settled.len()
     );
     assert!(returned.is_empty(), "returned to the queue: {returned:?}");
+    Ok(())
+}
+
+/// One proxied connection: its mute switch and the task copying it.
+type Link = (Arc<AtomicBool>, tokio::task::JoinHandle<()>);
+
+/// A proxy to the local broker whose links can be muted towards the client (the broker gets
+/// everything, the client hears nothing more: a confirm is lost on the way) and cut.
+struct MutingProxy {
+    port: u16,
+    links: Arc<tokio::sync::Mutex<Vec<Link>>>,
+}
+
+impl MutingProxy {
+    async fn start() -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let links: Arc<tokio::sync::Mutex<Vec<Link>>> = Arc::default();
+        let accepted = links.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect("127.0.0.1:5672").await else {
+                    continue;
+                };
+                let muted = Arc::new(AtomicBool::new(false));
+                let task = tokio::spawn(link(client, server, muted.clone()));
+                accepted.lock().await.push((muted, task));
+            }
+        });
+        Ok(Self { port, links })
+    }
+
+    /// From now on, the current links pass nothing from the broker to the client.
+    async fn mute(&self) {
+        for (muted, _) in self.links.lock().await.iter() {
+            muted.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Drops every current link, as a dead network would.
+    async fn cut(&self) {
+        for (_, task) in self.links.lock().await.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+async fn link(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    muted: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let up = async move {
+        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match sr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !muted.load(Ordering::SeqCst) && cw.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::join!(up, down);
+}
+
+/// Fails every first attempt; from the second on, applies the effect once under the guard.
+/// The first call for `m1` mutes the proxy, so that its park's confirm never comes back.
+#[derive(Clone)]
+struct ParkThenApply {
+    pool: PgPool,
+    guard: ProcessedMessages,
+    mute: Arc<tokio::sync::Notify>,
+    muted_once: Arc<AtomicBool>,
+    second_attempts: Arc<AtomicU32>,
+}
+
+impl ConsumerJob for ParkThenApply {
+    type Input = Effect;
+
+    fn name(&self) -> &str {
+        "effects"
+    }
+
+    async fn handle(&self, ctx: &WorkContext, input: &Effect) -> Result<Handled, Failure> {
+        if ctx.attempt == 1 {
+            if input.id == "m1" && !self.muted_once.swap(true, Ordering::SeqCst) {
+                self.mute.notify_one();
+                // The proxy mutes before the park is published.
+                tokio::time::sleep(ms(200)).await;
+            }
+            return Err(Failure::transient("not yet"));
+        }
+        self.second_attempts.fetch_add(1, Ordering::SeqCst);
+        let mut tx = self.pool.begin().await.map_err(classify)?;
+        if !self.guard.mark(&mut tx, "effects", &input.id).await? {
+            return Ok(Handled::Duplicate);
+        }
+        sqlx::query("INSERT INTO effects (id) VALUES ($1)")
+            .bind(&input.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+        tx.commit().await.map_err(classify)?;
+        Ok(Handled::Done)
+    }
+}
+
+/// A park whose confirm is lost with the connection: the parked copy reached its tier, and
+/// the delivery, never acked, came back too, so the message exists twice. Nothing is lost,
+/// and the job's guard answers the second copy as a duplicate: the effect happens once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_whose_confirm_is_lost_leaves_a_second_copy_that_the_guard_absorbs()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    sqlx::query("CREATE TABLE effects (id text NOT NULL)")
+        .execute(&db.pool)
+        .await?;
+    let vhost = TestVhost::create().await?;
+    let proxy = MutingProxy::start().await?;
+    let topology = topology(&queue_settings(&[1_500], 10))?;
+    let mut settings = connection_settings(&vhost)?;
+    settings.port = proxy.port;
+    let supervisor = Supervisor::new(settings, topology.clone());
+    let shutdown = CancellationToken::new();
+    let sup_task = tokio::spawn(supervisor.clone().run(shutdown.clone()));
+    let job = ParkThenApply {
+        pool: db.pool.clone(),
+        guard: ProcessedMessages::new(),
+        mute: Arc::default(),
+        muted_once: Arc::default(),
+        second_attempts: Arc::default(),
+    };
+    let (mute, second_attempts) = (job.mute.clone(), job.second_attempts.clone());
+    let recorder = Arc::new(Recorder::default());
+    let runner = ConsumerRunner::observed(
+        job,
+        topology.queues[0].clone(),
+        consumer_settings(10),
+        recorder.clone(),
+    );
+    let consumer_task = {
+        let (supervisor, shutdown) = (supervisor.clone(), shutdown.clone());
+        tokio::spawn(async move { runner.run(&supervisor, shutdown).await })
+    };
+    let mut status = supervisor.status();
+    tokio::time::timeout(WAIT, status.wait_for(|s| s.is_ready())).await??;
+
+    // A direct connection of the test's own, for publishing.
+    let direct = connection_settings(&vhost)?.connect().await?;
+    let ch = direct.create_channel().await?;
+    ch.confirm_select(Default::default()).await?;
+    let publish = |id: &'static str| {
+        let ch = ch.clone();
+        async move {
+            let body = format!(r#"{{"id":"{id}"}}"#);
+            publish_raw(&ch, "commands", QUEUE, body.as_bytes(), properties(id)).await
+        }
+    };
+    // m0 and m0b open the runner's two publishing channels with parks of their own, so that
+    // m1's park needs no answer from the broker to go out.
+    for id in ["m0", "m0b"] {
+        publish(id).await?;
+        recorder.wait_for(id, WAIT, |e| !e.is_empty()).await?;
+    }
+
+    publish("m1").await?;
+    tokio::time::timeout(WAIT, mute.notified()).await?;
+    proxy.mute().await;
+    // The park goes out and is routed to its tier; its confirm is swallowed. Then the link
+    // dies, and the unacked delivery goes back to the queue.
+    tokio::time::sleep(ms(1_000)).await;
+    proxy.cut().await;
+
+    let events = recorder
+        .wait_for("m1", Duration::from_secs(30), |e| {
+            e.iter().any(|e| e.outcome == Outcome::Succeeded)
+                && e.iter().any(|e| e.outcome == Outcome::Duplicate)
+        })
+        .await?;
+    eprintln!("m1: {events:?}");
+    events
+        .iter()
+        .find(|e| e.outcome == Outcome::Requeued)
+        .expect("the park's confirm was lost: the delivery went back to the queue");
+    for id in ["m0", "m0b"] {
+        recorder
+            .wait_for(id, WAIT, |e| {
+                e.iter().any(|e| e.outcome == Outcome::Succeeded)
+            })
+            .await?;
+    }
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects WHERE id = 'm1'")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(effects, 1, "the effect happened once");
+    assert_eq!(
+        second_attempts.load(Ordering::SeqCst),
+        4,
+        "m0 and m0b once each, and both copies of m1 at attempt 2"
+    );
+    assert_eq!(depth(&ch, &topology.queues[0].dead_queue).await?, 0);
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, consumer_task).await??;
+    tokio::time::timeout(WAIT, sup_task).await??;
     Ok(())
 }
