@@ -37,8 +37,10 @@
 //! When the channel or connection is lost, the handlers in flight are not cancelled: they
 //! finish within their own timeout and record their outcome (an SMTP send cut short would be
 //! sent again by the redelivery). Their settle is dropped, since the broker has already
-//! requeued the delivery; the redelivery meets the job's processed-message guard and is
-//! answered as a duplicate. The runner resumes consuming on the next connection without
+//! requeued the delivery; the redelivery meets the job's processed-message guard, which
+//! answers it as a duplicate once the first handler recorded its outcome (a guarded job
+//! whose redelivery arrives while the first handler still runs finds its claim and backs
+//! off to a retry tier). The runner resumes consuming on the next connection without
 //! waiting for them, so for a while more than `concurrency` handlers may run; they stay
 //! tracked, and shutdown waits for them within the same drain deadline.
 //!
