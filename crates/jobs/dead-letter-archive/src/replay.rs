@@ -9,7 +9,9 @@
 //! its application headers, minus the dead-letter bookkeeping (`x-attempt`, `x-dead-*`,
 //! `x-death`, `x-first-death-*`, the delivery counters), plus `x-replayed-from` = the dead
 //! letter's id. Only the rows whose publish was confirmed are marked `replayed`, in the
-//! transaction that held their locks; the others stay `dead`, with why in the report. Rows are
+//! transaction that held their locks; the others stay `dead`, with why in the report. A
+//! replayed outbox row's own `outbox` row is settled (`processed`) in that same transaction,
+//! so that `worker-host outbox retry --all-failed` does not publish it again. Rows are
 //! never deleted. A replay stopped between the confirm and the commit leaves its rows `dead`,
 //! so running it again sends them again: at least once, and consumers dedup on the message id.
 
@@ -365,6 +367,18 @@ async fn replay_batches(
         .await
         .map_err(classify)?
         .rows_affected();
+        // A replayed outbox row is settled in the same transaction: it was published (by the
+        // replay), so `outbox retry --all-failed` must not publish it once more.
+        sqlx::query(
+            "UPDATE outbox SET status = 'processed', processed_at = now() \
+             WHERE status = 'failed' AND id IN ( \
+                 SELECT outbox_id FROM dead_letters \
+                 WHERE id = ANY($1) AND source = 'outbox' AND outbox_id IS NOT NULL)",
+        )
+        .bind(&done)
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
         sqlx::query(
             "UPDATE dead_letter_actions SET matched = matched + $2, succeeded = succeeded + $3, \
                     failed = failed + $4 WHERE id = $1",
