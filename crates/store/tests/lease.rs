@@ -262,3 +262,42 @@ async fn a_tick_whose_lease_session_is_terminated_is_cancelled() -> anyhow::Resu
     }
     Ok(())
 }
+
+/// Ticks that end while a session check may be in flight (checks every 10 ms, ticks of 10 to
+/// 21 ms) still give the lease back in order, on a connection the pool can reuse.
+#[tokio::test]
+async fn a_check_in_flight_when_the_tick_ends_leaves_the_connection_sound() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let pool = db.another_pool(1).await?;
+    let lease = AdvisoryLease::new(pool.clone())
+        .with_checks(Duration::from_millis(10), Duration::from_secs(5));
+    let other = AdvisoryLease::new(db.another_pool(1).await?);
+    let busy = worker_core::SkipIfBusy::new("retention");
+    let first = backend_pid(&pool).await?;
+    for tick in 0..60 {
+        let job = Hold::new(Duration::from_millis(10 + tick % 12));
+        let out = worker_core::tick_once(
+            &job,
+            &busy,
+            Some(&lease),
+            Duration::from_secs(5),
+            &tick_ctx(),
+        )
+        .await;
+        assert!(
+            matches!(out, worker_core::TickOutcome::Ran(_)),
+            "tick {tick}: {out:?}"
+        );
+        let taken = other.acquire("retention").await?;
+        assert!(taken.is_some(), "tick {tick}: the lease was still held");
+        if let Some(guard) = taken {
+            guard.release().await;
+        }
+    }
+    assert_eq!(
+        backend_pid(&pool).await?,
+        first,
+        "the connection was closed"
+    );
+    Ok(())
+}

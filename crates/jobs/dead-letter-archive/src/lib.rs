@@ -70,7 +70,8 @@
 //!   (or, for an outbox row, once an operator's `outbox retry` republished it), and `purged`
 //!   rows stay until the retention sweep.
 //! * **A replayed outbox row is settled in the outbox too** (`processed`, in the replay's
-//!   transaction): `outbox retry --all-failed` does not publish it a second time.
+//!   transaction): `outbox retry --all-failed` does not publish it a second time. The other
+//!   way round, a dead letter of an outbox row retried since is never replayed.
 //! * **Every replay and purge is recorded** with its actor, host, filter and counts.
 
 pub mod archiver;

@@ -190,6 +190,17 @@ pub fn outbox_dedup_key(id: i64, retries: i32) -> String {
     }
 }
 
+/// A condition on `dead_letters`: not a dead letter of an outbox row that an operator has
+/// retried since (`outbox retry`; the drain publishes it again), which a replay must not send
+/// a second time. The maintenance settles such rows `replayed` ([`archive_failed_outbox`]);
+/// this keeps a replay that runs before it from sending them.
+pub(crate) fn not_retried_in_outbox_sql() -> String {
+    format!(
+        " AND NOT EXISTS (SELECT 1 FROM outbox o WHERE dead_letters.source = 'outbox' \
+             AND o.id = dead_letters.outbox_id AND dead_letters.dedup_key <> {OUTBOX_KEY_SQL})"
+    )
+}
+
 const OUTBOX_KEY_SQL: &str =
     "CASE WHEN o.retries = 0 THEN 'outbox:' || o.id ELSE 'outbox:' || o.id || ':' || o.retries END";
 

@@ -1230,3 +1230,34 @@ async fn an_outbox_row_that_fails_again_after_a_retry_is_archived_again() -> any
     assert_eq!((outbox.dead, outbox.replayed), (1, 1), "{outbox:?}");
     Ok(())
 }
+
+/// fail -> archived -> `outbox retry` (the drain will publish it again): a `dlq replay` that
+/// runs before the maintenance settles the dead letter does not send a second copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_whose_outbox_row_was_retried_is_not_replayed() -> anyhow::Result<()> {
+    let h = Harness::start(1).await?;
+    let publisher = h.publisher();
+    let conn = h.connection().await?;
+    let id = failed_outbox_row(h.pool(), "o-retried").await?;
+    assert_eq!(archive_failed_outbox(h.pool(), 10).await?.inserted, 1);
+    assert_eq!(
+        worker_store::outbox::retry(h.pool(), id).await?,
+        worker_store::outbox::RetryResult::Requeued
+    );
+    let outbox_only = Filter {
+        queue: Some(OUTBOX_QUEUE.into()),
+        ..Filter::default()
+    };
+    let r = replay(h.pool(), &publisher, &outbox_only, false, None, &actor()).await?;
+    assert_eq!(
+        (r.matched, r.replayed),
+        (0, 0),
+        "replayed beside the retry: {r:?}"
+    );
+    assert_eq!(
+        drain(&conn, ORDERS).await?.len(),
+        0,
+        "a second copy was sent"
+    );
+    h.stop().await
+}
