@@ -270,10 +270,10 @@ impl fmt::Display for TickOutcome {
 /// [`run_unit`] with `timeout` and a child of `ctx.cancel`.
 ///
 /// Asking for the lease is bounded by the same `timeout` and gives way to cancellation. The
-/// lease is held for the whole tick and watched meanwhile ([`SingletonLease::watch`]): if it is
-/// lost mid-tick (its database session ended), the tick is cancelled at once and fails, so that
-/// it never overlaps a tick another replica starts under the freed lease; the lost guard is
-/// dropped. Otherwise the lease is given back in order ([`SingletonLease::release`]) right
+/// lease is held for the whole tick and watched meanwhile ([`SingletonLease::watch`]): once the
+/// watch finds it lost (its database session ended), the tick is cancelled (its future
+/// dropped, its token fired) and fails, so that it does not go on beside a tick another replica
+/// starts under the freed lease; the lost guard is dropped. Otherwise the lease is given back in order ([`SingletonLease::release`]) right
 /// after the tick, whatever its outcome. Pass `None::<&NoLease>` (see
 /// [`NoLease`](crate::lease::NoLease)) for a job without a lease.
 pub async fn tick_once<J: TimerJob, L: SingletonLease>(

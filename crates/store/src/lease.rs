@@ -25,7 +25,9 @@ pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// While the tick runs, [`SingletonLease::watch`] sends `SELECT 1` on the held connection
 /// every `check_interval`: a session that errors (terminated, connection broken) or does not
 /// answer within `check_timeout` counts as lost, and `tick_once` cancels the tick, because the
-/// server may already have given the lock to another replica. After the tick,
+/// server may already have given the lock to another replica. Polling bounds the overlap with
+/// such a replica to about one `check_interval` (plus the check's own latency), not to zero:
+/// the server frees the lock the moment the session ends. After the tick,
 /// [`SingletonLease::release`] unlocks with `pg_advisory_unlock` and returns the connection to
 /// the pool; only a guard dropped without release (a crash, a lost session) closes it.
 #[derive(Debug, Clone)]
