@@ -11,10 +11,12 @@ use crate::classify;
 /// that they never collide with another application's advisory locks on the same database.
 const LEASE_NAMESPACE: i32 = 0x5748_4c53; // "WHLS"
 
-/// How often a held lease's session is checked while its tick runs, by default.
-pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How long each wait of a held lease's session lasts while its tick runs, by default: the
+/// longest a release waits for the wait in flight to end.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
-/// How long a check may take before the session counts as lost, by default.
+/// How long past its end a wait may go unanswered before the session counts as lost, by
+/// default.
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A singleton lease per timer job across replicas, on PostgreSQL session advisory locks.
@@ -22,14 +24,16 @@ pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The lease is held on one pooled connection for the length of a tick. A replica that dies
 /// loses its connection, and the server releases the lock with it.
 ///
-/// While the tick runs, [`SingletonLease::watch`] sends `SELECT 1` on the held connection
-/// every `check_interval`: a session that errors (terminated, connection broken) or does not
-/// answer within `check_timeout` counts as lost, and `tick_once` cancels the tick, because the
-/// server may already have given the lock to another replica. Polling bounds the overlap with
-/// such a replica to about one `check_interval` (plus the check's own latency), not to zero:
-/// the server frees the lock the moment the session ends. After the tick,
-/// [`SingletonLease::release`] unlocks with `pg_advisory_unlock` and returns the connection to
-/// the pool; only a guard dropped without release (a crash, a lost session) closes it.
+/// While the tick runs, [`SingletonLease::watch`] keeps the held session waiting in
+/// `pg_sleep(check_interval)`, one wait after another. A session that ends (terminated, its
+/// server restarted, the connection broken) ends its wait at once with an error; one that does
+/// not answer within `check_timeout` past the wait counts as lost too. Then `tick_once`
+/// cancels the tick, because the server has given, or may give, the lock to another replica:
+/// the overlap with a replica that takes it is the time the news takes to arrive (about a
+/// round trip), or `check_timeout` for a connection that goes silent. After the tick,
+/// [`SingletonLease::release`] waits for the wait in flight (at most `check_interval`),
+/// unlocks with `pg_advisory_unlock` and returns the connection to the pool; only a guard
+/// dropped without release (a crash, a lost session) closes it.
 #[derive(Debug, Clone)]
 pub struct AdvisoryLease {
     pool: PgPool,
@@ -54,8 +58,8 @@ impl AdvisoryLease {
         }
     }
 
-    /// How often a held lease's session is checked during a tick, and how long a check may
-    /// take before the session counts as lost.
+    /// How long each wait of a held lease's session lasts during a tick, and how long past
+    /// its end a wait may go unanswered before the session counts as lost.
     #[must_use]
     pub fn with_checks(mut self, interval: Duration, timeout: Duration) -> Self {
         self.check_interval = interval.max(Duration::from_millis(10));
@@ -69,10 +73,13 @@ impl AdvisoryLease {
             return Failure::transient("the lease was already given up");
         };
         loop {
-            tokio::time::sleep(self.check_interval).await;
+            // A wait on the server rather than a poll from here: the end of the session
+            // interrupts it at once, where a poll would learn of it only at the next check.
             let checked = tokio::time::timeout(
-                self.check_timeout,
-                sqlx::query("SELECT 1").execute(&mut **conn),
+                self.check_interval + self.check_timeout,
+                sqlx::query("SELECT pg_sleep($1)")
+                    .bind(self.check_interval.as_secs_f64())
+                    .execute(&mut **conn),
             )
             .await;
             match checked {
@@ -86,7 +93,8 @@ impl AdvisoryLease {
                 Err(_elapsed) => {
                     return Failure::transient(format!(
                         "the session holding the lease of `{}` did not answer within {:?}",
-                        guard.job, self.check_timeout
+                        guard.job,
+                        self.check_interval + self.check_timeout
                     ));
                 }
             }
@@ -109,8 +117,9 @@ impl AdvisoryLease {
 }
 
 impl LeaseGuard {
-    /// Unlocks the lease and gives the connection back to the pool. An unlock that fails or
-    /// does not answer within [`DEFAULT_CHECK_TIMEOUT`] closes the connection instead.
+    /// Unlocks the lease and gives the connection back to the pool (after the session's wait
+    /// in flight, if any, has ended). An unlock that fails or does not answer within
+    /// [`DEFAULT_CHECK_TIMEOUT`] closes the connection instead.
     pub async fn release(mut self) {
         if let Some(mut conn) = self.conn.take() {
             let unlocked = tokio::time::timeout(

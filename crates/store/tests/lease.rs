@@ -207,8 +207,8 @@ async fn leased_ticks_release_the_lease_and_keep_their_connection() -> anyhow::R
     Ok(())
 }
 
-/// The lease's session is terminated mid-tick: the tick is cancelled within a few seconds
-/// (it would have run for a minute), and another replica can take the lease.
+/// The lease's session is terminated mid-tick: the tick is cancelled at once (well under a
+/// second; it would have run for a minute), and another replica can take the lease.
 #[tokio::test]
 async fn a_tick_whose_lease_session_is_terminated_is_cancelled() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
@@ -244,7 +244,7 @@ async fn a_tick_whose_lease_session_is_terminated_is_cancelled() -> anyhow::Resu
     let took = killed_at.elapsed();
     eprintln!("the tick was cancelled {took:?} after its lease's session was terminated");
     assert!(
-        took < Duration::from_secs(5),
+        took < Duration::from_millis(500),
         "the tick was cancelled only {took:?} after its lease was lost"
     );
     match &out {
@@ -264,10 +264,10 @@ async fn a_tick_whose_lease_session_is_terminated_is_cancelled() -> anyhow::Resu
     Ok(())
 }
 
-/// Ticks that end while a session check may be in flight (checks every 10 ms, ticks of 10 to
-/// 21 ms) still give the lease back in order, on a connection the pool can reuse.
+/// Ticks that end while the session's wait is in flight (waits of 10 ms, ticks of 10 to 21 ms)
+/// still give the lease back in order, on a connection the pool can reuse.
 #[tokio::test]
-async fn a_check_in_flight_when_the_tick_ends_leaves_the_connection_sound() -> anyhow::Result<()> {
+async fn a_wait_in_flight_when_the_tick_ends_leaves_the_connection_sound() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let pool = db.another_pool(1).await?;
     let lease = AdvisoryLease::new(pool.clone())
