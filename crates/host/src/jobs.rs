@@ -143,6 +143,7 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
     ));
 
     entries.extend(start_dead_letter_archive(ctx));
+    entries.push(start_retention(ctx));
 
     Ok(Started {
         entries,
@@ -185,6 +186,49 @@ fn start_dead_letter_archive(ctx: &JobsContext) -> Vec<JobEntry> {
         Some(ctx.lease.clone()),
         None,
     )]
+}
+
+/// The retention sweep of processed-message marks and attempt-log rows, under the lease,
+/// counting what it deletes per table.
+fn start_retention(ctx: &JobsContext) -> JobEntry {
+    let settings = &ctx.settings;
+    let section = &settings.jobs.retention;
+    let swept = ctx
+        .metrics
+        .meter
+        .u64_counter(crate::metrics::names::RETENTION_SWEPT)
+        .build();
+    let job = job_retention::Retention::observed(
+        ctx.pool.clone(),
+        job_retention::RetentionConfig {
+            processed_messages: settings.workers.dedup_retention,
+            attempt_log: settings.workers.attempt_log.retention,
+            batch_size: section.batch_size,
+            max_batches_per_tick: section.max_batches_per_tick,
+        },
+        Arc::new(SweptCounter(swept)),
+    );
+    start_timer(
+        ctx,
+        job,
+        &section.schedule,
+        section.timeout,
+        Some(ctx.lease.clone()),
+        None,
+    )
+}
+
+/// Counts the rows the retention job deleted, per table.
+#[derive(Debug)]
+struct SweptCounter(opentelemetry::metrics::Counter<u64>);
+
+impl job_retention::RetentionEvents for SweptCounter {
+    fn on_swept(&self, table: job_retention::Table, rows: u64) {
+        self.0.add(
+            rows,
+            &[opentelemetry::KeyValue::new("table", table.as_str())],
+        );
+    }
 }
 
 /// Counts archived dead letters per dead queue; archive errors are logged by the archiver.

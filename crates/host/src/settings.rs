@@ -506,6 +506,33 @@ impl Default for DraftExpiryJobSettings {
     }
 }
 
+/// `[jobs.retention]`: when processed-message marks past `workers.dedup_retention` and
+/// attempt-log rows past `workers.attempt_log.retention` are deleted, and how much per tick.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionJobSettings {
+    pub schedule: Schedule,
+    /// One tick.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Rows per `DELETE` (one short statement).
+    pub batch_size: u32,
+    /// Batches per table per tick at most; a larger backlog is worked off over several ticks.
+    pub max_batches_per_tick: u32,
+}
+
+impl Default for RetentionJobSettings {
+    fn default() -> Self {
+        let job = job_retention::RetentionConfig::default();
+        Self {
+            schedule: Schedule::Every(Duration::from_secs(600)),
+            timeout: Duration::from_secs(60),
+            batch_size: job.batch_size,
+            max_batches_per_tick: job.max_batches_per_tick,
+        }
+    }
+}
+
 /// `[jobs.outbox_drain]`: when the drain ticks (it is also woken at once when a row
 /// commits) and, under `[jobs.outbox_drain.drain]`, how it claims, publishes and retries.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -588,6 +615,7 @@ pub struct JobsSettings {
     pub db_health: DbHealthJobSettings,
     pub draft_expiry: DraftExpiryJobSettings,
     pub dead_letter_archive: DeadLetterArchiveJobSettings,
+    pub retention: RetentionJobSettings,
 }
 
 /// A settings file, or the environment, that cannot be used; names where and what.
@@ -878,6 +906,7 @@ impl Settings {
             "jobs.db_health.probe_timeout".into(),
             jobs.db_health.probe_timeout,
         ));
+        durations.push(("jobs.retention.timeout".into(), jobs.retention.timeout));
         for (key, value) in [
             (
                 "jobs.inbound_email_poller.max_message_bytes",
@@ -910,6 +939,14 @@ impl Settings {
             (
                 "jobs.draft_expiry.max_batches_per_tick",
                 u64::from(jobs.draft_expiry.max_batches_per_tick),
+            ),
+            (
+                "jobs.retention.batch_size",
+                u64::from(jobs.retention.batch_size),
+            ),
+            (
+                "jobs.retention.max_batches_per_tick",
+                u64::from(jobs.retention.max_batches_per_tick),
             ),
         ] {
             if value == 0 {
