@@ -107,8 +107,9 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
     ));
 
     let section = &settings.jobs.db_health;
-    let health = job_db_health::DbHealth::new(
-        ctx.pool.clone(),
+    // On a connection of its own: a pool starved by slow work must not make `/readyz` fail.
+    let health = job_db_health::DbHealth::beside(
+        &ctx.pool,
         job_db_health::DbHealthConfig {
             probe_timeout: section.probe_timeout,
             unhealthy_after: section.unhealthy_after,
