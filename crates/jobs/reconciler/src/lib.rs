@@ -51,6 +51,18 @@
 //! same risk the send path takes when it resends an `unknown` mail on a later delivery; the
 //! row's `last_error` says so if it ends up given up on.
 //!
+//! ## Limits
+//!
+//! * A command that is not lost but only late — waiting behind a backlog longer than
+//!   `stuck_after` — is re-queued all the same (the duplicate is dropped by the guard), and
+//!   after `max_requeues + 1` thresholds its row is given up on while it may still arrive. An
+//!   execution still runs when its command arrives (only `succeeded` ends it); whether a late
+//!   command still sends an email marked `failed` is the sender's decision. Keep
+//!   `stuck_after` well above any backlog the queues are expected to hold.
+//! * Only the outbox is looked at for a live command: a command parked in a retry tier is
+//!   live too, which is why `stuck_after` must exceed the whole retry ladder (every failed try
+//!   touches the row's `updated_at`).
+//!
 //! ## Guarantees
 //!
 //! * **Bounded**: at most `batch_size × max_batches_per_tick` rows of each kind per tick, one
@@ -504,7 +516,7 @@ fn command(kind: WorkKind, row: &StuckRow) -> Result<OutboxMessage, Failure> {
 fn why(kind: WorkKind, row: &StuckRow, stuck_after: Duration) -> String {
     let mut text = format!(
         "stuck: the {kind} stayed `{}` with no command queued for it since {} (over {}s), \
-         and was re-queued {} times by the reconciler without finishing; given up",
+         and did not finish after {} re-queues by the reconciler; given up",
         row.status,
         row.updated_at.to_rfc3339(),
         stuck_after.as_secs(),
@@ -530,7 +542,7 @@ async fn archive(
     // The cause without what varies between rows (ids, times, counts), for the fingerprint.
     let normalized = format!(
         "stuck: the {kind} stayed <str> with no command queued for it since <ts> (over <n>s), \
-         and was re-queued <n> times by the reconciler without finishing; given up"
+         and did not finish after <n> re-queues by the reconciler; given up"
     );
     let digest = Sha256::digest(normalized.as_bytes());
     let fingerprint: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();

@@ -218,7 +218,7 @@ async fn stuck_work_is_requeued_once_then_failed_with_a_dead_letter() -> anyhow:
         assert_eq!((status.as_str(), requeues), ("failed", 1), "{table}");
         let error = error.unwrap_or_default();
         assert!(
-            error.contains("stuck") && error.contains("re-queued 1 times"),
+            error.contains("stuck") && error.contains("after 1 re-queues"),
             "{error}"
         );
         let (source, queue, reason, exchange, key, last_error, body): ArchivedRow = sqlx::query_as(
