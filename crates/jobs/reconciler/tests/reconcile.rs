@@ -429,3 +429,49 @@ async fn a_row_held_by_a_handler_is_passed_over() -> anyhow::Result<()> {
     assert_eq!(job.run(&ctx()).await?.requeued_executions, 1);
     Ok(())
 }
+
+/// The claim states other migrations add (`running`, `sending`, `unknown`) are unfinished
+/// too: the queries name the finished states only. The test lifts the status checks of its own
+/// database so that the states can be written whichever migrations are there.
+#[tokio::test]
+async fn claim_and_unknown_states_count_as_unfinished() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let pool = &db.pool;
+    for table in ["action_executions", "outbound_emails"] {
+        sqlx::query(&format!(
+            "ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_status_check"
+        ))
+        .execute(pool)
+        .await?;
+    }
+    let automation_id = automation(pool).await?;
+    let old = Duration::from_secs(3 * 3600);
+    let running = execution(pool, automation_id, "running", old).await?;
+    let sending = email(pool, "sending", old).await?;
+    let unknown = email(pool, "unknown", old).await?;
+    assert_eq!(
+        count_stuck(pool, TWO_HOURS).await?,
+        StuckCounts {
+            executions: 1,
+            emails: 2
+        }
+    );
+    let report = Reconciler::new(pool.clone(), config(0)).run(&ctx()).await?;
+    assert_eq!((report.failed_executions, report.failed_emails), (1, 2));
+    assert_eq!(
+        status_of(pool, "action_executions", running).await?.0,
+        "failed"
+    );
+    assert_eq!(
+        status_of(pool, "outbound_emails", sending).await?.0,
+        "failed"
+    );
+    let (_, _, error) = status_of(pool, "outbound_emails", unknown).await?;
+    assert!(
+        error
+            .unwrap_or_default()
+            .contains("the server may have accepted it"),
+        "an unknown outcome is said so"
+    );
+    Ok(())
+}
