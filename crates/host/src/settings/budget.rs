@@ -56,6 +56,7 @@ impl Settings {
             accounts.saturating_add(1),
         );
         // The leased timers besides the poller: a lease and a connection for the tick each.
+        // A new leased timer job adds its section's name here.
         let timers = ["draft_expiry", "dead_letter_archive", "reconciler"];
         need(
             format!(
@@ -99,11 +100,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_defaults_fit_with_room_for_one_more_leased_timer() {
+    fn the_defaults_fit_with_room_to_spare() {
         let settings = Settings::default();
         let total: u32 = settings.pool_needs().iter().map(|n| n.connections).sum();
-        assert_eq!(total, 46);
-        assert!(total + 2 <= settings.database.max_connections);
+        assert!(
+            (40..=50).contains(&total),
+            "the defaults need {total}: keep database.max_connections and the docs in step"
+        );
+        assert!(total + 8 <= settings.database.max_connections);
         assert_eq!(settings.check_pool_budget(), Ok(()));
     }
 
@@ -120,6 +124,10 @@ mod tests {
             why.contains("jobs.automation_action.concurrency 8 + "),
             "{why}"
         );
-        assert!(why.contains("= 46; raise it or lower those"), "{why}");
+        let total: u32 = settings.pool_needs().iter().map(|n| n.connections).sum();
+        assert!(
+            why.contains(&format!("= {total}; raise it or lower those")),
+            "{why}"
+        );
     }
 }
