@@ -107,8 +107,9 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
     ));
 
     let section = &settings.jobs.db_health;
-    let health = job_db_health::DbHealth::new(
-        ctx.pool.clone(),
+    // On a connection of its own: a pool starved by slow work must not make `/readyz` fail.
+    let health = job_db_health::DbHealth::beside(
+        &ctx.pool,
         job_db_health::DbHealthConfig {
             probe_timeout: section.probe_timeout,
             unhealthy_after: section.unhealthy_after,
@@ -144,6 +145,17 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
 
     entries.extend(start_dead_letter_archive(ctx));
     entries.push(start_retention(ctx));
+
+    let section = &settings.jobs.reconciler;
+    let reconciler = job_reconciler::Reconciler::new(ctx.pool.clone(), reconciler_config(settings));
+    entries.push(start_timer(
+        ctx,
+        reconciler,
+        &section.schedule,
+        section.timeout,
+        Some(ctx.lease.clone()),
+        None,
+    ));
 
     Ok(Started {
         entries,
@@ -244,6 +256,20 @@ impl job_dead_letter_archive::ArchiveEvents for ArchiveCounter {
                 dead_queue.to_string(),
             )],
         );
+    }
+}
+
+/// The reconciler's thresholds and where its re-queued commands go (the routing keys the
+/// action and email queues are bound with).
+pub fn reconciler_config(settings: &Settings) -> job_reconciler::ReconcilerConfig {
+    let section = &settings.jobs.reconciler;
+    job_reconciler::ReconcilerConfig {
+        stuck_after: section.stuck_after,
+        max_requeues: section.max_requeues,
+        batch_size: section.batch_size,
+        max_batches_per_tick: section.max_batches_per_tick,
+        commands_exchange: settings.broker.topology.commands_exchange.clone(),
+        ..job_reconciler::ReconcilerConfig::default()
     }
 }
 

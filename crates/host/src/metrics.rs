@@ -59,6 +59,9 @@ pub mod names {
     pub const BROKER_CONNECTED: &str = "worker_broker_connected";
     /// Gauge: reconnections of the broker link since start.
     pub const BROKER_RECONNECTS: &str = "worker_broker_reconnects";
+    /// Gauge: stuck work by `kind` (`execution`, `email`): rows unfinished and unchanged for
+    /// longer than `jobs.reconciler.stuck_after`, with no live outbox row for their command.
+    pub const STUCK_WORK: &str = "worker_stuck_work";
 }
 
 /// The instruments the host records into.
