@@ -56,6 +56,9 @@ pub mod names {
     pub const BROKER_CONNECTED: &str = "worker_broker_connected";
     /// Gauge: reconnections of the broker link since start.
     pub const BROKER_RECONNECTS: &str = "worker_broker_reconnects";
+    /// Counter: outbound emails whose send outcome is unknown (no answer after the final "."
+    /// of DATA, or a stale `sending` claim taken over): each may have gone out twice.
+    pub const EMAIL_UNKNOWN_OUTCOMES: &str = "worker_email_unknown_outcomes_total";
 }
 
 /// The instruments the host records into.

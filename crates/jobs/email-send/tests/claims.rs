@@ -237,3 +237,52 @@ async fn a_cancelled_send_leaves_its_claim_which_a_later_try_takes_over_once_sta
     assert_eq!(sink.delivered("cut").len(), 2);
     Ok(())
 }
+
+#[tokio::test]
+async fn an_accepted_mail_is_recorded_sent_even_if_the_database_refuses_for_a_while()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let sink = SmtpSink::start()?;
+    sink.delay_answer("moved@localhost", Duration::from_secs(2))?;
+    let job = sender_for(&db.pool, &sink, 1, Duration::from_secs(20));
+    let id = queue(&db.pool, "moved@localhost", "moved").await;
+
+    let send = tokio::spawn({
+        let job = job.clone();
+        async move { job.handle(&ctx(), &command(id)).await }
+    });
+    eventually(Duration::from_secs(10), "the mail is in DATA", || async {
+        sink.delivered("moved").len() == 1
+    })
+    .await;
+    // A table missing for a while, as in a rolling migration: an error no list calls
+    // transient (42P01), met while recording a mail the server accepted.
+    let mut admin = sqlx::PgConnection::connect(&db.url).await?;
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut admin)
+        .await?;
+    sqlx::query("ALTER TABLE processed_messages RENAME TO processed_messages_moved")
+        .execute(&mut admin)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    sqlx::query("ALTER TABLE processed_messages_moved RENAME TO processed_messages")
+        .execute(&mut admin)
+        .await?;
+
+    assert_eq!(send.await??, Handled::Done);
+    let (status, attempts, last_error, answer) = row(&db.pool, id).await;
+    assert_eq!((status.as_str(), attempts, last_error), ("sent", 1, None));
+    assert_eq!(
+        answer.as_deref(),
+        Some("250 OK delivered to moved@localhost")
+    );
+    let marked: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM processed_messages WHERE scope = 'email.send' AND id = $1)",
+    )
+    .bind(id.to_string())
+    .fetch_one(&db.pool)
+    .await?;
+    assert!(marked, "the guard is marked with the record");
+    assert_eq!(sink.delivered("moved").len(), 1);
+    Ok(())
+}
