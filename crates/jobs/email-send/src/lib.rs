@@ -851,6 +851,20 @@ mod tests {
     }
 
     #[test]
+    fn no_answer_after_the_final_dot_is_unknown_and_no_connection_is_transient() {
+        let f = classify(&SendError::AnswerLost(
+            "no answer to the end of DATA".into(),
+        ));
+        assert!(f.is_unknown(), "{f}");
+        assert!(!f.retries_in_process());
+        let f = classify(&SendError::Connection("could not connect".into()));
+        assert_eq!(f.class(), worker_core::FailureClass::Transient);
+        assert!(f.retries_in_process());
+        let f = classify(&SendError::Client("no 8BITMIME".into()));
+        assert_eq!(f.reason(), "smtp-client");
+    }
+
+    #[test]
     fn truncation_keeps_whole_characters() {
         assert_eq!(truncate("aé", 2), "a");
         assert_eq!(truncate("abc", 5), "abc");
