@@ -445,3 +445,65 @@ async fn bad_settings_are_refused_at_construction() {
     };
     assert!(EmailSender::new(pool, &empty, "a@b", Duration::from_secs(1)).is_err());
 }
+
+#[tokio::test]
+async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<()> {
+    // The local sink speaks plain SMTP, offers no STARTTLS and no AUTH without TLS: each mode
+    // fails the way its handshake does, which shows the connection went through it.
+    let db = TestDb::create().await?;
+    let attempt = |config: SmtpConfig| {
+        let pool = db.pool.clone();
+        async move {
+            let (id, _) = queue(&pool, "alice@localhost", "tls").await;
+            let job = EmailSender::new(
+                pool.clone(),
+                &config,
+                "wh@localhost",
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            let err = job
+                .handle(
+                    &ctx(),
+                    &EmailSendCommand {
+                        email_message_id: id,
+                    },
+                )
+                .await
+                .unwrap_err();
+            (err, row(&pool, id).await.0)
+        }
+    };
+
+    let (err, status) = attempt(SmtpConfig {
+        security: SmtpSecurity::Starttls,
+        ..smtp()
+    })
+    .await;
+    assert_eq!(err.reason(), "smtp-client", "{err}");
+    assert!(err.detail().contains("STARTTLS"), "{err}");
+    assert_eq!(status, "failed");
+
+    let (err, status) = attempt(SmtpConfig {
+        username: Some("wh".into()),
+        password: Some("secret".to_string().into()),
+        ..smtp()
+    })
+    .await;
+    assert_eq!(err.reason(), "smtp-client", "{err}");
+    assert!(err.detail().contains("authentication"), "{err}");
+    assert_eq!(status, "failed");
+
+    let (err, status) = attempt(SmtpConfig {
+        security: SmtpSecurity::Tls,
+        ..smtp()
+    })
+    .await;
+    assert_eq!(
+        err.class(),
+        FailureClass::Transient,
+        "a TLS handshake failure: {err}"
+    );
+    assert_eq!(status, "queued");
+    Ok(())
+}
