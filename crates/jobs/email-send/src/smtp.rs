@@ -66,7 +66,7 @@ impl SmtpPool {
         Self {
             server,
             hello: ClientId::default(),
-            permits: Semaphore::new(pool_size),
+            permits: Semaphore::new(pool_size.min(Semaphore::MAX_PERMITS)),
             idle: Mutex::new(Vec::new()),
         }
     }
