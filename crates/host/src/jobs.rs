@@ -82,8 +82,19 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
         timeouts.email_send,
     )
     .map_err(|e| job_error("email_send", e))?;
-    // The runner's limit sits above the send's own, so that the job records its own timeout.
-    let email_timeout = timeouts.email_send + std::time::Duration::from_secs(5);
+    let unknown_outcomes = ctx
+        .metrics
+        .meter
+        .u64_counter(crate::metrics::names::EMAIL_UNKNOWN_OUTCOMES)
+        .with_description("outbound emails whose send outcome is unknown")
+        .build();
+    let sender = sender.on_unknown(move || unknown_outcomes.add(1, &[]));
+    // The runner's limit sits above the send's own plus the time the job may spend recording
+    // an accepted mail, so that the job records its own outcome (a cut-off record leaves a
+    // claim that goes stale, and the mail is sent again).
+    let email_timeout = timeouts.email_send
+        + job_email_send::DEFAULT_RECORD_BUDGET
+        + std::time::Duration::from_secs(5);
     entries.push(
         start_consumer(ctx, "email_send", sender, email_timeout)
             .map_err(|e| job_error("email_send", e))?,

@@ -62,6 +62,9 @@ pub mod names {
     /// Gauge: stuck work by `kind` (`execution`, `email`): rows unfinished and unchanged for
     /// longer than `jobs.reconciler.stuck_after`, with no live outbox row for their command.
     pub const STUCK_WORK: &str = "worker_stuck_work";
+    /// Counter: outbound emails whose send outcome is unknown (no answer after the final "."
+    /// of DATA, or a stale `sending` claim taken over): each may have gone out twice.
+    pub const EMAIL_UNKNOWN_OUTCOMES: &str = "worker_email_unknown_outcomes_total";
 }
 
 /// The instruments the host records into.
