@@ -21,13 +21,24 @@ Failures a test can choose
       Delete the file and the address is accepted again. The file name is matched
       against the address as given, then lower-cased, then the bare local part.
       The file is read on every RCPT, so the switch takes effect immediately.
+    * late answer: while a file <services dir>/smtp-delay/<address> exists, a mail
+      to that address is delivered at once but the answer to its end of DATA comes
+      only after the number of seconds the file's first line holds (e.g. `6`), so
+      that a client can time out after the final "." while the mail went out.
+      Matched like the failure switch.
+
+Answers
+    The end of DATA is answered `250 OK delivered to <rcpt>[, <rcpt>...]`, so that
+    a client's record of the answer shows which mail it belongs to.
 
 Paths (environment)
     WH_SERVICES_DIR    services dir (default: <repo>/.services, the parent of scripts/)
     WH_MAIL_DIR        mail root (default: $WH_SERVICES_DIR/mail)
     WH_SMTP_FAIL_DIR   switch folder (default: $WH_SERVICES_DIR/smtp-fail)
+    WH_SMTP_DELAY_DIR  late-answer folder (default: $WH_SERVICES_DIR/smtp-delay)
 """
 
+import asyncio
 import logging
 import mailbox
 import os
@@ -37,6 +48,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 SERVICES_DIR = os.environ.get("WH_SERVICES_DIR") or os.path.join(os.path.dirname(_HERE), ".services")
 MAIL_DIR = os.environ.get("WH_MAIL_DIR") or os.path.join(SERVICES_DIR, "mail")
 FAIL_DIR = os.environ.get("WH_SMTP_FAIL_DIR") or os.path.join(SERVICES_DIR, "smtp-fail")
+DELAY_DIR = os.environ.get("WH_SMTP_DELAY_DIR") or os.path.join(SERVICES_DIR, "smtp-delay")
 
 DEFAULT_SWITCH_REPLY = "451 4.3.0 try later"
 _SAFE_LOCAL = re.compile(r"^[a-z0-9!#$%&'*+=?^_`{|}~-][a-z0-9.!#$%&'*+=?^_`{|}~-]*$")
@@ -56,28 +68,48 @@ def split_address(address):
     return local.lower(), domain.lower()
 
 
-def switch_reply(address):
-    """The reply configured by a file in FAIL_DIR for this address, or None."""
+def switch_line(folder, address):
+    """The first line of the switch file in `folder` for this address, or None."""
+    address = address.strip().strip("<>")
     local, _ = split_address(address)
     for name in dict.fromkeys((address, address.lower(), local)):
         if not name or "/" in name or name.startswith("."):
             continue
-        path = os.path.join(FAIL_DIR, name)
+        path = os.path.join(folder, name)
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
-                line = f.readline().strip()
+                return f.readline().strip()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             continue
         except OSError as e:
             log.warning("cannot read switch %s: %s", path, e)
             continue
-        if not line:
-            return DEFAULT_SWITCH_REPLY
-        if not _REPLY.match(line):
-            log.warning("switch %s: %r is not an SMTP reply, using %r", path, line, DEFAULT_SWITCH_REPLY)
-            return DEFAULT_SWITCH_REPLY
-        return line
     return None
+
+
+def answer_delay(address):
+    """Seconds to hold back the end-of-DATA answer for this address (0: none)."""
+    line = switch_line(DELAY_DIR, address)
+    if not line:
+        return 0.0
+    try:
+        return max(0.0, float(line.split()[0]))
+    except ValueError:
+        log.warning("delay switch for %s: %r is not a number of seconds", address, line)
+        return 0.0
+
+
+def switch_reply(address):
+    """The reply configured by a file in FAIL_DIR for this address, or None."""
+    line = switch_line(FAIL_DIR, address)
+    if line is None:
+        return None
+    if not line:
+        return DEFAULT_SWITCH_REPLY
+    if not _REPLY.match(line):
+        log.warning("switch for %s: %r is not an SMTP reply, using %r", address, line, DEFAULT_SWITCH_REPLY)
+        return DEFAULT_SWITCH_REPLY
+    return line
 
 
 def deliver(local, content):
@@ -119,4 +151,8 @@ class Handler:
                 log.error("delivery to %s failed: %s", rcpt, e)
                 return "451 4.3.0 local delivery failed"
             log.info("delivered from <%s> to <%s> as %s", sender, rcpt, key)
-        return "250 OK"
+        delay = max((answer_delay(rcpt) for rcpt in envelope.rcpt_tos), default=0.0)
+        if delay > 0:
+            log.info("holding the answer for %.1f s", delay)
+            await asyncio.sleep(delay)
+        return "250 OK delivered to " + ", ".join(r.strip("<>") for r in envelope.rcpt_tos)

@@ -270,8 +270,12 @@ impl fmt::Display for TickOutcome {
 /// [`run_unit`] with `timeout` and a child of `ctx.cancel`.
 ///
 /// Asking for the lease is bounded by the same `timeout` and gives way to cancellation. The
-/// lease guard is held for the whole tick and dropped right after it. Pass `None::<&NoLease>`
-/// (see [`NoLease`](crate::lease::NoLease)) for a job without a lease.
+/// lease is held for the whole tick and watched meanwhile ([`SingletonLease::watch`]): once the
+/// watch finds it lost (its database session ended), the tick is cancelled (its future
+/// dropped, its token fired) and fails, so that it does not go on beside a tick another replica
+/// starts under the freed lease; the lost guard is dropped. Otherwise the lease is given back in order ([`SingletonLease::release`]) right
+/// after the tick, whatever its outcome. Pass `None::<&NoLease>` (see
+/// [`NoLease`](crate::lease::NoLease)) for a job without a lease.
 pub async fn tick_once<J: TimerJob, L: SingletonLease>(
     job: &J,
     busy: &SkipIfBusy,
@@ -284,35 +288,56 @@ pub async fn tick_once<J: TimerJob, L: SingletonLease>(
         if ctx.cancel.is_cancelled() {
             return TickOutcome::Cancelled;
         }
-        let _lease_guard = match lease {
-            None => None,
-            Some(lease) => match acquire(lease, name, timeout, &ctx.cancel).await {
-                Ok(Some(guard)) => Some(guard),
-                Ok(None) => {
-                    tracing::debug!(
-                        job = name,
-                        "another replica holds the lease; skipping this tick"
-                    );
-                    return TickOutcome::SkippedLease;
-                }
-                Err(None) => return TickOutcome::Cancelled,
-                Err(Some(failure)) => return TickOutcome::Failed(failure),
-            },
+        let run = || {
+            run_unit(name, timeout, &ctx.cancel, |token| {
+                let ctx = ctx.clone().with_cancel(token);
+                async move { job.tick(&ctx).await }
+            })
         };
-        let ran = run_unit(name, timeout, &ctx.cancel, |token| {
-            let ctx = ctx.clone().with_cancel(token);
-            async move { job.tick(&ctx).await }
-        })
-        .await;
-        match ran {
-            Ok(report) => TickOutcome::Ran(report),
-            Err(UnitError::Failed(failure)) => TickOutcome::Failed(failure),
-            Err(UnitError::Cancelled) => TickOutcome::Cancelled,
+        let Some(lease) = lease else {
+            return outcome(run().await);
+        };
+        let mut guard = match acquire(lease, name, timeout, &ctx.cancel).await {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                tracing::debug!(
+                    job = name,
+                    "another replica holds the lease; skipping this tick"
+                );
+                return TickOutcome::SkippedLease;
+            }
+            Err(None) => return TickOutcome::Cancelled,
+            Err(Some(failure)) => return TickOutcome::Failed(failure),
+        };
+        let watched = tokio::select! {
+            biased;
+            ran = run() => Ok(ran),
+            // Dropping the tick's future here cancels it (and `run_unit` cancels its token).
+            lost = lease.watch(&mut guard) => Err(lost),
+        };
+        match watched {
+            Ok(ran) => {
+                lease.release(guard).await;
+                outcome(ran)
+            }
+            Err(lost) => {
+                drop(guard);
+                tracing::error!(job = name, error = %lost, "the lease was lost mid-tick; the tick was cancelled");
+                TickOutcome::Failed(lost.context(format!("job `{name}` lost its lease mid-tick")))
+            }
         }
     });
     match guarded.await {
         Busy::Ran(outcome) => outcome,
         Busy::Skipped => TickOutcome::SkippedBusy,
+    }
+}
+
+fn outcome(ran: Result<TickReport, UnitError>) -> TickOutcome {
+    match ran {
+        Ok(report) => TickOutcome::Ran(report),
+        Err(UnitError::Failed(failure)) => TickOutcome::Failed(failure),
+        Err(UnitError::Cancelled) => TickOutcome::Cancelled,
     }
 }
 
@@ -564,6 +589,10 @@ mod tests {
     struct FakeLease {
         held: Mutex<HashSet<String>>,
         down: bool,
+        /// A held lease is lost this long after its watch starts.
+        lose_after: Option<Duration>,
+        /// Guards given back through `release` (not merely dropped).
+        released: AtomicU64,
     }
 
     #[derive(Debug)]
@@ -590,6 +619,21 @@ mod tests {
                 lease: Arc::clone(self),
                 job: job.to_string(),
             }))
+        }
+
+        async fn watch(&self, _guard: &mut FakeGuard) -> Failure {
+            match self.lose_after {
+                Some(after) => {
+                    tokio::time::sleep(after).await;
+                    Failure::transient("the session ended")
+                }
+                None => std::future::pending().await,
+            }
+        }
+
+        async fn release(&self, guard: FakeGuard) {
+            self.released.fetch_add(1, Ordering::SeqCst);
+            drop(guard);
         }
     }
 
@@ -675,6 +719,67 @@ mod tests {
             "the lease is given back after the tick"
         );
         assert_eq!(job.runs.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            lease.released.load(Ordering::SeqCst),
+            1,
+            "the lease is released in order, not merely dropped"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tick_once_releases_the_lease_after_a_failed_tick_too() {
+        let lease = Arc::new(FakeLease::default());
+        let mut job = Drain::new(Duration::from_secs(60));
+        job.lease = Some(Arc::clone(&lease));
+        let busy = SkipIfBusy::new("outbox-drain");
+        let out = tick_once(
+            &job,
+            &busy,
+            Some(&lease),
+            Duration::from_secs(5),
+            &ctx("outbox-drain"),
+        )
+        .await;
+        assert!(matches!(out, TickOutcome::Failed(_)), "{out:?}");
+        assert_eq!(lease.released.load(Ordering::SeqCst), 1);
+        assert!(lease.held.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tick_once_cancels_the_tick_when_the_lease_is_lost() {
+        let lease = Arc::new(FakeLease {
+            lose_after: Some(Duration::from_secs(2)),
+            ..FakeLease::default()
+        });
+        let job = Drain::new(Duration::from_secs(3_600));
+        let busy = SkipIfBusy::new("outbox-drain");
+        let begin = Instant::now();
+        let out = tick_once(
+            &job,
+            &busy,
+            Some(&lease),
+            Duration::from_secs(30),
+            &ctx("outbox-drain"),
+        )
+        .await;
+        assert_eq!(
+            begin.elapsed(),
+            Duration::from_secs(2),
+            "cancelled when lost"
+        );
+        assert_eq!(
+            out,
+            TickOutcome::Failed(Failure::transient(
+                "job `outbox-drain` lost its lease mid-tick: the session ended"
+            ))
+        );
+        assert_eq!(
+            lease.released.load(Ordering::SeqCst),
+            0,
+            "a lost lease is dropped, not released"
+        );
+        assert!(lease.held.lock().unwrap().is_empty());
+        assert!(!busy.is_busy());
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,6 +2,11 @@
 //!
 //! Core only states the contract; the store crate implements it on PostgreSQL advisory locks.
 //! [`NoLease`] stands in where a job may run on every replica or there is only one.
+//!
+//! A lease has three moments: [`SingletonLease::try_acquire`] before the tick,
+//! [`SingletonLease::watch`] during it (it resolves if the lease is lost, so that the tick is
+//! cancelled before another replica can start one), and [`SingletonLease::release`] after it.
+//! A guard dropped without `release` must still give the lease up (the crash path).
 
 use std::sync::Arc;
 
@@ -19,6 +24,25 @@ pub trait SingletonLease: Send + Sync {
         &self,
         job: &str,
     ) -> impl Future<Output = Result<Option<Self::Guard>, Failure>> + Send;
+
+    /// Resolves, with why, once the lease held by `guard` is lost (its database session gone,
+    /// say): the holder must then stop its work at once, since another replica may now take
+    /// the lease. Never resolves while the lease holds. By default the lease cannot be lost.
+    fn watch<'a>(
+        &'a self,
+        guard: &'a mut Self::Guard,
+    ) -> impl Future<Output = Failure> + Send + 'a {
+        let _ = guard;
+        std::future::pending()
+    }
+
+    /// Gives the lease back after the work, in order (an adapter unlocks it and keeps its
+    /// connection). By default the guard is dropped. Not called after [`watch`](Self::watch)
+    /// resolved: such a guard is dropped.
+    fn release(&self, guard: Self::Guard) -> impl Future<Output = ()> + Send {
+        drop(guard);
+        std::future::ready(())
+    }
 }
 
 /// A lease that is always free: for jobs that are safe to run on every replica at once.
@@ -42,6 +66,16 @@ impl<L: SingletonLease> SingletonLease for Arc<L> {
     ) -> impl Future<Output = Result<Option<Self::Guard>, Failure>> + Send {
         L::try_acquire(self, job)
     }
+    fn watch<'a>(
+        &'a self,
+        guard: &'a mut Self::Guard,
+    ) -> impl Future<Output = Failure> + Send + 'a {
+        L::watch(self, guard)
+    }
+
+    fn release(&self, guard: Self::Guard) -> impl Future<Output = ()> + Send {
+        L::release(self, guard)
+    }
 }
 
 impl<L: SingletonLease> SingletonLease for &L {
@@ -52,5 +86,15 @@ impl<L: SingletonLease> SingletonLease for &L {
         job: &str,
     ) -> impl Future<Output = Result<Option<Self::Guard>, Failure>> + Send {
         L::try_acquire(self, job)
+    }
+    fn watch<'a>(
+        &'a self,
+        guard: &'a mut Self::Guard,
+    ) -> impl Future<Output = Failure> + Send + 'a {
+        L::watch(self, guard)
+    }
+
+    fn release(&self, guard: Self::Guard) -> impl Future<Output = ()> + Send {
+        L::release(self, guard)
     }
 }

@@ -24,7 +24,8 @@
 //! * [`busy`] — [`SkipIfBusy`]: a tick that finds the previous tick still running is skipped
 //!   with a warning, never queued and never run beside it.
 //! * [`lease`] — [`SingletonLease`]: the same guarantee across replicas (implemented by the
-//!   store crate on PostgreSQL advisory locks). [`NoLease`] for jobs that do not need one.
+//!   store crate on PostgreSQL advisory locks), watched during the tick (a lost lease cancels
+//!   it) and released in order after it. [`NoLease`] for jobs that do not need one.
 //! * [`dedup`] — [`ProcessedGuard`]: the one processed-message guard, marked inside the
 //!   caller's transaction so the effect and the mark commit together.
 //! * [`job`] — [`ConsumerJob`] (one decoded message in, [`Handled`] out) and [`TimerJob`]

@@ -82,8 +82,19 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
         timeouts.email_send,
     )
     .map_err(|e| job_error("email_send", e))?;
-    // The runner's limit sits above the send's own, so that the job records its own timeout.
-    let email_timeout = timeouts.email_send + std::time::Duration::from_secs(5);
+    let unknown_outcomes = ctx
+        .metrics
+        .meter
+        .u64_counter(crate::metrics::names::EMAIL_UNKNOWN_OUTCOMES)
+        .with_description("outbound emails whose send outcome is unknown")
+        .build();
+    let sender = sender.on_unknown(move || unknown_outcomes.add(1, &[]));
+    // The runner's limit sits above the send's own plus the time the job may spend recording
+    // an accepted mail, so that the job records its own outcome (a cut-off record leaves a
+    // claim that goes stale, and the mail is sent again).
+    let email_timeout = timeouts.email_send
+        + job_email_send::DEFAULT_RECORD_BUDGET
+        + std::time::Duration::from_secs(5);
     entries.push(
         start_consumer(ctx, "email_send", sender, email_timeout)
             .map_err(|e| job_error("email_send", e))?,
@@ -107,8 +118,9 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
     ));
 
     let section = &settings.jobs.db_health;
-    let health = job_db_health::DbHealth::new(
-        ctx.pool.clone(),
+    // On a connection of its own: a pool starved by slow work must not make `/readyz` fail.
+    let health = job_db_health::DbHealth::beside(
+        &ctx.pool,
         job_db_health::DbHealthConfig {
             probe_timeout: section.probe_timeout,
             unhealthy_after: section.unhealthy_after,
@@ -143,6 +155,18 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
     ));
 
     entries.extend(start_dead_letter_archive(ctx));
+    entries.push(start_retention(ctx));
+
+    let section = &settings.jobs.reconciler;
+    let reconciler = job_reconciler::Reconciler::new(ctx.pool.clone(), reconciler_config(settings));
+    entries.push(start_timer(
+        ctx,
+        reconciler,
+        &section.schedule,
+        section.timeout,
+        Some(ctx.lease.clone()),
+        None,
+    ));
 
     Ok(Started {
         entries,
@@ -187,6 +211,49 @@ fn start_dead_letter_archive(ctx: &JobsContext) -> Vec<JobEntry> {
     )]
 }
 
+/// The retention sweep of processed-message marks and attempt-log rows, under the lease,
+/// counting what it deletes per table.
+fn start_retention(ctx: &JobsContext) -> JobEntry {
+    let settings = &ctx.settings;
+    let section = &settings.jobs.retention;
+    let swept = ctx
+        .metrics
+        .meter
+        .u64_counter(crate::metrics::names::RETENTION_SWEPT)
+        .build();
+    let job = job_retention::Retention::observed(
+        ctx.pool.clone(),
+        job_retention::RetentionConfig {
+            processed_messages: settings.workers.dedup_retention,
+            attempt_log: settings.workers.attempt_log.retention,
+            batch_size: section.batch_size,
+            max_batches_per_tick: section.max_batches_per_tick,
+        },
+        Arc::new(SweptCounter(swept)),
+    );
+    start_timer(
+        ctx,
+        job,
+        &section.schedule,
+        section.timeout,
+        Some(ctx.lease.clone()),
+        None,
+    )
+}
+
+/// Counts the rows the retention job deleted, per table.
+#[derive(Debug)]
+struct SweptCounter(opentelemetry::metrics::Counter<u64>);
+
+impl job_retention::RetentionEvents for SweptCounter {
+    fn on_swept(&self, table: job_retention::Table, rows: u64) {
+        self.0.add(
+            rows,
+            &[opentelemetry::KeyValue::new("table", table.as_str())],
+        );
+    }
+}
+
 /// Counts archived dead letters per dead queue; archive errors are logged by the archiver.
 #[derive(Debug)]
 struct ArchiveCounter(opentelemetry::metrics::Counter<u64>);
@@ -200,6 +267,20 @@ impl job_dead_letter_archive::ArchiveEvents for ArchiveCounter {
                 dead_queue.to_string(),
             )],
         );
+    }
+}
+
+/// The reconciler's thresholds and where its re-queued commands go (the routing keys the
+/// action and email queues are bound with).
+pub fn reconciler_config(settings: &Settings) -> job_reconciler::ReconcilerConfig {
+    let section = &settings.jobs.reconciler;
+    job_reconciler::ReconcilerConfig {
+        stuck_after: section.stuck_after,
+        max_requeues: section.max_requeues,
+        batch_size: section.batch_size,
+        max_batches_per_tick: section.max_batches_per_tick,
+        commands_exchange: settings.broker.topology.commands_exchange.clone(),
+        ..job_reconciler::ReconcilerConfig::default()
     }
 }
 

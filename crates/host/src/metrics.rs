@@ -42,6 +42,9 @@ pub mod names {
     pub const DEAD_LETTER_OLDEST_AGE: &str = "worker_dead_letter_oldest_age_seconds";
     /// Counter: dead letters archived, by `dead_queue`.
     pub const DEAD_LETTERS_ARCHIVED: &str = "worker_dead_letters_archived_total";
+    /// Counter: rows the retention job deleted past their retention, by `table`
+    /// (`processed_messages`, `attempt_log`).
+    pub const RETENTION_SWEPT: &str = "worker_retention_swept_total";
     /// Gauge: outbox rows waiting to be published.
     pub const OUTBOX_PENDING: &str = "worker_outbox_pending";
     /// Gauge: outbox rows that gave up (`failed`), waiting for an operator.
@@ -56,6 +59,12 @@ pub mod names {
     pub const BROKER_CONNECTED: &str = "worker_broker_connected";
     /// Gauge: reconnections of the broker link since start.
     pub const BROKER_RECONNECTS: &str = "worker_broker_reconnects";
+    /// Gauge: stuck work by `kind` (`execution`, `email`): rows unfinished and unchanged for
+    /// longer than `jobs.reconciler.stuck_after`, with no live outbox row for their command.
+    pub const STUCK_WORK: &str = "worker_stuck_work";
+    /// Counter: outbound emails whose send outcome is unknown (no answer after the final "."
+    /// of DATA, or a stale `sending` claim taken over): each may have gone out twice.
+    pub const EMAIL_UNKNOWN_OUTCOMES: &str = "worker_email_unknown_outcomes_total";
 }
 
 /// The instruments the host records into.

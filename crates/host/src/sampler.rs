@@ -1,5 +1,5 @@
 //! Readings taken on an interval: queue and dead-letter depths, dead-letter inflow, the
-//! outbox, the database probe and the broker link. They feed the gauges of `/metrics` (and
+//! outbox, stuck work, the database probe and the broker link. They feed the gauges of `/metrics` (and
 //! OTLP) and the alerts of `/status`. Taken once per interval, so a scrape never queries the
 //! broker or the database.
 
@@ -35,6 +35,8 @@ pub struct Readings {
     pub db_consecutive_failures: u32,
     pub broker_connected: bool,
     pub broker_reconnects: u64,
+    /// Stuck rows by kind (`execution`, `email`), as the reconciler defines them.
+    pub stuck_work: BTreeMap<&'static str, u64>,
 }
 
 /// What the sampler reads from.
@@ -43,6 +45,8 @@ pub struct Sources {
     pub pool: PgPool,
     pub supervisor: worker_broker::Supervisor,
     pub health: job_db_health::HealthHandle,
+    /// `jobs.reconciler.stuck_after`: what counts as stuck.
+    pub stuck_after: Duration,
 }
 
 /// Registers the gauges over `readings` on the meter. The callbacks read the last readings.
@@ -130,6 +134,16 @@ pub fn register_gauges(metrics: &Metrics, readings: Arc<RwLock<Readings>>) {
         .with_description("1 while the broker link is connected")
         .with_callback(move |o| o.observe(u64::from(r().broker_connected), &[]))
         .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::STUCK_WORK)
+        .with_description("executions and emails stuck unfinished with no command queued")
+        .with_callback(move |o| {
+            for (kind, count) in r().stuck_work {
+                o.observe(count, &[KeyValue::new("kind", kind)]);
+            }
+        })
+        .build();
     let r = read;
     meter
         .u64_observable_gauge(names::BROKER_RECONNECTS)
@@ -194,6 +208,11 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
             .collect(),
         Err(_) => r.dead_letter_depth.clone(),
     };
+    if let Ok(stuck) = job_reconciler::count_stuck(pool, sources.stuck_after).await {
+        for kind in job_reconciler::WorkKind::ALL {
+            r.stuck_work.insert(kind.as_str(), stuck.get(kind));
+        }
+    }
     if let Ok(age) = job_dead_letter_archive::oldest_age(pool).await {
         r.oldest_dead_letter_age = age;
     }
@@ -270,6 +289,14 @@ pub fn evaluate(alerts: &AlertBook, settings: &AlertSettings, r: &Readings) {
             .map_or(0.0, |d| d.as_secs().min(u64::from(u32::MAX)) as f64),
         settings.outbox_oldest_pending.as_secs() as f64,
     );
+    for (kind, count) in &r.stuck_work {
+        alerts.evaluate(
+            &format!("stuck-work:{kind}"),
+            &format!("{kind}s stuck unfinished with no command queued"),
+            *count as f64,
+            settings.stuck_work as f64,
+        );
+    }
     alerts.evaluate(
         "db-probe-failures",
         "failed database probes in a row",
@@ -297,6 +324,27 @@ mod tests {
         assert_eq!(active.len(), 1);
         assert_eq!(active[0].name, "dead-letter-depth:email.send");
         r.dead_letter_depth.insert("email.send".into(), 0);
+        evaluate(&alerts, &settings, &r);
+        assert!(alerts.active().is_empty());
+    }
+
+    #[test]
+    fn any_stuck_work_is_an_alert_per_kind_by_default() {
+        let alerts = AlertBook::default();
+        let settings = AlertSettings::default();
+        let mut r = Readings::default();
+        r.stuck_work.insert("execution", 0);
+        r.stuck_work.insert("email", 2);
+        evaluate(&alerts, &settings, &r);
+        let active = alerts.active();
+        assert_eq!(active.len(), 1, "{active:?}");
+        assert_eq!(active[0].name, "stuck-work:email");
+        assert!(
+            active[0].message.contains("emails stuck"),
+            "{}",
+            active[0].message
+        );
+        r.stuck_work.insert("email", 0);
         evaluate(&alerts, &settings, &r);
         assert!(alerts.active().is_empty());
     }

@@ -16,6 +16,8 @@ use worker_core::RetryPolicy;
 
 use crate::secret::Secret;
 
+pub use budget::{DEDICATED, Need};
+
 /// The settings file used when neither `--config` nor `WORKER_HOST_CONFIG` names one.
 pub const DEFAULT_PATH: &str = "config/worker-host.toml";
 /// The prefix of environment overrides; levels are separated by a double underscore.
@@ -68,6 +70,7 @@ pub struct DatabaseSettings {
     pub username: String,
     pub password: Option<Secret>,
     pub password_file: Option<PathBuf>,
+    /// Connections in the shared pool; the jobs' concurrency must fit in it (`budget`).
     pub max_connections: u32,
     #[serde(with = "humantime_serde")]
     pub acquire_timeout: Duration,
@@ -85,7 +88,8 @@ impl Default for DatabaseSettings {
             username: "worker_host".into(),
             password: None,
             password_file: None,
-            max_connections: 20,
+            // What the default concurrency can ask at once (see `settings::budget`), with room.
+            max_connections: 64,
             acquire_timeout: Duration::from_secs(10),
             connect_attempts: 10,
             migrate_on_start: true,
@@ -526,6 +530,33 @@ impl Default for DraftExpiryJobSettings {
     }
 }
 
+/// `[jobs.retention]`: when processed-message marks past `workers.dedup_retention` and
+/// attempt-log rows past `workers.attempt_log.retention` are deleted, and how much per tick.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionJobSettings {
+    pub schedule: Schedule,
+    /// One tick.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Rows per `DELETE` (one short statement).
+    pub batch_size: u32,
+    /// Batches per table per tick at most; a larger backlog is worked off over several ticks.
+    pub max_batches_per_tick: u32,
+}
+
+impl Default for RetentionJobSettings {
+    fn default() -> Self {
+        let job = job_retention::RetentionConfig::default();
+        Self {
+            schedule: Schedule::Every(Duration::from_secs(600)),
+            timeout: Duration::from_secs(60),
+            batch_size: job.batch_size,
+            max_batches_per_tick: job.max_batches_per_tick,
+        }
+    }
+}
+
 /// `[jobs.outbox_drain]`: when the drain ticks (it is also woken at once when a row
 /// commits) and, under `[jobs.outbox_drain.drain]`, how it claims, publishes and retries.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -567,6 +598,39 @@ impl Default for DeadLetterArchiveJobSettings {
     }
 }
 
+/// `[jobs.reconciler]`: stuck executions and emails re-queued, then given up on.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconcilerJobSettings {
+    pub schedule: Schedule,
+    /// One tick.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Unfinished and unchanged for longer than this, with no live outbox row: stuck. Keep it
+    /// longer than the whole retry ladder.
+    #[serde(with = "humantime_serde")]
+    pub stuck_after: Duration,
+    /// Re-queues of one stuck row before it is marked `failed` with a dead letter.
+    pub max_requeues: u32,
+    /// Rows per batch (one short transaction).
+    pub batch_size: u32,
+    /// Batches of each kind per tick at most.
+    pub max_batches_per_tick: u32,
+}
+
+impl Default for ReconcilerJobSettings {
+    fn default() -> Self {
+        Self {
+            schedule: Schedule::Every(Duration::from_secs(300)),
+            timeout: Duration::from_secs(60),
+            stuck_after: Duration::from_secs(2 * 3600),
+            max_requeues: 1,
+            batch_size: 100,
+            max_batches_per_tick: 10,
+        }
+    }
+}
+
 /// `[alerts]`: thresholds; crossing one logs an error once and shows on `/status`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -583,6 +647,8 @@ pub struct AlertSettings {
     pub outbox_oldest_pending: Duration,
     /// Failed database probes in a row above this.
     pub db_probe_failures: u32,
+    /// Stuck executions or emails (of either kind) above this.
+    pub stuck_work: u64,
 }
 
 impl Default for AlertSettings {
@@ -593,6 +659,7 @@ impl Default for AlertSettings {
             dead_letter_inflow_per_minute: 50,
             outbox_oldest_pending: Duration::from_secs(300),
             db_probe_failures: 3,
+            stuck_work: 0,
         }
     }
 }
@@ -608,6 +675,8 @@ pub struct JobsSettings {
     pub db_health: DbHealthJobSettings,
     pub draft_expiry: DraftExpiryJobSettings,
     pub dead_letter_archive: DeadLetterArchiveJobSettings,
+    pub retention: RetentionJobSettings,
+    pub reconciler: ReconcilerJobSettings,
 }
 
 /// A settings file, or the environment, that cannot be used; names where and what.
@@ -923,6 +992,12 @@ impl Settings {
             "jobs.db_health.probe_timeout".into(),
             jobs.db_health.probe_timeout,
         ));
+        durations.push(("jobs.retention.timeout".into(), jobs.retention.timeout));
+        durations.push(("jobs.reconciler.timeout".into(), jobs.reconciler.timeout));
+        durations.push((
+            "jobs.reconciler.stuck_after".into(),
+            jobs.reconciler.stuck_after,
+        ));
         for (key, value) in [
             (
                 "jobs.inbound_email_poller.max_message_bytes",
@@ -956,10 +1031,29 @@ impl Settings {
                 "jobs.draft_expiry.max_batches_per_tick",
                 u64::from(jobs.draft_expiry.max_batches_per_tick),
             ),
+            (
+                "jobs.retention.batch_size",
+                u64::from(jobs.retention.batch_size),
+            ),
+            (
+                "jobs.retention.max_batches_per_tick",
+                u64::from(jobs.retention.max_batches_per_tick),
+            ),
+            (
+                "jobs.reconciler.batch_size",
+                u64::from(jobs.reconciler.batch_size),
+            ),
+            (
+                "jobs.reconciler.max_batches_per_tick",
+                u64::from(jobs.reconciler.max_batches_per_tick),
+            ),
         ] {
             if value == 0 {
                 fail(key, "expected a positive number, found 0".into());
             }
+        }
+        if let Err(problem) = self.check_pool_budget() {
+            fail("database.max_connections", problem);
         }
         let mut names = std::collections::HashSet::new();
         for (i, account) in self.imap.accounts.iter().enumerate() {
@@ -1204,6 +1298,8 @@ pub fn source_from(flag: Option<&Path>) -> SettingsSource {
         },
     }
 }
+
+mod budget;
 
 #[cfg(test)]
 mod tests;

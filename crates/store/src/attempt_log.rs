@@ -28,7 +28,8 @@
 //!   settled outcome through [`AttemptLog::record_outcome`]; where a [`WorkContext`] is at
 //!   hand, `log.for_unit(&ctx)` is an observer for [`worker_core::Retry::observer`];
 //! * timer jobs: [`AttemptLog::record_tick`] after each [`worker_core::tick_once`];
-//! * retention: [`purge`] on a schedule.
+//! * retention: the host's retention job calls [`purge_batch`] on a schedule, in bounded
+//!   batches.
 
 use std::fmt;
 use std::sync::Arc;
@@ -65,7 +66,7 @@ pub struct AttemptLogSettings {
     /// Longest a record waits before its batch is written.
     #[serde(with = "humantime_serde")]
     pub flush_interval: Duration,
-    /// Rows older than this are deleted by [`purge`].
+    /// Rows older than this are deleted by the retention job ([`purge_batch`]).
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
 }
@@ -540,26 +541,34 @@ where
     Ok(())
 }
 
-/// Deletes rows older than `retention`, at most `batch` per statement. Returns how many went.
+/// Deletes rows older than `retention`, at most `batch` per statement, until none is left.
+/// Returns how many went. The host's retention job uses [`purge_batch`], bounded per tick.
 pub async fn purge(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64, Failure> {
     let batch = batch.max(1);
     let mut total = 0;
     loop {
-        let done = sqlx::query(
-            "DELETE FROM attempt_log WHERE id IN ( \
-                 SELECT id FROM attempt_log WHERE at < now() - make_interval(secs => $1) \
-                 LIMIT $2)",
-        )
-        .bind(retention.as_secs_f64())
-        .bind(i64::from(batch))
-        .execute(pool)
-        .await
-        .map_err(classify)?;
-        total += done.rows_affected();
-        if done.rows_affected() < u64::from(batch) {
+        let done = purge_batch(pool, retention, batch).await?;
+        total += done;
+        if done < u64::from(batch) {
             return Ok(total);
         }
     }
+}
+
+/// Deletes at most `batch` rows older than `retention`, oldest first, in one statement.
+/// Returns how many went.
+pub async fn purge_batch(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64, Failure> {
+    let done = sqlx::query(
+        "DELETE FROM attempt_log WHERE id IN ( \
+             SELECT id FROM attempt_log WHERE at < now() - make_interval(secs => $1) \
+             ORDER BY at LIMIT $2)",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(i64::from(batch.max(1)))
+    .execute(pool)
+    .await
+    .map_err(classify)?;
+    Ok(done.rows_affected())
 }
 
 /// Failures per job, outcome and class since `since`: what failed, and how often.

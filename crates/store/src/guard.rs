@@ -57,8 +57,31 @@ impl ProcessedMessages {
         Ok(ids.iter().map(|id| fresh.remove(id)).collect())
     }
 
-    /// Deletes marks older than `retention`; returns how many went. The retention must
-    /// outlast every retry tier and any replay of a dead letter.
+    /// Deletes at most `batch` marks older than `retention`, oldest first, in one statement;
+    /// returns how many went. The retention must outlast every retry tier and any replay of a
+    /// dead letter. The retention job calls this in bounded batches.
+    pub async fn sweep_batch(
+        &self,
+        pool: &PgPool,
+        retention: Duration,
+        batch: u32,
+    ) -> Result<u64, Failure> {
+        let done = sqlx::query(
+            "DELETE FROM processed_messages WHERE (scope, id) IN ( \
+                 SELECT scope, id FROM processed_messages \
+                 WHERE processed_at < now() - make_interval(secs => $1) \
+                 ORDER BY processed_at LIMIT $2)",
+        )
+        .bind(retention.as_secs_f64())
+        .bind(i64::from(batch.max(1)))
+        .execute(pool)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+
+    /// Deletes every mark older than `retention` in one statement; returns how many went.
+    /// For tests and one-off maintenance: the host sweeps with [`sweep_batch`](Self::sweep_batch).
     pub async fn sweep(&self, pool: &PgPool, retention: Duration) -> Result<u64, Failure> {
         let seconds = retention.as_secs_f64();
         let done = sqlx::query(

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use sqlx::PgPool;
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -9,13 +11,34 @@ use crate::classify;
 /// that they never collide with another application's advisory locks on the same database.
 const LEASE_NAMESPACE: i32 = 0x5748_4c53; // "WHLS"
 
+/// How long each wait of a held lease's session lasts while its tick runs, by default: the
+/// longest a release waits for the wait in flight to end.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long past its end a wait may go unanswered before the session counts as lost, by
+/// default.
+pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A singleton lease per timer job across replicas, on PostgreSQL session advisory locks.
 ///
 /// The lease is held on one pooled connection for the length of a tick. A replica that dies
 /// loses its connection, and the server releases the lock with it.
+///
+/// While the tick runs, [`SingletonLease::watch`] keeps the held session waiting in
+/// `pg_sleep(check_interval)`, one wait after another. A session that ends (terminated, its
+/// server restarted, the connection broken) ends its wait at once with an error; one that does
+/// not answer within `check_timeout` past the wait counts as lost too. Then `tick_once`
+/// cancels the tick, because the server has given, or may give, the lock to another replica:
+/// the overlap with a replica that takes it is the time the news takes to arrive (about a
+/// round trip), or `check_timeout` for a connection that goes silent. After the tick,
+/// [`SingletonLease::release`] waits for the wait in flight (at most `check_interval`),
+/// unlocks with `pg_advisory_unlock` and returns the connection to the pool; only a guard
+/// dropped without release (a crash, a lost session) closes it.
 #[derive(Debug, Clone)]
 pub struct AdvisoryLease {
     pool: PgPool,
+    check_interval: Duration,
+    check_timeout: Duration,
 }
 
 /// A held lease. `release` unlocks it and returns the connection to the pool; dropping it
@@ -28,7 +51,54 @@ pub struct LeaseGuard {
 
 impl AdvisoryLease {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            check_interval: DEFAULT_CHECK_INTERVAL,
+            check_timeout: DEFAULT_CHECK_TIMEOUT,
+        }
+    }
+
+    /// How long each wait of a held lease's session lasts during a tick, and how long past
+    /// its end a wait may go unanswered before the session counts as lost.
+    #[must_use]
+    pub fn with_checks(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.check_interval = interval.max(Duration::from_millis(10));
+        self.check_timeout = timeout.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Resolves once the session holding `guard` is lost; see the type's docs.
+    pub async fn watch(&self, guard: &mut LeaseGuard) -> Failure {
+        let Some(conn) = guard.conn.as_mut() else {
+            return Failure::transient("the lease was already given up");
+        };
+        loop {
+            // A wait on the server rather than a poll from here: the end of the session
+            // interrupts it at once, where a poll would learn of it only at the next check.
+            let checked = tokio::time::timeout(
+                self.check_interval + self.check_timeout,
+                sqlx::query("SELECT pg_sleep($1)")
+                    .bind(self.check_interval.as_secs_f64())
+                    .execute(&mut **conn),
+            )
+            .await;
+            match checked {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => {
+                    return Failure::transient(format!(
+                        "the session holding the lease of `{}` was lost: {err}",
+                        guard.job
+                    ));
+                }
+                Err(_elapsed) => {
+                    return Failure::transient(format!(
+                        "the session holding the lease of `{}` did not answer within {:?}",
+                        guard.job,
+                        self.check_interval + self.check_timeout
+                    ));
+                }
+            }
+        }
     }
 
     pub async fn acquire(&self, job: &str) -> Result<Option<LeaseGuard>, Failure> {
@@ -47,17 +117,30 @@ impl AdvisoryLease {
 }
 
 impl LeaseGuard {
-    /// Unlocks the lease and gives the connection back to the pool.
+    /// Unlocks the lease and gives the connection back to the pool (after the session's wait
+    /// in flight, if any, has ended). An unlock that fails or does not answer within
+    /// [`DEFAULT_CHECK_TIMEOUT`] closes the connection instead.
     pub async fn release(mut self) {
         if let Some(mut conn) = self.conn.take() {
-            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext($2))")
-                .bind(LEASE_NAMESPACE)
-                .bind(&self.job)
-                .execute(&mut *conn)
-                .await;
-            if unlocked.is_err() {
-                // The lock's fate is unknown: closing the session is the one sure release.
-                conn.close_on_drop();
+            let unlocked = tokio::time::timeout(
+                DEFAULT_CHECK_TIMEOUT,
+                sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1, hashtext($2))")
+                    .bind(LEASE_NAMESPACE)
+                    .bind(&self.job)
+                    .fetch_one(&mut *conn),
+            )
+            .await;
+            match unlocked {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    // This session did not hold it (it never should): close it to be sure.
+                    tracing::warn!(job = %self.job, "the lease was not held by its session at release");
+                    conn.close_on_drop();
+                }
+                Ok(Err(_)) | Err(_) => {
+                    // The lock's fate is unknown: closing the session is the one sure release.
+                    conn.close_on_drop();
+                }
             }
         }
     }
@@ -80,5 +163,13 @@ impl SingletonLease for AdvisoryLease {
 
     async fn try_acquire(&self, job: &str) -> Result<Option<LeaseGuard>, Failure> {
         self.acquire(job).await
+    }
+
+    async fn watch(&self, guard: &mut LeaseGuard) -> Failure {
+        AdvisoryLease::watch(self, guard).await
+    }
+
+    async fn release(&self, guard: LeaseGuard) {
+        guard.release().await;
     }
 }

@@ -450,7 +450,8 @@ pub enum RetryResult {
 }
 
 /// Makes row `id` pending again, due now, with its attempts reset (its last error is kept
-/// until the next attempt), and wakes the drain. A pending row is made due now.
+/// until the next attempt), and wakes the drain. A pending row is made due now. A failed row
+/// has its `retries` counted up, so that a second failure is archived as a failure of its own.
 pub async fn retry(pool: &PgPool, id: i64) -> Result<RetryResult, Failure> {
     let mut tx = pool.begin().await.map_err(classify)?;
     let status: Option<String> =
@@ -463,8 +464,11 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<RetryResult, Failure> {
         None => RetryResult::NotFound,
         Some("processed") => RetryResult::AlreadyProcessed,
         Some(_) => {
+            // A failed row starts a new life: counted, so that its next failure is archived
+            // as a dead letter of its own.
             sqlx::query(
-                "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now() \
+                "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now(), \
+                        retries = retries + CASE WHEN status = 'failed' THEN 1 ELSE 0 END \
                  WHERE id = $1",
             )
             .bind(id)
@@ -479,12 +483,13 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<RetryResult, Failure> {
     Ok(result)
 }
 
-/// Makes every failed row pending again, due now, with its attempts reset, and wakes the
-/// drain. Returns how many rows were requeued.
+/// Makes every failed row pending again, due now, with its attempts reset and its `retries`
+/// counted up, and wakes the drain. Returns how many rows were requeued.
 pub async fn retry_all_failed(pool: &PgPool) -> Result<u64, Failure> {
     let mut tx = pool.begin().await.map_err(classify)?;
     let done = sqlx::query(
-        "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now() \
+        "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now(), \
+                retries = retries + 1 \
          WHERE status = 'failed'",
     )
     .execute(&mut *tx)

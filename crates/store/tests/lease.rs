@@ -124,3 +124,181 @@ async fn a_killed_holder_process_gives_the_lease_up_within_one_tick() -> anyhow:
     }
     Ok(())
 }
+
+/// A timer job for the tick tests: each tick waits `hold`, telling `started` when it begins.
+struct Hold {
+    hold: Duration,
+    started: tokio::sync::Notify,
+}
+
+impl Hold {
+    fn new(hold: Duration) -> Self {
+        Self {
+            hold,
+            started: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl worker_core::TimerJob for Hold {
+    fn name(&self) -> &str {
+        "retention"
+    }
+
+    async fn tick(
+        &self,
+        _ctx: &worker_core::WorkContext,
+    ) -> Result<worker_core::TickReport, worker_core::Failure> {
+        self.started.notify_one();
+        tokio::time::sleep(self.hold).await;
+        Ok(worker_core::TickReport::items(1))
+    }
+}
+
+fn tick_ctx() -> worker_core::WorkContext {
+    worker_core::WorkContext::new("retention", tokio_util::sync::CancellationToken::new())
+}
+
+async fn backend_pid(pool: &sqlx::PgPool) -> anyhow::Result<i32> {
+    Ok(sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// `tick_once` gives the lease back in order: the pool's one connection is reused tick after
+/// tick (its backend pid stays the same), and another replica can take the lease the moment
+/// the tick has returned.
+#[tokio::test]
+async fn leased_ticks_release_the_lease_and_keep_their_connection() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let pool = db.another_pool(1).await?;
+    let lease = AdvisoryLease::new(pool.clone());
+    let other = AdvisoryLease::new(db.another_pool(1).await?);
+    let job = Hold::new(Duration::from_millis(10));
+    let busy = worker_core::SkipIfBusy::new("retention");
+    let first = backend_pid(&pool).await?;
+    for tick in 0..5 {
+        let out = worker_core::tick_once(
+            &job,
+            &busy,
+            Some(&lease),
+            Duration::from_secs(5),
+            &tick_ctx(),
+        )
+        .await;
+        assert!(
+            matches!(out, worker_core::TickOutcome::Ran(_)),
+            "tick {tick}: {out:?}"
+        );
+        let taken = other.acquire("retention").await?;
+        assert!(
+            taken.is_some(),
+            "tick {tick}: the lease was still held right after the tick"
+        );
+        if let Some(guard) = taken {
+            guard.release().await;
+        }
+        assert_eq!(
+            backend_pid(&pool).await?,
+            first,
+            "tick {tick}: the lease's connection was closed, not returned to the pool"
+        );
+    }
+    Ok(())
+}
+
+/// The lease's session is terminated mid-tick: the tick is cancelled at once (well under a
+/// second; it would have run for a minute), and another replica can take the lease.
+#[tokio::test]
+async fn a_tick_whose_lease_session_is_terminated_is_cancelled() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let lease = AdvisoryLease::new(db.another_pool(2).await?);
+    let other = AdvisoryLease::new(db.another_pool(1).await?);
+    let job = Hold::new(Duration::from_secs(60));
+    let busy = worker_core::SkipIfBusy::new("retention");
+    let ctx = tick_ctx();
+    let tick = worker_core::tick_once(&job, &busy, Some(&lease), Duration::from_secs(120), &ctx);
+    let kill = async {
+        job.started.notified().await;
+        // The lease's backend, found by its lock: only in this test's own database.
+        let pid: i32 = sqlx::query_scalar(
+            "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+             WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() \
+               AND l.classid = $1::oid",
+        )
+        .bind(0x5748_4c53_i64)
+        .fetch_one(&db.pool)
+        .await?;
+        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await?;
+        assert!(terminated);
+        anyhow::Ok(Instant::now())
+    };
+    let (out, killed_at) = tokio::join!(tokio::time::timeout(Duration::from_secs(20), tick), kill);
+    let killed_at = killed_at?;
+    let out = out.map_err(|_| {
+        anyhow::anyhow!("the tick went on for 20 s after its lease's session was terminated")
+    })?;
+    let took = killed_at.elapsed();
+    eprintln!("the tick was cancelled {took:?} after its lease's session was terminated");
+    assert!(
+        took < Duration::from_millis(500),
+        "the tick was cancelled only {took:?} after its lease was lost"
+    );
+    match &out {
+        worker_core::TickOutcome::Failed(failure) => {
+            assert!(failure.detail().contains("lost its lease"), "{failure}")
+        }
+        other => panic!("expected a failed tick, got {other:?}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while other.acquire("retention").await?.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "another replica could not take the lost lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Ticks that end while the session's wait is in flight (waits of 10 ms, ticks of 10 to 21 ms)
+/// still give the lease back in order, on a connection the pool can reuse.
+#[tokio::test]
+async fn a_wait_in_flight_when_the_tick_ends_leaves_the_connection_sound() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let pool = db.another_pool(1).await?;
+    let lease = AdvisoryLease::new(pool.clone())
+        .with_checks(Duration::from_millis(10), Duration::from_secs(5));
+    let other = AdvisoryLease::new(db.another_pool(1).await?);
+    let busy = worker_core::SkipIfBusy::new("retention");
+    let first = backend_pid(&pool).await?;
+    for tick in 0..60 {
+        let job = Hold::new(Duration::from_millis(10 + tick % 12));
+        let out = worker_core::tick_once(
+            &job,
+            &busy,
+            Some(&lease),
+            Duration::from_secs(5),
+            &tick_ctx(),
+        )
+        .await;
+        assert!(
+            matches!(out, worker_core::TickOutcome::Ran(_)),
+            "tick {tick}: {out:?}"
+        );
+        let taken = other.acquire("retention").await?;
+        assert!(taken.is_some(), "tick {tick}: the lease was still held");
+        if let Some(guard) = taken {
+            guard.release().await;
+        }
+    }
+    assert_eq!(
+        backend_pid(&pool).await?,
+        first,
+        "the connection was closed"
+    );
+    Ok(())
+}

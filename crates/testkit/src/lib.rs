@@ -2,14 +2,20 @@
 //!
 //! Every test gets resources of its own, so tests never share state:
 //! - [`TestDb`]: a fresh PostgreSQL database with the project's migrations applied;
-//! - [`TestVhost`]: a fresh RabbitMQ virtual host, created through the management API.
+//! - [`TestVhost`]: a fresh RabbitMQ virtual host, created through the management API;
+//! - [`SmtpSink`]: a private SMTP sink (the project's `scripts/smtp_sink.py`) on a port and
+//!   in a folder of its own, for tests that slow down or fail the server.
 //!
-//! Both are removed when dropped. Names carry their creation time, so that leftovers of a
+//! All three are removed (or stopped) when dropped. Names carry their creation time, so that leftovers of a
 //! test run that was killed are swept by a later run ([`TestDb::create`] and
 //! [`TestVhost::create`] remove those older than two hours).
 //!
 //! The services are the ones `scripts/services.sh up` starts; their addresses come from the
 //! `WH_TEST_*` variables that `scripts/services.sh env` prints, with the same defaults.
+
+mod smtp;
+
+pub use smtp::SmtpSink;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -499,23 +499,269 @@ async fn a_webhook_nobody_listens_on_is_transient() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until the server has received `n` requests; false after `within`.
+async fn received(hook: &Hook, n: usize, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while hook.received.lock().unwrap().len() < n {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
 #[tokio::test]
-async fn concurrent_duplicates_call_the_webhook_once() -> anyhow::Result<()> {
+async fn six_slow_webhooks_hold_no_connection_of_a_pool_of_two() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let mut slow = reply(200);
-    slow.delay = Duration::from_millis(300);
+    slow.delay = Duration::from_secs(4);
+    let (url, hook) = serve(vec![slow]).await;
+    let mut commands = Vec::new();
+    for _ in 0..6 {
+        commands.push(execution(&db.pool, &ping_event(), webhook(&url)).await);
+    }
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&db.url)
+        .await?;
+    let job = executor(&small);
+
+    let started = tokio::time::Instant::now();
+    let mut running = tokio::task::JoinSet::new();
+    for command in commands.clone() {
+        let job = job.clone();
+        running.spawn(async move { job.handle(&ctx(), &command).await });
+    }
+    let all_called = received(&hook, 6, Duration::from_secs(3)).await;
+    // Another job's query on the same pool, while every call is still waiting for its answer.
+    let probe = sqlx::query_scalar::<_, i32>("SELECT 1")
+        .fetch_one(&small)
+        .await;
+    let probed_after = started.elapsed();
+    let mut outcomes = Vec::new();
+    while let Some(outcome) = running.join_next().await {
+        outcomes.push(outcome?.map_err(|f| f.to_string()));
+    }
+
+    assert!(all_called, "all six calls were made at once");
+    assert_eq!(probe.map_err(|e| e.to_string()), Ok(1), "no pool timeout");
+    assert!(
+        probed_after < Duration::from_secs(4),
+        "the probe ran during the calls: {probed_after:?}"
+    );
+    assert_eq!(outcomes, vec![Ok(Handled::Done); 6]);
+    for command in &commands {
+        assert_eq!(
+            execution_state(&db.pool, command.action_execution_id).await,
+            ("succeeded".into(), 1, None)
+        );
+        assert!(marked(&db.pool, command.action_execution_id).await);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_idle_in_transaction_timeout_never_fails_an_accepted_webhook() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut slow = reply(200);
+    slow.delay = Duration::from_secs(2);
+    let (url, hook) = serve(vec![slow]).await;
+    let command = execution(&db.pool, &ping_event(), webhook(&url)).await;
+    // The server ends any session that sits in a transaction for a second: one that waits
+    // on a webhook inside a transaction loses its session, and the receiver has acted.
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse()?;
+    let strict = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.options([("idle_in_transaction_session_timeout", "1000")]))
+        .await?;
+
+    let outcome = executor(&strict).handle(&ctx(), &command).await;
+    assert_eq!(outcome.map_err(|f| f.to_string()), Ok(Handled::Done));
+    assert_eq!(hook.received.lock().unwrap().len(), 1);
+    assert_eq!(
+        execution_state(&db.pool, command.action_execution_id).await,
+        ("succeeded".into(), 1, None)
+    );
+    assert!(marked(&db.pool, command.action_execution_id).await);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_duplicate_while_the_first_is_running_backs_off_then_is_a_duplicate() -> anyhow::Result<()>
+{
+    let db = TestDb::create().await?;
+    let mut slow = reply(200);
+    slow.delay = Duration::from_secs(2);
     let (url, hook) = serve(vec![slow]).await;
     let command = execution(&db.pool, &ping_event(), webhook(&url)).await;
     let job = executor(&db.pool);
-    let (c1, c2) = (ctx(), ctx());
-    let (a, b) = tokio::join!(job.handle(&c1, &command), job.handle(&c2, &command));
-    let mut outcomes = vec![a?, b?];
-    outcomes.sort_by_key(|h| h.as_str());
-    assert_eq!(outcomes, [Handled::Done, Handled::Duplicate]);
+    // Another replica: its own process, its own claims.
+    let replica = executor(&db.pool);
+
+    let first = {
+        let (job, command) = (job.clone(), command.clone());
+        tokio::spawn(async move { job.handle(&ctx(), &command).await })
+    };
+    assert!(received(&hook, 1, Duration::from_secs(1)).await);
+    let status: (String, bool) = sqlx::query_as(
+        "SELECT status, claimed_by IS NOT NULL AND claimed_at IS NOT NULL \
+         FROM action_executions WHERE id = $1",
+    )
+    .bind(command.action_execution_id)
+    .fetch_one(&db.pool)
+    .await?;
+    assert_eq!(status, ("running".into(), true), "claimed while it calls");
+
+    for (who, duplicate) in [("another replica", &replica), ("the same process", &job)] {
+        let started = tokio::time::Instant::now();
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(5), duplicate.handle(&ctx(), &command))
+                .await?;
+        let err = outcome.expect_err(who);
+        assert_eq!(err.class(), FailureClass::Transient, "{who}: {err}");
+        assert!(err.detail().contains("running"), "{who}: {err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{who}: backs off at once, does not wait for the call"
+        );
+    }
     assert_eq!(
-        hook.received.lock().unwrap().len(),
-        1,
-        "the second waited on the mark, then found it"
+        execution_state(&db.pool, command.action_execution_id).await,
+        ("running".into(), 0, None),
+        "a back-off leaves the running row alone"
+    );
+
+    assert_eq!(first.await??, Handled::Done);
+    assert_eq!(replica.handle(&ctx(), &command).await?, Handled::Duplicate);
+    assert_eq!(job.handle(&ctx(), &command).await?, Handled::Duplicate);
+    assert_eq!(hook.received.lock().unwrap().len(), 1, "called once");
+    assert_eq!(
+        execution_state(&db.pool, command.action_execution_id).await,
+        ("succeeded".into(), 1, None)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stale_claim_is_taken_over_and_a_fresh_one_is_not() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let (url, hook) = serve(vec![reply(200)]).await;
+    let command = execution(&db.pool, &ping_event(), webhook(&url)).await;
+    let job = executor(&db.pool).with_stale_claim_after(Duration::from_secs(60));
+    let claim = |age_seconds: f64| {
+        sqlx::query(
+            "UPDATE action_executions SET status = 'running', claimed_by = $2, \
+                 claimed_at = now() - make_interval(secs => $3) WHERE id = $1",
+        )
+        .bind(command.action_execution_id)
+        .bind(Uuid::new_v4())
+        .bind(age_seconds)
+        .execute(&db.pool)
+    };
+
+    // A process that claimed it 50 s ago may still be calling.
+    claim(50.0).await?;
+    let err = job.handle(&ctx(), &command).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::Transient, "{err}");
+    assert!(hook.received.lock().unwrap().is_empty());
+
+    // One that claimed it 70 s ago has died with it.
+    claim(70.0).await?;
+    assert_eq!(job.handle(&ctx(), &command).await?, Handled::Done);
+    assert_eq!(hook.received.lock().unwrap().len(), 1);
+    assert_eq!(
+        execution_state(&db.pool, command.action_execution_id).await,
+        ("succeeded".into(), 1, None)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn recording_a_success_rides_out_a_database_error() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut slow = reply(200);
+    slow.delay = Duration::from_millis(500);
+    let (url, hook) = serve(vec![slow]).await;
+    let command = execution(&db.pool, &ping_event(), webhook(&url)).await;
+    let job = executor(&db.pool);
+
+    let running = {
+        let (job, command) = (job.clone(), command.clone());
+        tokio::spawn(async move { job.handle(&ctx(), &command).await })
+    };
+    assert!(received(&hook, 1, Duration::from_secs(1)).await);
+    // While the receiver acts, the guard's table goes away (42P01) for two seconds.
+    sqlx::query("ALTER TABLE processed_messages RENAME TO processed_messages_away")
+        .execute(&db.pool)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!running.is_finished(), "still trying to record");
+    sqlx::query("ALTER TABLE processed_messages_away RENAME TO processed_messages")
+        .execute(&db.pool)
+        .await?;
+
+    assert_eq!(running.await??, Handled::Done);
+    assert_eq!(hook.received.lock().unwrap().len(), 1);
+    assert_eq!(
+        execution_state(&db.pool, command.action_execution_id).await,
+        ("succeeded".into(), 1, None)
+    );
+    assert!(marked(&db.pool, command.action_execution_id).await);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_success_that_cannot_be_recorded_in_time_is_an_unknown_outcome_not_a_failure()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let (url, hook) = serve(vec![reply(200)]).await;
+    let command = execution(&db.pool, &ping_event(), webhook(&url)).await;
+    let job = executor(&db.pool).with_record_budget(Duration::from_secs(1));
+    // The guard's table is gone after the claim and until after the budget.
+    sqlx::query(
+        "CREATE FUNCTION hide_guard() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             ALTER TABLE processed_messages RENAME TO processed_messages_away; RETURN NEW; \
+         END $$",
+    )
+    .execute(&db.pool)
+    .await?;
+    sqlx::query(
+        "CREATE TRIGGER hide_guard AFTER UPDATE OF status ON action_executions \
+         FOR EACH ROW WHEN (NEW.status = 'running') EXECUTE FUNCTION hide_guard()",
+    )
+    .execute(&db.pool)
+    .await?;
+
+    let err = job.handle(&ctx(), &command).await.unwrap_err();
+    assert!(err.is_unknown(), "{err}");
+    assert!(!err.retries_in_process(), "parked, not tried again at once");
+    assert_eq!(hook.received.lock().unwrap().len(), 1);
+    assert_eq!(
+        execution_state(&db.pool, command.action_execution_id).await,
+        ("running".into(), 0, None),
+        "never recorded failed"
+    );
+
+    // The database is back; the next delivery takes the left claim over. At least once:
+    // the receiver is called again, with the same Idempotency-Key.
+    sqlx::query("DROP TRIGGER hide_guard ON action_executions")
+        .execute(&db.pool)
+        .await?;
+    sqlx::query("ALTER TABLE processed_messages_away RENAME TO processed_messages")
+        .execute(&db.pool)
+        .await?;
+    assert_eq!(job.handle(&ctx(), &command).await?, Handled::Done);
+    let received = hook.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 2);
+    assert_eq!(
+        received[0].0["idempotency-key"],
+        received[1].0["idempotency-key"]
+    );
+    assert_eq!(
+        execution_state(&db.pool, command.action_execution_id).await,
+        ("succeeded".into(), 1, None)
     );
     Ok(())
 }

@@ -6,9 +6,9 @@
 //! 1. loads the enabled automations whose `event_type` is the event's type;
 //! 2. evaluates each one's conditions on the event's `data` ([`condition`]: equals, contains,
 //!    matches a regular expression, on a dotted JSON path), all of which must hold;
-//! 3. in **one transaction**: writes a trigger-log row per matching automation, and for each
-//!    action of each match an `action_executions` row (`ON CONFLICT DO NOTHING` on its id)
-//!    and an outbox row for the [`ActionCommand`] on the commands exchange (routing key
+//! 3. in **one transaction** ([`AutomationTrigger::queue`]): writes a trigger-log row per
+//!    matching automation still there (see below), and for each action of each match an
+//!    `action_executions` row (`ON CONFLICT DO NOTHING` on its id) and an outbox row for the [`ActionCommand`] on the commands exchange (routing key
 //!    `automation.action`). The outbox drain publishes the commands once that commits.
 //!
 //! ## Idempotency: deliberately not deduplicated
@@ -29,6 +29,20 @@
 //! dead-letter every event of that type until someone fixed the row. The log line names the
 //! automation and the problem; fix the row and later events match again.
 //!
+//! ## An automation deleted while its event is in flight
+//!
+//! The platform may delete an automation between step 1 and step 3. Step 3 locks the matched
+//! automations that are still there (`FOR KEY SHARE`, so that a deletion waits for the commit)
+//! and **skips, with a warning, the ones already gone**; the others run and the event is
+//! acknowledged. Failing on the foreign key instead would dead-letter the event and lose every
+//! other automation's actions with it.
+//!
+//! ## Database errors
+//!
+//! Classified once, by [`worker_store::classify_sqlx`]: only what cannot heal is permanent;
+//! a lost connection, a timeout or a table that a rolling migration has not created yet is
+//! transient and retried.
+//!
 //! ## What the host wires
 //!
 //! ```text
@@ -41,6 +55,8 @@
 
 pub mod condition;
 pub mod import;
+
+use std::collections::HashSet;
 
 use serde_json::Value;
 use sqlx::PgPool;
@@ -127,45 +143,41 @@ impl AutomationTrigger {
         }
         Ok(matched)
     }
-}
 
-/// The stored conditions compiled and actions decoded, or why they cannot be.
-fn usable(
-    conditions: Value,
-    actions: Value,
-) -> Result<(Vec<Condition>, Vec<AutomationAction>), String> {
-    let specs: Vec<ConditionSpec> =
-        serde_json::from_value(conditions).map_err(|err| format!("conditions: {err}"))?;
-    let compiled =
-        condition::compile_all(&specs).map_err(|(at, err)| format!("conditions[{at}]: {err}"))?;
-    let actions: Vec<AutomationAction> =
-        serde_json::from_value(actions).map_err(|err| format!("actions: {err}"))?;
-    Ok((compiled, actions))
-}
-
-impl ConsumerJob for AutomationTrigger {
-    type Input = DomainEvent;
-
-    fn name(&self) -> &str {
-        JOB_NAME
-    }
-
-    #[tracing::instrument(
-        name = "automation_trigger",
-        skip_all,
-        fields(event_id = %event.id, event_type = %event.event_type, attempt = ctx.attempt)
-    )]
-    async fn handle(&self, ctx: &WorkContext, event: &DomainEvent) -> Result<Handled, Failure> {
-        let matched = self.matching(event).await?;
-        if matched.is_empty() {
-            tracing::debug!("no automation matched");
-            return Ok(Handled::Done);
-        }
+    /// Step 3 of the crate docs for the automations [`Self::matching`] found: the trigger-log
+    /// rows, the executions and their commands, in one transaction.
+    pub async fn queue(
+        &self,
+        event: &DomainEvent,
+        matched: &[Matched],
+    ) -> Result<Handled, Failure> {
         let snapshot =
             serde_json::to_value(event).map_err(|err| Failure::permanent("serialize", err))?;
         let mut commands = Vec::new();
         let mut tx = self.pool.begin().await.map_err(classify)?;
-        for automation in &matched {
+        // An automation deleted since `matching` read it would fail every insert below on its
+        // foreign key, and with it the whole event. Lock the ones still there against deletion
+        // until this commits (a delete waits on a key-share lock), and skip the others.
+        let ids: Vec<Uuid> = matched.iter().map(|m| m.automation_id).collect();
+        let present: HashSet<Uuid> =
+            sqlx::query_scalar("SELECT id FROM automations WHERE id = ANY($1) FOR KEY SHARE")
+                .bind(&ids)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(classify)?
+                .into_iter()
+                .collect();
+        let mut queued = Vec::new();
+        for automation in matched {
+            if !present.contains(&automation.automation_id) {
+                tracing::warn!(
+                    automation_id = %automation.automation_id,
+                    automation = %automation.name,
+                    "skipping an automation deleted while its event was in flight"
+                );
+                continue;
+            }
+            queued.push(automation.name.as_str());
             sqlx::query(
                 "INSERT INTO automation_trigger_log (automation_id, event_id, event_type) \
                  VALUES ($1, $2, $3)",
@@ -218,11 +230,47 @@ impl ConsumerJob for AutomationTrigger {
         .await?;
         tx.commit().await.map_err(classify)?;
         tracing::info!(
-            automations = matched.len(),
+            automations = queued.len(),
             commands = commands.len(),
-            matched = ?matched.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+            matched = ?queued,
             "event matched; action commands queued"
         );
         Ok(Handled::Done)
+    }
+}
+
+/// The stored conditions compiled and actions decoded, or why they cannot be.
+fn usable(
+    conditions: Value,
+    actions: Value,
+) -> Result<(Vec<Condition>, Vec<AutomationAction>), String> {
+    let specs: Vec<ConditionSpec> =
+        serde_json::from_value(conditions).map_err(|err| format!("conditions: {err}"))?;
+    let compiled =
+        condition::compile_all(&specs).map_err(|(at, err)| format!("conditions[{at}]: {err}"))?;
+    let actions: Vec<AutomationAction> =
+        serde_json::from_value(actions).map_err(|err| format!("actions: {err}"))?;
+    Ok((compiled, actions))
+}
+
+impl ConsumerJob for AutomationTrigger {
+    type Input = DomainEvent;
+
+    fn name(&self) -> &str {
+        JOB_NAME
+    }
+
+    #[tracing::instrument(
+        name = "automation_trigger",
+        skip_all,
+        fields(event_id = %event.id, event_type = %event.event_type, attempt = ctx.attempt)
+    )]
+    async fn handle(&self, ctx: &WorkContext, event: &DomainEvent) -> Result<Handled, Failure> {
+        let matched = self.matching(event).await?;
+        if matched.is_empty() {
+            tracing::debug!("no automation matched");
+            return Ok(Handled::Done);
+        }
+        self.queue(event, &matched).await
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-use worker_core::{ConsumerJob, Handled, WorkContext, execute_once};
+use worker_core::{ConsumerJob, FailureClass, Handled, WorkContext, execute_once};
 use worker_messages::{ActionCommand, DomainEvent, action_execution_id};
 use worker_testkit::TestDb;
 
@@ -342,5 +342,83 @@ async fn the_routing_key_can_follow_a_renamed_queue() -> anyhow::Result<()> {
     trigger.handle(&ctx(), &event(mail("x"))).await?;
     let (_, exchange, key, _) = outbox(&db.pool).await.remove(0);
     assert_eq!((exchange.as_str(), key.as_str()), ("cmds", "actions-v2"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_automation_deleted_while_its_event_is_in_flight_is_skipped_and_the_others_run()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let report = import(
+        &db.pool,
+        &[
+            automation("deleted", vec![], reply()),
+            automation("kept", vec![], reply_and_hook()),
+        ],
+    )
+    .await?;
+    let id = |name: &str| {
+        report
+            .automations
+            .iter()
+            .find(|a| a.name == name)
+            .unwrap()
+            .id
+    };
+    let (deleted, kept) = (id("deleted"), id("kept"));
+    let trigger = AutomationTrigger::new(db.pool.clone(), "commands");
+    let e = event(mail("ping"));
+
+    // `handle` is `matching` then `queue`: the platform deletes one automation in between.
+    let matched = trigger.matching(&e).await?;
+    assert_eq!(matched.len(), 2);
+    sqlx::query("DELETE FROM automations WHERE id = $1")
+        .bind(deleted)
+        .execute(&db.pool)
+        .await?;
+    assert_eq!(
+        trigger.queue(&e, &matched).await?,
+        Handled::Done,
+        "the event is acked"
+    );
+
+    let log: Vec<Uuid> = sqlx::query_scalar("SELECT automation_id FROM automation_trigger_log")
+        .fetch_all(&db.pool)
+        .await?;
+    assert_eq!(log, [kept]);
+    let executions: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM action_executions ORDER BY action_index")
+            .fetch_all(&db.pool)
+            .await?;
+    let expected = [
+        action_execution_id(e.id, kept, 0),
+        action_execution_id(e.id, kept, 1),
+    ];
+    assert_eq!(executions, expected);
+    let commands = outbox(&db.pool).await;
+    assert_eq!(
+        commands
+            .iter()
+            .map(|c| c.3.action_execution_id)
+            .collect::<Vec<_>>(),
+        expected,
+        "only the kept automation's commands"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_table_is_transient_not_a_dead_letter() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    import(&db.pool, &[automation("always", vec![], reply())]).await?;
+    // As during a rolling migration that has not created the table yet (SQLSTATE 42P01).
+    sqlx::query("DROP TABLE automation_trigger_log")
+        .execute(&db.pool)
+        .await?;
+    let trigger = AutomationTrigger::new(db.pool.clone(), "commands");
+    let err = trigger.handle(&ctx(), &event(mail("x"))).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::Transient, "{err}");
+    assert!(err.detail().contains("automation_trigger_log"), "{err}");
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM outbox").await, 0);
     Ok(())
 }

@@ -1,14 +1,26 @@
 //! # job-db-health: is the database answering, and how fast?
 //!
-//! A timer job that times a probe query (`SELECT 1`, connection acquisition included) under
+//! A timer job that times a probe query (`SELECT 1`, connecting included when it has to) under
 //! its own timeout and keeps the latest result in a [`HealthHandle`]. The host's `/readyz`
 //! and its metrics read the handle; they never touch the database themselves, so a slow
 //! database cannot make the admin endpoints slow.
 //!
+//! ## A connection of its own
+//!
+//! The probe never draws on the pool the jobs share. It holds **one dedicated connection**,
+//! opened on the first probe with the pool's connect options ([`DbHealth::beside`]) and
+//! opened again after any failure. A pool whose every connection is held by slow work (a
+//! slow SMTP server, a webhook that takes its time) is a busy host, not a sick database: it
+//! must not make `/readyz` answer 503, which would take a healthy replica out of rotation
+//! just when it has most to do.
+//!
 //! ## What a tick does
 //!
-//! 1. Acquire a connection from the pool and run the probe, bounded by
-//!    [`DbHealthConfig::probe_timeout`] and by the tick's cancellation token.
+//! 1. Run the probe on the dedicated connection, bounded by [`DbHealthConfig::probe_timeout`]
+//!    and by the tick's cancellation token. When the connection it had fails (the server
+//!    restarted, the session was terminated), it opens a fresh one and probes again within
+//!    the same timeout, so that a stale session is not reported as a database that is down.
+//!    A probe that fails or is cut short drops its connection: the next one starts clean.
 //! 2. Record the outcome in the handle: status, latency, the error if any, when, and the
 //!    number of consecutive failures.
 //! 3. Log a **transition** — healthy to unhealthy, or back — once, when it happens. A database
@@ -18,14 +30,15 @@
 //! health, and a failed tick would make the host log an error on every tick of an outage.
 //! A cancelled tick records nothing.
 //!
-//! ## What the host wires
-//!
-//! ```text
-//! let health = DbHealth::new(pool.clone(), DbHealthConfig { probe_timeout, unhealthy_after: 1 });
-//! let handle = health.handle();          // clone into /readyz and the metrics
-//! scheduler.add(health, schedule, tick_timeout, lease: None);   // safe on every replica
-//! // /readyz:  handle.readiness(Some(stale_after)) -> Result<(), String>
-//! // metrics:  handle.snapshot() -> HealthSnapshot { healthy, latency, .. }
+//! ```no_run
+//! # fn wire(pool: &sqlx::PgPool) {
+//! use job_db_health::{DbHealth, DbHealthConfig};
+//! let health = DbHealth::beside(pool, DbHealthConfig::default()); // its own connection
+//! let handle = health.handle(); // cloned into /readyz and the metrics
+//! // the host ticks `health` on its schedule, on every replica (no lease): each replica's
+//! // readiness is its own
+//! let ready: Result<(), String> = handle.readiness(Some(std::time::Duration::from_secs(90)));
+//! # let _ = ready; }
 //! ```
 //!
 //! Before the first probe the status is [`HealthStatus::Unknown`] and the handle reports not
@@ -37,7 +50,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 
@@ -47,7 +62,7 @@ pub const JOB_NAME: &str = "db-health";
 /// How the probe runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbHealthConfig {
-    /// The probe (acquiring a connection and `SELECT 1`) must answer within this.
+    /// The probe (`SELECT 1`, and connecting when it has to) must answer within this.
     pub probe_timeout: Duration,
     /// Consecutive failed probes before the database is declared unhealthy (at least 1).
     /// One successful probe makes it healthy again.
@@ -237,22 +252,40 @@ impl HealthHandle {
 /// The database health monitor. See the crate docs.
 #[derive(Debug, Clone)]
 pub struct DbHealth {
-    pool: PgPool,
+    options: PgConnectOptions,
+    /// The dedicated connection, while the last probe on it succeeded. A probe takes it out
+    /// and puts it back only after it answered, so that a probe cut short (its timeout, the
+    /// host stopping) drops a connection that may be mid-query rather than reuse it.
+    connection: Arc<Mutex<Option<PgConnection>>>,
     config: DbHealthConfig,
     handle: HealthHandle,
 }
 
 impl DbHealth {
-    /// A monitor probing `pool`, with a fresh handle.
-    pub fn new(pool: PgPool, config: DbHealthConfig) -> Self {
-        Self::with_handle(pool, config, HealthHandle::new())
+    /// A monitor on a connection of its own, opened with `options`, with a fresh handle.
+    pub fn new(options: PgConnectOptions, config: DbHealthConfig) -> Self {
+        Self::with_handle(options, config, HealthHandle::new())
+    }
+
+    /// A monitor on a connection of its own to the database `pool` connects to (its connect
+    /// options, named `worker-host health probe`); the pool itself is never used.
+    pub fn beside(pool: &PgPool, config: DbHealthConfig) -> Self {
+        let options = (*pool.connect_options())
+            .clone()
+            .application_name("worker-host health probe");
+        Self::new(options, config)
     }
 
     /// A monitor writing into an existing `handle` (so that the host can hand the handle to
     /// the admin server before the job exists).
-    pub fn with_handle(pool: PgPool, config: DbHealthConfig, handle: HealthHandle) -> Self {
+    pub fn with_handle(
+        options: PgConnectOptions,
+        config: DbHealthConfig,
+        handle: HealthHandle,
+    ) -> Self {
         Self {
-            pool,
+            options,
+            connection: Arc::new(Mutex::new(None)),
             config,
             handle,
         }
@@ -267,21 +300,44 @@ impl DbHealth {
     /// it took.
     pub async fn probe(&self) -> (Result<(), Failure>, Duration) {
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.config.probe_timeout, probe(&self.pool)).await
-        {
-            Ok(result) => result,
-            Err(_) => Err(Failure::transient(format!(
-                "the probe query did not answer within {}ms",
-                self.config.probe_timeout.as_millis()
-            ))),
-        };
+        let result =
+            match tokio::time::timeout(self.config.probe_timeout, self.probe_untimed()).await {
+                Ok(result) => result,
+                Err(_) => Err(Failure::transient(format!(
+                    "the probe query did not answer within {}ms",
+                    self.config.probe_timeout.as_millis()
+                ))),
+            };
         (result, started.elapsed())
+    }
+
+    async fn probe_untimed(&self) -> Result<(), Failure> {
+        let mut slot = self.connection.lock().await;
+        if let Some(mut open) = slot.take() {
+            match select_one(&mut open).await {
+                Ok(()) => {
+                    *slot = Some(open);
+                    return Ok(());
+                }
+                Err(failure) => tracing::debug!(
+                    job = JOB_NAME,
+                    error = %failure,
+                    "the probe's connection failed; probing on a fresh one"
+                ),
+            }
+        }
+        let mut fresh = PgConnection::connect_with(&self.options)
+            .await
+            .map_err(worker_store::classify)?;
+        select_one(&mut fresh).await?;
+        *slot = Some(fresh);
+        Ok(())
     }
 }
 
-async fn probe(pool: &PgPool) -> Result<(), Failure> {
+async fn select_one(connection: &mut PgConnection) -> Result<(), Failure> {
     let one: i32 = sqlx::query_scalar("SELECT 1")
-        .fetch_one(pool)
+        .fetch_one(connection)
         .await
         .map_err(worker_store::classify)?;
     if one == 1 {

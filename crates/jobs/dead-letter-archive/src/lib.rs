@@ -17,7 +17,9 @@
 //! * [`mod@fingerprint`] — the error with ids, numbers, addresses and quoted strings replaced by
 //!   placeholders, hashed to 12 hex digits: one cause, one fingerprint.
 //! * [`store`] — the idempotent insert, failed outbox rows (reason `outbox-failed`,
-//!   idempotent per outbox id) and the retention sweep (only rows replayed or purged, and
+//!   idempotent per outbox id and operator retry: a row that fails again after
+//!   `outbox retry` is archived again, and its earlier dead letter is settled `replayed`) and
+//!   the retention sweep (only rows replayed or purged, and
 //!   older than the window; rows still dead are never deleted).
 //! * [`maintenance`] — [`ArchiveMaintenance`], a [`worker_core::TimerJob`] that runs the
 //!   outbox archiving and the sweep on a schedule.
@@ -64,8 +66,12 @@
 //! * **Nothing is dropped**: not for lack of room (no cap on the table), not for lack of
 //!   headers (reason `unknown`), not for a value PostgreSQL cannot store (NUL bytes are
 //!   replaced; a row refused still is stored without its headers).
-//! * **A replay never deletes**: a row becomes `replayed` only after its publish is confirmed,
-//!   and `purged` rows stay until the retention sweep.
+//! * **A replay never deletes**: a row becomes `replayed` only after its publish is confirmed
+//!   (or, for an outbox row, once an operator's `outbox retry` republished it), and `purged`
+//!   rows stay until the retention sweep.
+//! * **A replayed outbox row is settled in the outbox too** (`processed`, in the replay's
+//!   transaction): `outbox retry --all-failed` does not publish it a second time. The other
+//!   way round, a dead letter of an outbox row retried since is never replayed.
 //! * **Every replay and purge is recorded** with its actor, host, filter and counts.
 
 pub mod archiver;
@@ -93,4 +99,4 @@ pub use replay::{
     Action, Actor, ItemOutcome, PurgeReport, ReplayItem, ReplayReport, actions, count, purge,
     replay,
 };
-pub use store::{InsertReport, archive_failed_outbox, sweep};
+pub use store::{InsertReport, archive_failed_outbox, outbox_dedup_key, sweep};

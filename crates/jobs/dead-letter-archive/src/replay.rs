@@ -9,7 +9,11 @@
 //! its application headers, minus the dead-letter bookkeeping (`x-attempt`, `x-dead-*`,
 //! `x-death`, `x-first-death-*`, the delivery counters), plus `x-replayed-from` = the dead
 //! letter's id. Only the rows whose publish was confirmed are marked `replayed`, in the
-//! transaction that held their locks; the others stay `dead`, with why in the report. Rows are
+//! transaction that held their locks; the others stay `dead`, with why in the report. A
+//! replayed outbox row's own `outbox` row is settled (`processed`) in that same transaction,
+//! so that `worker-host outbox retry --all-failed` does not publish it again; and a dead letter
+//! of an outbox row that an operator has retried since (`outbox retry`) is not replayed at all:
+//! the drain publishes that row again, and the maintenance settles the dead letter. Rows are
 //! never deleted. A replay stopped between the confirm and the commit leaves its rows `dead`,
 //! so running it again sends them again: at least once, and consumers dedup on the message id.
 
@@ -148,6 +152,7 @@ pub async fn count(pool: &PgPool, filter: &Filter) -> Result<u64, Failure> {
     let mut q =
         QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM dead_letters WHERE status = 'dead'");
     filter.push_where(&mut q);
+    q.push(crate::store::not_retried_in_outbox_sql());
     if let Some(limit) = filter.limit {
         q.push(" LIMIT ").push_bind(i64::from(limit));
     }
@@ -365,6 +370,18 @@ async fn replay_batches(
         .await
         .map_err(classify)?
         .rows_affected();
+        // A replayed outbox row is settled in the same transaction: it was published (by the
+        // replay), so `outbox retry --all-failed` must not publish it once more.
+        sqlx::query(
+            "UPDATE outbox SET status = 'processed', processed_at = now() \
+             WHERE status = 'failed' AND id IN ( \
+                 SELECT outbox_id FROM dead_letters \
+                 WHERE id = ANY($1) AND source = 'outbox' AND outbox_id IS NOT NULL)",
+        )
+        .bind(&done)
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
         sqlx::query(
             "UPDATE dead_letter_actions SET matched = matched + $2, succeeded = succeeded + $3, \
                     failed = failed + $4 WHERE id = $1",
@@ -408,6 +425,7 @@ async fn select_batch(
     );
     q.push_bind(after);
     filter.push_where(&mut q);
+    q.push(crate::store::not_retried_in_outbox_sql());
     q.push(" ORDER BY id LIMIT ");
     q.push_bind(i64::try_from(take).unwrap_or(i64::MAX));
     if lock {

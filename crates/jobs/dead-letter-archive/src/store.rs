@@ -176,7 +176,33 @@ struct FailedOutboxRow {
     body: Vec<u8>,
     attempts: i32,
     last_error: Option<String>,
+    retries: i32,
 }
+
+/// The archive key of an outbox row's failure: `outbox:<id>` for the first, then
+/// `outbox:<id>:<retries>` for each failure after an operator's `outbox retry`.
+/// [`OUTBOX_KEY_SQL`] is the same in SQL, over an `outbox` aliased `o`.
+pub fn outbox_dedup_key(id: i64, retries: i32) -> String {
+    if retries == 0 {
+        format!("outbox:{id}")
+    } else {
+        format!("outbox:{id}:{retries}")
+    }
+}
+
+/// A condition on `dead_letters`: not a dead letter of an outbox row that an operator has
+/// retried since (`outbox retry`; the drain publishes it again), which a replay must not send
+/// a second time. The maintenance settles such rows `replayed` ([`archive_failed_outbox`]);
+/// this keeps a replay that runs before it from sending them.
+pub(crate) fn not_retried_in_outbox_sql() -> String {
+    format!(
+        " AND NOT EXISTS (SELECT 1 FROM outbox o WHERE dead_letters.source = 'outbox' \
+             AND o.id = dead_letters.outbox_id AND dead_letters.dedup_key <> {OUTBOX_KEY_SQL})"
+    )
+}
+
+const OUTBOX_KEY_SQL: &str =
+    "CASE WHEN o.retries = 0 THEN 'outbox:' || o.id ELSE 'outbox:' || o.id || ':' || o.retries END";
 
 impl From<FailedOutboxRow> for NewDeadLetter {
     fn from(row: FailedOutboxRow) -> Self {
@@ -193,7 +219,7 @@ impl From<FailedOutboxRow> for NewDeadLetter {
         let headers = scrub_json(row.headers);
         let amqp_headers = serde_json::to_value(json_to_table(&headers)).ok();
         Self {
-            dedup_key: format!("outbox:{}", row.id),
+            dedup_key: outbox_dedup_key(row.id, row.retries),
             redelivered: false,
             source: Source::Outbox,
             queue: OUTBOX_QUEUE.into(),
@@ -218,18 +244,33 @@ impl From<FailedOutboxRow> for NewDeadLetter {
     }
 }
 
-/// Archives up to `limit` outbox rows that ended `failed` and are not archived yet (reason
-/// `outbox-failed`, queue `outbox`; idempotent per outbox id). The outbox row itself is left
-/// as it is. Returns what was written; call it until it writes fewer than `limit`.
+/// Archives up to `limit` outbox rows that ended `failed` and whose failure is not archived
+/// yet (reason `outbox-failed`, queue `outbox`; idempotent per outbox id and retry, see
+/// [`outbox_dedup_key`]). The outbox row itself is left as it is. Returns what was written;
+/// call it until it writes fewer than `limit`.
+///
+/// First, an outbox row's dead letters still waiting from before an operator's `outbox retry`
+/// are settled as `replayed` (the retry republished them): they no longer wait, so a
+/// `dlq replay` does not send the message again beside the retry, and a row that fails again
+/// shows once, with its new error.
 pub async fn archive_failed_outbox(pool: &PgPool, limit: u32) -> Result<InsertReport, Failure> {
-    let rows: Vec<FailedOutboxRow> = sqlx::query_as(
+    sqlx::query(&format!(
+        "UPDATE dead_letters d SET status = 'replayed', replayed_at = now() \
+         FROM outbox o \
+         WHERE d.queue = '{OUTBOX_QUEUE}' AND d.status = 'dead' AND d.source = 'outbox' \
+           AND d.outbox_id = o.id AND d.dedup_key <> {OUTBOX_KEY_SQL}"
+    ))
+    .execute(pool)
+    .await
+    .map_err(classify)?;
+    let rows: Vec<FailedOutboxRow> = sqlx::query_as(&format!(
         "SELECT o.id, o.message_id, o.message_type, o.content_type, o.correlation_id, \
-                o.exchange, o.routing_key, o.headers, o.body, o.attempts, o.last_error \
+                o.exchange, o.routing_key, o.headers, o.body, o.attempts, o.last_error, o.retries \
          FROM outbox o \
          WHERE o.status = 'failed' \
-           AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.dedup_key = 'outbox:' || o.id) \
-         ORDER BY o.id LIMIT $1",
-    )
+           AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.dedup_key = {OUTBOX_KEY_SQL}) \
+         ORDER BY o.id LIMIT $1"
+    ))
     .bind(i64::from(limit.max(1)))
     .fetch_all(pool)
     .await

@@ -1127,3 +1127,137 @@ async fn purge_marks_the_sweep_deletes_only_settled_rows_and_the_metrics_count()
     assert!(bad.is_err_and(|f: Failure| f.to_string().contains("--fingerprint")));
     Ok(())
 }
+
+/// Inserts one outbox row that gave up (`failed`, routed to the `orders` queue); its id.
+async fn failed_outbox_row(pool: &PgPool, message_id: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO outbox (message_id, message_type, content_type, exchange, routing_key, body, status, attempts, last_error) \
+         VALUES ($1, 'order.placed', 'application/json', 'commands', 'orders', '{}', 'failed', 10, 'first failure') \
+         RETURNING id",
+    )
+    .bind(message_id)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// A failed outbox row is archived and replayed from the archive: the replay settles the
+/// outbox row, so `outbox retry --all-failed` finds nothing to publish a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_outbox_row_is_not_published_again_by_outbox_retry() -> anyhow::Result<()> {
+    let h = Harness::start(1).await?;
+    let publisher = h.publisher();
+    let conn = h.connection().await?;
+    let id = failed_outbox_row(h.pool(), "o-replayed").await?;
+    assert_eq!(archive_failed_outbox(h.pool(), 10).await?.inserted, 1);
+
+    let outbox_only = Filter {
+        queue: Some(OUTBOX_QUEUE.into()),
+        ..Filter::default()
+    };
+    let r = replay(h.pool(), &publisher, &outbox_only, false, None, &actor()).await?;
+    assert_eq!(r.replayed, 1, "{r:?}");
+    assert_eq!(drain(&conn, ORDERS).await?.len(), 1, "the replayed copy");
+
+    let requeued = worker_store::outbox::retry_all_failed(h.pool()).await?;
+    assert_eq!(
+        requeued, 0,
+        "outbox retry --all-failed would publish the replayed row again"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
+        .bind(id)
+        .fetch_one(h.pool())
+        .await?;
+    assert_eq!(status, "processed", "the replay settled the outbox row");
+    h.stop().await
+}
+
+/// fail -> archived -> `outbox retry` -> fail again -> archived again: the second failure is a
+/// dead letter of its own, waiting in `dlq list` with its own error, and the first one, which
+/// the retry settled, no longer waits beside it.
+#[tokio::test]
+async fn an_outbox_row_that_fails_again_after_a_retry_is_archived_again() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let pool = &db.pool;
+    let maintenance = ArchiveMaintenance::new(pool.clone(), fast_settings());
+    let ctx = worker_core::WorkContext::new(MAINTENANCE_JOB_NAME, CancellationToken::new());
+    let id = failed_outbox_row(pool, "o-twice").await?;
+    assert_eq!(maintenance.run(&ctx).await?.outbox_archived, 1);
+
+    assert_eq!(
+        worker_store::outbox::retry(pool, id).await?,
+        worker_store::outbox::RetryResult::Requeued
+    );
+    // The drain tries again and gives up again.
+    let mut tx = pool.begin().await?;
+    let counts = worker_store::outbox::record_failures(
+        &mut tx,
+        &[worker_store::outbox::PublishFailure {
+            id,
+            error: "second failure".into(),
+            retry_in: Duration::ZERO,
+        }],
+        1,
+    )
+    .await?;
+    tx.commit().await?;
+    assert_eq!(counts.failed, 1);
+
+    assert_eq!(
+        maintenance.run(&ctx).await?.outbox_archived,
+        1,
+        "the second failure was not archived"
+    );
+    assert_eq!(
+        maintenance.run(&ctx).await?.outbox_archived,
+        0,
+        "idempotent per failure"
+    );
+    let waiting = show(
+        pool,
+        &Filter {
+            queue: Some(OUTBOX_QUEUE.into()),
+            ..Filter::default()
+        },
+    )
+    .await?;
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(waiting[0].error.as_deref(), Some("second failure"));
+    let listed = list(pool).await?;
+    let outbox = listed
+        .iter()
+        .find(|q| q.queue == OUTBOX_QUEUE)
+        .expect("the outbox in dlq list");
+    assert_eq!((outbox.dead, outbox.replayed), (1, 1), "{outbox:?}");
+    Ok(())
+}
+
+/// fail -> archived -> `outbox retry` (the drain will publish it again): a `dlq replay` that
+/// runs before the maintenance settles the dead letter does not send a second copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_whose_outbox_row_was_retried_is_not_replayed() -> anyhow::Result<()> {
+    let h = Harness::start(1).await?;
+    let publisher = h.publisher();
+    let conn = h.connection().await?;
+    let id = failed_outbox_row(h.pool(), "o-retried").await?;
+    assert_eq!(archive_failed_outbox(h.pool(), 10).await?.inserted, 1);
+    assert_eq!(
+        worker_store::outbox::retry(h.pool(), id).await?,
+        worker_store::outbox::RetryResult::Requeued
+    );
+    let outbox_only = Filter {
+        queue: Some(OUTBOX_QUEUE.into()),
+        ..Filter::default()
+    };
+    let r = replay(h.pool(), &publisher, &outbox_only, false, None, &actor()).await?;
+    assert_eq!(
+        (r.matched, r.replayed),
+        (0, 0),
+        "replayed beside the retry: {r:?}"
+    );
+    assert_eq!(
+        drain(&conn, ORDERS).await?.len(),
+        0,
+        "a second copy was sent"
+    );
+    h.stop().await
+}

@@ -2,42 +2,90 @@
 //!
 //! A [`ConsumerJob`] on the `email.send` queue. Its input, an [`EmailSendCommand`], names an
 //! `outbound_emails` row (written by the action executor, or anything else that queues mail);
-//! this job sends it with lettre's pooled [`AsyncSmtpTransport`] and marks the row `sent`
-//! (with the server's answer) or `failed`.
+//! this job sends it over a small pool of lettre SMTP connections and records the outcome on
+//! the row.
+//!
+//! ## Claim, send, record: no database connection held across the send
+//!
+//! Every try is three steps, and only the first and the last touch the database, each in a
+//! short transaction of its own:
+//!
+//! 1. **Claim.** Lock the row, read its status and the processed-message guard (scope
+//!    [`GUARD_SCOPE`], `email.send`; read only — it is marked in step 3). `sent`, or a marked
+//!    guard: [`Handled::Duplicate`], nothing is sent. A fresh `sending` claim: another try is
+//!    at it, so this one backs off with a transient failure ("being sent by another
+//!    worker"); the redelivery later finds the row `sent` and is a duplicate. Otherwise
+//!    (`queued`, `unknown`, `failed` — a replayed dead letter — or a stale `sending` claim)
+//!    the row becomes `sending` with `claimed_by` (this process, [`EmailSender::instance`])
+//!    and `claimed_at`.
+//! 2. **Send**, with no database connection held, under the send timeout.
+//! 3. **Record.** Accepted: the row `sent` with the server's answer and the guard's mark, in
+//!    one transaction, retried on *any* database error for the record budget
+//!    ([`EmailSender::with_record_budget`], 30 s by default): a mail the server accepted is
+//!    never recorded `failed`. Not accepted: the claim is released (below).
+//!
+//! ## The row
+//!
+//! ```text
+//! queued ──claim──▶ sending ──accepted──────────────────────────▶ sent
+//!   ▲                  │ ├──4xx, timeout or broken before the "."──▶ queued (attempts + 1)
+//!   │                  │ ├──5xx, bad address, client refusal──────▶ failed
+//!   │                  │ └──no answer after the final "."─────────▶ unknown
+//!   │                  └──(the try died: crash, cancel, record failed) stays sending;
+//!   │                     older than the stale age, a later try takes it over
+//!   └── unknown and failed are claimed again only by a later delivery of the command
+//! ```
 //!
 //! ## Exactly one mail, but for one window
 //!
-//! Every command is guarded on the email id (processed-message scope [`GUARD_SCOPE`],
-//! `email.send`). One transaction takes the guard's mark and locks the row, the mail is sent
-//! while it waits, and the mark and the row's `sent` commit together **only after the server
-//! accepted the mail**. So:
+//! * A failure before the final "." of DATA (no connection, a 4xx or 5xx to MAIL, RCPT or
+//!   DATA, a timeout while connecting or writing the body) is certain: the server does not
+//!   have the mail, and the next try sends it.
+//! * The server's answer to the final "." is certain too: `sent`, or released as above.
+//! * **No answer after the final "."** (the send timeout, a broken connection) is an
+//!   unknown outcome: the server may have taken the mail. The row becomes `unknown` with
+//!   `last_error` saying so, the handler returns [`Failure::unknown`] (never tried again in
+//!   process; the runner parks the message), and the unknown counter goes up
+//!   ([`EmailSender::on_unknown`]; the host's `worker_email_unknown_outcomes_total`). The
+//!   next delivery sends it again: **one possible duplicate per unknown outcome**, visible.
+//! * **The try dies between the server's acceptance and the record** (the process killed,
+//!   the handler cancelled by shutdown or its per-try timeout, the database unreachable for
+//!   the whole record budget): the row stays `sending`. A redelivery within the stale age
+//!   backs off; after it (the send timeout + the record budget + [`CLAIM_MARGIN`] by
+//!   default, [`EmailSender::with_claim_stale_after`]) a later try takes the claim over,
+//!   counts an unknown outcome, and sends again. This is the protocol's own window.
 //!
-//! * a crash, timeout or refusal before the acceptance rolls the mark back: the next try
-//!   sends the mail (at least once, never "never");
-//! * a duplicate command after the commit finds the mark (or the row `sent`) and is
-//!   acknowledged as [`Handled::Duplicate`] without sending;
-//! * a duplicate arriving while the first is sending waits on the mark's row, then finds it;
-//! * **the one window for a duplicate mail** is a crash (or a lost database connection)
-//!   between the server's acceptance and the commit: the row is still `queued`, the command
-//!   is redelivered, and the mail goes out a second time. Its Message-ID is the same
-//!   (`<email id@worker-host>`), so a receiving client may fold the two.
+//! Both duplicates carry the same Message-ID (`<email id@worker-host>`), so a receiving
+//! client may fold them. A lost database session at any other moment costs nothing: the
+//! claim's transaction rolls back before the send, and the record is retried after it.
+//!
+//! ## The SMTP pool
+//!
+//! At most `pool_size` connections, each used by one send at a time. A connection goes back
+//! to the pool only after a whole mail transaction ended with the server's positive answer
+//! read; any error, timeout or cancelled send closes it, so a late answer is never read as
+//! another mail's (lettre's own pool hands such a connection back). An idle connection is
+//! checked with NOOP before reuse and closed after a minute idle.
 //!
 //! ## Timeouts
 //!
-//! lettre's own timeout bounds connecting only (lettre/lettre#1027), so every send runs under
-//! a tokio timeout of its own (`send_timeout`, a constructor parameter); a send that overruns
-//! is dropped, its pooled connection with it, and the failure is transient.
+//! | bound | covers |
+//! |---|---|
+//! | `connect_timeout` ([`SmtpConfig`]) | TCP connect, greeting, STARTTLS and AUTH together; the NOOP on an idle connection |
+//! | `send_timeout` (a constructor parameter, the host's `workers.timeouts.email_send`) | the whole send: waiting for a connection, connecting, MAIL, RCPT, DATA and the answer to the final "." |
+//! | the record budget | recording the outcome, retried on database errors |
 //!
 //! ## Classification ([`classify`], the one place)
 //!
-//! | the send ended with | class |
-//! |---|---|
-//! | the server's 2xx | success: row `sent`, `smtp_response` = its answer |
-//! | a 4xx answer (`451 4.3.0 try later`) | transient: row stays `queued`, `attempts + 1`, `last_error` |
-//! | a 5xx answer (`550 5.1.1 no such user`) | permanent, reason `smtp-5xx`, detail the server's answer: row `failed`, `last_error` = the answer |
-//! | no connection, a broken one, TLS failure, the send timeout | transient |
-//! | lettre refused to go on (no STARTTLS offered, no usable AUTH mechanism) | permanent, `smtp-client` |
-//! | an address in the row that does not parse | permanent, `bad-address` |
+//! | the send ended with | class | row |
+//! |---|---|---|
+//! | the server's 2xx to the final "." | success | `sent`, `smtp_response` = its answer |
+//! | a 4xx answer (`451 4.3.0 try later`) | transient | `queued`, `attempts + 1`, `last_error` |
+//! | a 5xx answer (`550 5.1.1 no such user`) | permanent, `smtp-5xx`, detail the answer | `failed`, `last_error` = the answer |
+//! | no connection, a broken one or a timeout before the final ".", TLS failure | transient | `queued` |
+//! | a timeout or a broken connection after the final "." | unknown ([`Failure::unknown`]) | `unknown` |
+//! | lettre refused to go on (no STARTTLS offered, no usable AUTH mechanism, no SMTPUTF8) | permanent, `smtp-client` | `failed` |
+//! | an address in the row that does not parse | permanent, `bad-address` | `failed` |
 //!
 //! One refused recipient fails the whole mail (SMTP has no partial send here).
 //!
@@ -55,25 +103,35 @@
 //!     username: s.smtp.username, password: /* SecretString from s.smtp.password */,
 //!     pool_size: s.smtp.pool_size, connect_timeout: Duration::from_secs(10),
 //! };
-//! let sender = EmailSender::new(pool.clone(), &smtp, &s.smtp.from, s.workers.timeouts.email_send)?;
+//! let sender = EmailSender::new(pool.clone(), &smtp, &s.smtp.from, s.workers.timeouts.email_send)?
+//!     .on_unknown(move || unknown_outcomes.add(1, &[]));
 //! let runner = ConsumerRunner::new(sender, email_send_queue, consumer_settings);
 //! ```
 
+mod smtp;
+
 use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use lettre::Message;
 use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
-use lettre::transport::smtp::{PoolConfig, response::Response};
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::transport::smtp::client::TlsParameters;
+use lettre::transport::smtp::response::Response;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
-use worker_core::{ConsumerJob, Failure, Handled, WorkContext, error_chain};
+use worker_core::{ConsumerJob, Failure, Handled, RetryPolicy, WorkContext, error_chain};
 use worker_messages::EmailSendCommand;
 use worker_store::{ProcessedMessages, classify as classify_db};
+
+use crate::smtp::{Security, Server, SmtpPool};
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "email-send";
@@ -83,6 +141,12 @@ pub const GUARD_SCOPE: &str = "email.send";
 
 /// The longest `last_error` or `smtp_response` kept on a row, in bytes.
 pub const LAST_ERROR_MAX: usize = 2048;
+
+/// How long recording a claim's outcome is retried on database errors, by default.
+pub const DEFAULT_RECORD_BUDGET: Duration = Duration::from_secs(30);
+
+/// Added to the send timeout and the record budget to make the default stale-claim age.
+pub const CLAIM_MARGIN: Duration = Duration::from_secs(60);
 
 /// How the connection to the SMTP server is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -107,9 +171,9 @@ pub struct SmtpConfig {
     pub username: Option<String>,
     /// Required with a username. Redacted in `Debug`.
     pub password: Option<SecretString>,
-    /// Connections kept open to the server.
+    /// Connections open to the server at most (each used by one send at a time).
     pub pool_size: u32,
-    /// lettre's timeout: connecting, and each command's answer.
+    /// Bounds connecting: TCP, the greeting, STARTTLS and AUTH together.
     pub connect_timeout: Duration,
 }
 
@@ -144,10 +208,19 @@ pub enum SmtpConfigError {
 /// How one send ended badly, before classification.
 #[derive(Debug)]
 pub enum SendError {
-    /// lettre's error: the server's negative answer, or a connection, TLS or client error.
+    /// lettre's error before the mail was accepted: the server's negative answer (to any
+    /// command, the end of DATA included), or a connection, TLS or client error met before
+    /// the final "." of DATA.
     Smtp(lettre::transport::smtp::Error),
-    /// The send did not finish within the send timeout.
+    /// The send did not finish within the send timeout, before the final "." of DATA.
     TimedOut(Duration),
+    /// No connection could be had (the connect timeout).
+    Connection(String),
+    /// lettre's client refused to go on (the server lacks an extension the mail needs).
+    Client(String),
+    /// The final "." of DATA was sent and no answer came: a timeout or a broken connection.
+    /// The server may have taken the mail.
+    AnswerLost(String),
 }
 
 impl fmt::Display for SendError {
@@ -159,6 +232,9 @@ impl fmt::Display for SendError {
                 "the SMTP send did not finish within {}",
                 humantime::format_duration(*after)
             ),
+            Self::Connection(detail) | Self::Client(detail) | Self::AnswerLost(detail) => {
+                f.write_str(detail)
+            }
         }
     }
 }
@@ -175,7 +251,11 @@ pub fn server_answer(err: &lettre::transport::smtp::Error) -> Option<String> {
 /// The one classification of a failed send (see the table in the crate docs).
 pub fn classify(err: &SendError) -> Failure {
     match err {
-        SendError::TimedOut(_) => Failure::transient(err),
+        SendError::TimedOut(_) | SendError::Connection(_) => Failure::transient(err),
+        SendError::Client(_) => Failure::permanent("smtp-client", err),
+        SendError::AnswerLost(_) => Failure::unknown(format!(
+            "{err}: the server may have accepted the mail, so it is not sent again in process"
+        )),
         SendError::Smtp(smtp) => match (smtp.status(), server_answer(smtp)) {
             (Some(_), Some(answer)) if smtp.is_permanent() => {
                 Failure::permanent("smtp-5xx", answer)
@@ -194,9 +274,14 @@ pub fn classify(err: &SendError) -> Failure {
 pub struct EmailSender {
     pool: PgPool,
     guard: ProcessedMessages,
-    transport: AsyncSmtpTransport<Tokio1Executor>,
+    smtp: Arc<SmtpPool>,
     default_from: Mailbox,
     send_timeout: Duration,
+    record_budget: Duration,
+    claim_stale_after: Option<Duration>,
+    instance: Uuid,
+    unknown_outcomes: Arc<AtomicU64>,
+    on_unknown: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl fmt::Debug for EmailSender {
@@ -204,28 +289,58 @@ impl fmt::Debug for EmailSender {
         f.debug_struct("EmailSender")
             .field("default_from", &self.default_from.to_string())
             .field("send_timeout", &self.send_timeout)
+            .field("record_budget", &self.record_budget)
+            .field("claim_stale_after", &self.claim_stale_after())
+            .field("instance", &self.instance)
             .finish_non_exhaustive()
     }
 }
 
-/// The row, locked.
+/// The row, as claimed.
+#[derive(sqlx::FromRow)]
 struct Email {
     message_id: String,
-    from: Option<String>,
-    to: Vec<String>,
-    cc: Vec<String>,
+    from_address: Option<String>,
+    to_addresses: Vec<String>,
+    cc_addresses: Vec<String>,
     subject: String,
-    text: Option<String>,
-    html: Option<String>,
+    text_body: Option<String>,
+    html_body: Option<String>,
     in_reply_to: Option<String>,
-    references: Vec<String>,
+    reference_ids: Vec<String>,
+}
+
+/// What the claim found about the row.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
     status: String,
+    claimed_by: Option<Uuid>,
+    claimed_at: Option<DateTime<Utc>>,
+    stale: bool,
+    marked: bool,
+}
+
+/// What the first short transaction decided.
+enum Claim {
+    /// Sent already: the guard is marked or the row is `sent`.
+    Duplicate(&'static str),
+    /// Another try holds a fresh claim.
+    Busy {
+        owner: Option<Uuid>,
+        since: Option<DateTime<Utc>>,
+    },
+    /// Ours to send, claimed at this time; `took_over` names a stale claim we replaced.
+    Mine {
+        email: Box<Email>,
+        claimed_at: DateTime<Utc>,
+        took_over: Option<(Option<Uuid>, Option<DateTime<Utc>>)>,
+    },
 }
 
 impl EmailSender {
-    /// A sender over a pooled transport to `smtp`, with `default_from` as the sender of rows
-    /// that name none and every send bounded by `send_timeout` (the host passes
-    /// `workers.timeouts.email_send`). Nothing connects until the first send.
+    /// A sender over a pool of `smtp.pool_size` connections to `smtp`, with `default_from`
+    /// as the sender of rows that name none and every send bounded by `send_timeout` (the
+    /// host passes `workers.timeouts.email_send`). Nothing connects until the first send.
     pub fn new(
         pool: PgPool,
         smtp: &SmtpConfig,
@@ -244,99 +359,368 @@ impl EmailSender {
         if smtp.pool_size == 0 {
             return Err(SmtpConfigError::EmptyPool);
         }
-        let tls_error = |err: lettre::transport::smtp::Error| SmtpConfigError::Tls {
-            host: smtp.host.clone(),
-            detail: error_chain(&err),
+        let tls = || {
+            TlsParameters::new(smtp.host.clone()).map_err(|err| SmtpConfigError::Tls {
+                host: smtp.host.clone(),
+                detail: error_chain(&err),
+            })
         };
-        let builder = match smtp.security {
-            SmtpSecurity::Plain => {
-                AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(&smtp.host)
-            }
-            SmtpSecurity::Starttls => {
-                AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&smtp.host)
-                    .map_err(tls_error)?
-            }
-            SmtpSecurity::Tls => {
-                AsyncSmtpTransport::<Tokio1Executor>::relay(&smtp.host).map_err(tls_error)?
-            }
+        let security = match smtp.security {
+            SmtpSecurity::Plain => Security::Plain,
+            SmtpSecurity::Starttls => Security::Starttls(tls()?),
+            SmtpSecurity::Tls => Security::Tls(tls()?),
         };
-        let mut builder = builder
-            .port(smtp.port)
-            .timeout(Some(smtp.connect_timeout))
-            .pool_config(PoolConfig::new().max_size(smtp.pool_size));
-        match (&smtp.username, &smtp.password) {
-            (Some(user), Some(password)) => {
-                builder = builder.credentials(Credentials::new(
-                    user.clone(),
-                    password.expose_secret().to_string(),
-                ));
-            }
+        let credentials = match (&smtp.username, &smtp.password) {
+            (Some(user), Some(password)) => Some(Credentials::new(
+                user.clone(),
+                password.expose_secret().to_string(),
+            )),
             (Some(_), None) => return Err(SmtpConfigError::MissingPassword),
-            (None, _) => {}
-        }
+            (None, _) => None,
+        };
+        let server = Server {
+            host: smtp.host.clone(),
+            port: smtp.port,
+            security,
+            credentials,
+            connect_timeout: smtp.connect_timeout,
+        };
+        let pool_size = usize::try_from(smtp.pool_size).unwrap_or(usize::MAX);
         Ok(Self {
             pool,
             guard: ProcessedMessages::new(),
-            transport: builder.build(),
+            smtp: Arc::new(SmtpPool::new(server, pool_size)),
             default_from,
             send_timeout,
+            record_budget: DEFAULT_RECORD_BUDGET,
+            claim_stale_after: None,
+            instance: Uuid::new_v4(),
+            unknown_outcomes: Arc::new(AtomicU64::new(0)),
+            on_unknown: None,
         })
     }
 
-    /// Marks, sends, records in one transaction, which commits only once the server has
-    /// accepted the mail, and is rolled back before a failure is recorded.
+    /// How long recording a try's outcome is retried on database errors (default
+    /// [`DEFAULT_RECORD_BUDGET`]).
+    #[must_use]
+    pub fn with_record_budget(mut self, budget: Duration) -> Self {
+        self.record_budget = budget;
+        self
+    }
+
+    /// The age after which another try may take over a `sending` claim (default: the send
+    /// timeout plus the record budget plus [`CLAIM_MARGIN`]). It must exceed the longest a
+    /// try can still be sending or recording, or two tries could send at once.
+    #[must_use]
+    pub fn with_claim_stale_after(mut self, age: Duration) -> Self {
+        self.claim_stale_after = Some(age);
+        self
+    }
+
+    /// Called once for each unknown outcome: a send whose answer to the end of DATA was
+    /// lost, or a stale claim taken over. The host counts them in
+    /// `worker_email_unknown_outcomes_total`.
+    #[must_use]
+    pub fn on_unknown(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_unknown = Some(Arc::new(hook));
+        self
+    }
+
+    /// Unknown outcomes met by this sender (and its clones) so far.
+    pub fn unknown_outcomes(&self) -> u64 {
+        self.unknown_outcomes.load(Ordering::Relaxed)
+    }
+
+    /// This process's claim owner, written in `claimed_by`.
+    pub fn instance(&self) -> Uuid {
+        self.instance
+    }
+
+    /// The age after which a `sending` claim is stale.
+    pub fn claim_stale_after(&self) -> Duration {
+        self.claim_stale_after
+            .unwrap_or(self.send_timeout + self.record_budget + CLAIM_MARGIN)
+    }
+
+    fn count_unknown(&self) {
+        self.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
+        if let Some(hook) = &self.on_unknown {
+            hook();
+        }
+    }
+
+    /// Claim, send with no database connection held, record.
     async fn run(&self, id: Uuid) -> Result<Handled, Failure> {
-        let mut tx = self.pool.begin().await.map_err(classify_db)?;
-        match self.apply(&mut tx, id).await {
-            Ok(handled) => {
-                tx.commit().await.map_err(|err| {
-                    tracing::error!(
-                        error = %error_chain(&err),
-                        "the server accepted the mail but marking it sent failed: it will be sent again"
-                    );
-                    classify_db(err)
-                })?;
-                Ok(handled)
+        let (email, claimed_at) = match self.claim(id).await? {
+            Claim::Duplicate(why) => {
+                tracing::info!("duplicate command: {why}");
+                return Ok(Handled::Duplicate);
             }
-            Err(failure) => {
-                if let Err(err) = tx.rollback().await {
-                    tracing::debug!(error = %err, "rollback failed; the connection is dropped");
+            Claim::Busy { owner, since } => {
+                let owner = owner.map(|o| o.to_string()).unwrap_or_default();
+                let since = since.map(|s| s.to_rfc3339()).unwrap_or_default();
+                return Err(Failure::transient(format!(
+                    "outbound email {id} is being sent by another worker ({owner}, since {since}); backing off"
+                )));
+            }
+            Claim::Mine {
+                email,
+                claimed_at,
+                took_over,
+            } => {
+                if let Some((owner, since)) = took_over {
+                    // The earlier try died between its claim and its record: it may have sent.
+                    self.count_unknown();
+                    tracing::warn!(
+                        previous_owner = ?owner,
+                        claimed_at = ?since,
+                        "took over a stale claim: the mail may have gone out already and is sent again"
+                    );
                 }
+                (email, claimed_at)
+            }
+        };
+        let message = match self.build(&email) {
+            Ok(message) => message,
+            Err(failure) => {
+                self.release(id, claimed_at, &failure).await;
+                return Err(failure);
+            }
+        };
+        match self.smtp.send(&message, self.send_timeout).await {
+            Ok(response) => {
+                let answer = response_text(&response);
+                self.record_sent(id, claimed_at, &answer).await?;
+                tracing::info!(smtp_response = %answer, to = ?email.to_addresses, "email sent");
+                Ok(Handled::Done)
+            }
+            Err(err) => {
+                let failure = classify(&err);
+                if failure.is_unknown() {
+                    self.count_unknown();
+                    tracing::error!(
+                        error = %failure,
+                        "the outcome of the send is unknown: the row is marked `unknown` and not sent again in process"
+                    );
+                }
+                self.release(id, claimed_at, &failure).await;
                 Err(failure)
             }
         }
     }
 
-    async fn apply(&self, tx: &mut PgConnection, id: Uuid) -> Result<Handled, Failure> {
-        if !self.guard.mark(tx, GUARD_SCOPE, &id.to_string()).await? {
-            tracing::info!("duplicate command: the guard has seen this email");
-            return Ok(Handled::Duplicate);
-        }
-        let email = load(tx, id).await?;
-        if email.status == "sent" {
-            tracing::info!("duplicate command: the email was sent already");
-            return Ok(Handled::Duplicate);
-        }
-        let message = self.build(&email)?;
-        let sent = tokio::time::timeout(self.send_timeout, self.transport.send(message)).await;
-        let response = match sent {
-            Ok(Ok(response)) => response,
-            Ok(Err(err)) => return Err(classify(&SendError::Smtp(err))),
-            Err(_elapsed) => return Err(classify(&SendError::TimedOut(self.send_timeout))),
-        };
-        let answer = response_text(&response);
-        sqlx::query(
-            "UPDATE outbound_emails SET status = 'sent', attempts = attempts + 1, \
-                 smtp_response = $2, last_error = NULL, sent_at = now(), updated_at = now() \
-             WHERE id = $1",
+    /// The first short transaction: reads the row and the guard, and claims the row when it
+    /// is ours to send.
+    async fn claim(&self, id: Uuid) -> Result<Claim, Failure> {
+        let mut tx = self.pool.begin().await.map_err(classify_db)?;
+        let found: Option<ClaimRow> = sqlx::query_as(
+            "SELECT status, claimed_by, claimed_at, \
+                    coalesce(claimed_at < now() - make_interval(secs => $2), true) AS stale, \
+                    EXISTS (SELECT 1 FROM processed_messages WHERE scope = $3 AND id = $4) AS marked \
+             FROM outbound_emails WHERE id = $1 FOR UPDATE",
         )
         .bind(id)
-        .bind(truncate(&answer, LAST_ERROR_MAX))
-        .execute(&mut *tx)
+        .bind(self.claim_stale_after().as_secs_f64())
+        .bind(GUARD_SCOPE)
+        .bind(id.to_string())
+        .fetch_optional(&mut *tx)
         .await
         .map_err(classify_db)?;
-        tracing::info!(smtp_response = %answer, to = ?email.to, "email sent");
-        Ok(Handled::Done)
+        let Some(found) = found else {
+            return Err(Failure::permanent(
+                "unknown-email",
+                format!("no outbound email {id}"),
+            ));
+        };
+        if found.marked {
+            return Ok(Claim::Duplicate("the guard has seen this email"));
+        }
+        if found.status == "sent" {
+            return Ok(Claim::Duplicate("the email was sent already"));
+        }
+        let took_over = if found.status == "sending" {
+            if !found.stale {
+                return Ok(Claim::Busy {
+                    owner: found.claimed_by,
+                    since: found.claimed_at,
+                });
+            }
+            Some((found.claimed_by, found.claimed_at))
+        } else {
+            None
+        };
+        let claimed_at: DateTime<Utc> = sqlx::query_scalar(
+            "UPDATE outbound_emails SET status = 'sending', claimed_by = $2, claimed_at = now(), \
+                 updated_at = now() \
+             WHERE id = $1 RETURNING claimed_at",
+        )
+        .bind(id)
+        .bind(self.instance)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(classify_db)?;
+        let email: Email = sqlx::query_as(
+            "SELECT message_id, from_address, to_addresses, cc_addresses, subject, text_body, \
+                    html_body, in_reply_to, reference_ids \
+             FROM outbound_emails WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(classify_db)?;
+        tx.commit().await.map_err(classify_db)?;
+        Ok(Claim::Mine {
+            email: Box::new(email),
+            claimed_at,
+            took_over,
+        })
+    }
+
+    /// The second short transaction after an accepted mail: the row `sent` with the server's
+    /// answer and the guard's mark, together. Retried on any database error for the record
+    /// budget: a mail the server accepted is never recorded `failed`. If it still cannot be
+    /// recorded, the row stays `sending` and its claim goes stale.
+    async fn record_sent(
+        &self,
+        id: Uuid,
+        claimed_at: DateTime<Utc>,
+        answer: &str,
+    ) -> Result<(), Failure> {
+        let recorded = self
+            .with_db_retries("recording the sent mail", || async {
+                let mut tx = self.pool.begin().await.map_err(classify_db)?;
+                // Whoever holds the claim now, the server took this mail: the row is `sent`.
+                let ours: Option<bool> = sqlx::query_scalar(
+                    "SELECT coalesce(claimed_by = $2 AND claimed_at = $3, false) \
+                     FROM outbound_emails WHERE id = $1 FOR UPDATE",
+                )
+                .bind(id)
+                .bind(self.instance)
+                .bind(claimed_at)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(classify_db)?;
+                sqlx::query(
+                    "UPDATE outbound_emails SET status = 'sent', attempts = attempts + 1, \
+                         smtp_response = $2, last_error = NULL, sent_at = now(), \
+                         claimed_by = NULL, claimed_at = NULL, updated_at = now() \
+                     WHERE id = $1",
+                )
+                .bind(id)
+                .bind(truncate(answer, LAST_ERROR_MAX))
+                .execute(&mut *tx)
+                .await
+                .map_err(classify_db)?;
+                self.guard
+                    .mark(&mut tx, GUARD_SCOPE, &id.to_string())
+                    .await?;
+                tx.commit().await.map_err(classify_db)?;
+                Ok(ours)
+            })
+            .await;
+        match recorded {
+            Ok(Some(true)) => Ok(()),
+            Ok(Some(false)) => {
+                tracing::warn!(
+                    "our claim had been taken over before the sent mail was recorded: the mail may go out twice"
+                );
+                Ok(())
+            }
+            Ok(None) => {
+                tracing::warn!("the outbound email row is gone; the guard is marked");
+                Ok(())
+            }
+            Err(failure) => {
+                tracing::error!(
+                    error = %failure,
+                    smtp_response = %answer,
+                    "the server accepted the mail but recording it failed: the row stays `sending`, and a try after its claim goes stale sends it again"
+                );
+                Err(Failure::transient(format!(
+                    "the SMTP server accepted the mail ({answer}) but recording it failed for {}: {}",
+                    humantime::format_duration(self.record_budget),
+                    failure.detail()
+                )))
+            }
+        }
+    }
+
+    /// Releases our claim after a failed try: `failed` for a permanent failure, `unknown`
+    /// for an unknown outcome, back to `queued` otherwise; counts the try and keeps the
+    /// error. Retried like the record; if it cannot be written the claim goes stale.
+    async fn release(&self, id: Uuid, claimed_at: DateTime<Utc>, failure: &Failure) {
+        let status = if failure.is_unknown() {
+            "unknown"
+        } else if failure.is_permanent() {
+            "failed"
+        } else {
+            "queued"
+        };
+        // A 5xx keeps the server's answer as is; anything else keeps the whole failure.
+        let error = if failure.reason() == "smtp-5xx" {
+            failure.detail().to_string()
+        } else {
+            failure.to_string()
+        };
+        let released = self
+            .with_db_retries("releasing the claim", || async {
+                sqlx::query(
+                    "UPDATE outbound_emails SET status = $3, attempts = attempts + 1, \
+                         last_error = $4, claimed_by = NULL, claimed_at = NULL, updated_at = now() \
+                     WHERE id = $1 AND status = 'sending' AND claimed_by = $2 AND claimed_at = $5",
+                )
+                .bind(id)
+                .bind(self.instance)
+                .bind(status)
+                .bind(truncate(&error, LAST_ERROR_MAX))
+                .bind(claimed_at)
+                .execute(&self.pool)
+                .await
+                .map_err(classify_db)
+            })
+            .await;
+        match released {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => tracing::warn!("the claim was taken over before the failed try was recorded"),
+            Err(err) => tracing::warn!(
+                error = %err,
+                "could not record the failed try: the claim stays until it goes stale"
+            ),
+        }
+    }
+
+    /// Runs `op` until it succeeds or the record budget is spent, each run bounded by what
+    /// is left of the budget. Every database error is retried, whatever its class: the
+    /// outcome it records is already decided.
+    async fn with_db_retries<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let backoff = RetryPolicy {
+            max_attempts: u32::MAX,
+            base_delay: Duration::from_millis(100),
+            factor: 2.0,
+            max_delay: Duration::from_secs(2),
+            jitter: true,
+        };
+        let deadline = tokio::time::Instant::now() + self.record_budget;
+        let mut try_number = 1_u32;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let failure = match tokio::time::timeout(left, op()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(failure)) => failure,
+                Err(_elapsed) => Failure::transient(format!("{what} did not finish in time")),
+            };
+            try_number = try_number.saturating_add(1);
+            let wait = backoff.jittered_delay_for(try_number);
+            if tokio::time::Instant::now() + wait >= deadline {
+                return Err(failure);
+            }
+            tracing::warn!(error = %failure, try_number, "{what} failed; trying again");
+            tokio::time::sleep(wait).await;
+        }
     }
 
     fn build(&self, email: &Email) -> Result<Message, Failure> {
@@ -347,7 +731,7 @@ impl EmailSender {
                     Failure::permanent("bad-address", format!("{field} `{address}`: {err}"))
                 })
         };
-        let from = match &email.from {
+        let from = match &email.from_address {
             Some(address) => mailbox("from", address)?,
             None => self.default_from.clone(),
         };
@@ -356,17 +740,21 @@ impl EmailSender {
             .subject(email.subject.clone())
             .date_now()
             .message_id(Some(format!("<{}>", email.message_id)));
-        for address in &email.to {
+        for address in &email.to_addresses {
             builder = builder.to(mailbox("to", address)?);
         }
-        for address in &email.cc {
+        for address in &email.cc_addresses {
             builder = builder.cc(mailbox("cc", address)?);
         }
         if let Some(parent) = &email.in_reply_to {
             builder = builder.in_reply_to(format!("<{parent}>"));
         }
-        if !email.references.is_empty() {
-            let chain: Vec<String> = email.references.iter().map(|r| format!("<{r}>")).collect();
+        if !email.reference_ids.is_empty() {
+            let chain: Vec<String> = email
+                .reference_ids
+                .iter()
+                .map(|r| format!("<{r}>"))
+                .collect();
             builder = builder.references(chain.join(" "));
         }
         let auto = if email.in_reply_to.is_some() {
@@ -378,7 +766,7 @@ impl EmailSender {
             HeaderName::new_from_ascii_str("Auto-Submitted"),
             auto.to_string(),
         ));
-        let built = match (&email.text, &email.html) {
+        let built = match (&email.text_body, &email.html_body) {
             (Some(text), Some(html)) => builder.multipart(MultiPart::alternative_plain_html(
                 text.clone(),
                 html.clone(),
@@ -392,78 +780,6 @@ impl EmailSender {
         };
         built.map_err(|err| Failure::permanent("bad-email", err))
     }
-
-    /// Adds the failed try to the row: `failed` with the error for a permanent failure, still
-    /// `queued` otherwise. Best effort: the failure itself is what the caller returns.
-    async fn record_failure(&self, id: Uuid, failure: &Failure) {
-        let permanent = failure.is_permanent();
-        // A 5xx keeps the server's answer as is; anything else keeps the whole failure.
-        let error = if failure.reason() == "smtp-5xx" {
-            failure.detail().to_string()
-        } else {
-            failure.to_string()
-        };
-        let recorded = sqlx::query(
-            "UPDATE outbound_emails SET attempts = attempts + 1, last_error = $2, \
-                 status = CASE WHEN $3 THEN 'failed' ELSE status END, updated_at = now() \
-             WHERE id = $1 AND status <> 'sent'",
-        )
-        .bind(id)
-        .bind(truncate(&error, LAST_ERROR_MAX))
-        .bind(permanent)
-        .execute(&self.pool)
-        .await;
-        if let Err(err) = recorded {
-            tracing::warn!(
-                error = %error_chain(&err),
-                "could not record the failed try on the outbound email"
-            );
-        }
-    }
-}
-
-async fn load(tx: &mut PgConnection, id: Uuid) -> Result<Email, Failure> {
-    type Row = (
-        String,
-        Option<String>,
-        Vec<String>,
-        Vec<String>,
-        String,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Vec<String>,
-        String,
-    );
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT message_id, from_address, to_addresses, cc_addresses, subject, text_body, \
-                html_body, in_reply_to, reference_ids, status \
-         FROM outbound_emails WHERE id = $1 FOR UPDATE",
-    )
-    .bind(id)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(classify_db)?;
-    let Some((message_id, from, to, cc, subject, text, html, in_reply_to, references, status)) =
-        row
-    else {
-        return Err(Failure::permanent(
-            "unknown-email",
-            format!("no outbound email {id}"),
-        ));
-    };
-    Ok(Email {
-        message_id,
-        from,
-        to,
-        cc,
-        subject,
-        text,
-        html,
-        in_reply_to,
-        references,
-        status,
-    })
 }
 
 /// `250 2.0.0 Ok: queued as 1234`.
@@ -502,14 +818,7 @@ impl ConsumerJob for EmailSender {
         ctx: &WorkContext,
         command: &EmailSendCommand,
     ) -> Result<Handled, Failure> {
-        match self.run(command.email_message_id).await {
-            Ok(handled) => Ok(handled),
-            Err(failure) => {
-                self.record_failure(command.email_message_id, &failure)
-                    .await;
-                Err(failure)
-            }
-        }
+        self.run(command.email_message_id).await
     }
 }
 
@@ -539,6 +848,20 @@ mod tests {
         let f = classify(&SendError::TimedOut(Duration::from_secs(60)));
         assert_eq!(f.class(), worker_core::FailureClass::Transient);
         assert_eq!(f.detail(), "the SMTP send did not finish within 1m");
+    }
+
+    #[test]
+    fn no_answer_after_the_final_dot_is_unknown_and_no_connection_is_transient() {
+        let f = classify(&SendError::AnswerLost(
+            "no answer to the end of DATA".into(),
+        ));
+        assert!(f.is_unknown(), "{f}");
+        assert!(!f.retries_in_process());
+        let f = classify(&SendError::Connection("could not connect".into()));
+        assert_eq!(f.class(), worker_core::FailureClass::Transient);
+        assert!(f.retries_in_process());
+        let f = classify(&SendError::Client("no 8BITMIME".into()));
+        assert_eq!(f.reason(), "smtp-client");
     }
 
     #[test]

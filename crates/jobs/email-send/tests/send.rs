@@ -201,7 +201,8 @@ async fn a_duplicate_command_sends_nothing_the_second_time() -> anyhow::Result<(
     assert_eq!(job.handle(&ctx(), &command).await?, Handled::Done);
     assert_eq!(job.handle(&ctx(), &command).await?, Handled::Duplicate);
 
-    // Concurrent duplicates of a fresh mail: one sends, the other waits on the mark.
+    // Concurrent duplicates of a fresh mail: one claims and sends, the other finds the fresh
+    // claim and backs off (transient), and once the first recorded, it is a duplicate.
     let (other, other_message_id) = queue(
         &db.pool,
         "alice@localhost",
@@ -213,9 +214,17 @@ async fn a_duplicate_command_sends_nothing_the_second_time() -> anyhow::Result<(
     };
     let (c1, c2) = (ctx(), ctx());
     let (a, b) = tokio::join!(job.handle(&c1, &command2), job.handle(&c2, &command2));
-    let mut outcomes = [a?, b?];
-    outcomes.sort_by_key(|h| h.as_str());
-    assert_eq!(outcomes, [Handled::Done, Handled::Duplicate]);
+    let (done, backed_off) = match (a, b) {
+        (Ok(done), Err(backed_off)) | (Err(backed_off), Ok(done)) => (done, backed_off),
+        other => panic!("one sends, one backs off: {other:?}"),
+    };
+    assert_eq!(done, Handled::Done);
+    assert_eq!(backed_off.class(), FailureClass::Transient, "{backed_off}");
+    assert!(
+        backed_off.detail().contains("being sent by another worker"),
+        "{backed_off}"
+    );
+    assert_eq!(job.handle(&ctx(), &command2).await?, Handled::Duplicate);
 
     assert_eq!(inbox("alice", &message_id).await.len(), 1);
     assert_eq!(inbox("alice", &other_message_id).await.len(), 1);
@@ -435,4 +444,66 @@ async fn bad_settings_are_refused_at_construction() {
         ..smtp()
     };
     assert!(EmailSender::new(pool, &empty, "a@b", Duration::from_secs(1)).is_err());
+}
+
+#[tokio::test]
+async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<()> {
+    // The local sink speaks plain SMTP, offers no STARTTLS and no AUTH without TLS: each mode
+    // fails the way its handshake does, which shows the connection went through it.
+    let db = TestDb::create().await?;
+    let attempt = |config: SmtpConfig| {
+        let pool = db.pool.clone();
+        async move {
+            let (id, _) = queue(&pool, "alice@localhost", "tls").await;
+            let job = EmailSender::new(
+                pool.clone(),
+                &config,
+                "wh@localhost",
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            let err = job
+                .handle(
+                    &ctx(),
+                    &EmailSendCommand {
+                        email_message_id: id,
+                    },
+                )
+                .await
+                .unwrap_err();
+            (err, row(&pool, id).await.0)
+        }
+    };
+
+    let (err, status) = attempt(SmtpConfig {
+        security: SmtpSecurity::Starttls,
+        ..smtp()
+    })
+    .await;
+    assert_eq!(err.reason(), "smtp-client", "{err}");
+    assert!(err.detail().contains("STARTTLS"), "{err}");
+    assert_eq!(status, "failed");
+
+    let (err, status) = attempt(SmtpConfig {
+        username: Some("wh".into()),
+        password: Some("secret".to_string().into()),
+        ..smtp()
+    })
+    .await;
+    assert_eq!(err.reason(), "smtp-client", "{err}");
+    assert!(err.detail().contains("authentication"), "{err}");
+    assert_eq!(status, "failed");
+
+    let (err, status) = attempt(SmtpConfig {
+        security: SmtpSecurity::Tls,
+        ..smtp()
+    })
+    .await;
+    assert_eq!(
+        err.class(),
+        FailureClass::Transient,
+        "a TLS handshake failure: {err}"
+    );
+    assert_eq!(status, "queued");
+    Ok(())
 }

@@ -1,0 +1,133 @@
+//! The connection budget of the shared database pool: what every job can ask of it at once,
+//! against `database.max_connections`. Settings the pool cannot serve are refused at start,
+//! rather than found out as pool timeouts under load (and, before the health probe had a
+//! connection of its own, as a `/readyz` that said the database was down).
+//!
+//! What draws on the pool, at most, at one time:
+//!
+//! * each consumer: one connection per handler in flight (`jobs.X.concurrency`); a handler
+//!   holds one connection at a time, never one across an SMTP send or a webhook call;
+//! * the outbox drain: two per lane (`jobs.outbox_drain.drain.batches_in_flight`), one lane
+//!   claiming and publishing while the other commits;
+//! * the inbound poller: one per account polled at once, plus its lease;
+//! * every other leased timer: its lease's connection, held for the tick, plus one for the
+//!   tick's work;
+//! * one archiver per dead queue, the attempt-log writer and the sampler: one each.
+//!
+//! The outbox listener (`LISTEN`) and the health probe hold connections of their own, outside
+//! the pool ([`DEDICATED`]): the server sees `max_connections + DEDICATED` from each replica.
+
+use super::Settings;
+
+/// Connections the host opens outside the pool: the outbox listener and the health probe.
+pub const DEDICATED: u32 = 2;
+
+/// One user of the pool and how many connections it may hold at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Need {
+    /// The keys behind it, as the refusal names them (`jobs.email_send.concurrency 8`).
+    pub what: String,
+    pub connections: u32,
+}
+
+impl Settings {
+    /// Every user of the shared pool and its most connections at once (see the module docs).
+    pub fn pool_needs(&self) -> Vec<Need> {
+        let mut needs = Vec::new();
+        let mut need = |what: String, connections: u32| needs.push(Need { what, connections });
+        for (name, job, _) in self.consumers() {
+            need(
+                format!("jobs.{name}.concurrency {}", job.concurrency),
+                job.concurrency,
+            );
+        }
+        let lanes = u32::try_from(self.jobs.outbox_drain.drain.batches_in_flight)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        need(
+            format!("jobs.outbox_drain.drain.batches_in_flight {lanes} × 2"),
+            lanes.saturating_mul(2),
+        );
+        let accounts = u32::try_from(self.jobs.inbound_email_poller.account_concurrency)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        need(
+            format!("jobs.inbound_email_poller.account_concurrency {accounts} + 1 for its lease"),
+            accounts.saturating_add(1),
+        );
+        // The leased timers besides the poller: a lease and a connection for the tick each.
+        // A new leased timer job adds its section's name here.
+        let timers = ["draft_expiry", "dead_letter_archive", "reconciler", "retention"];
+        need(
+            format!(
+                "the leased timers {} × 2 (a lease and the tick's work)",
+                timers.join(", ")
+            ),
+            2 * timers.len() as u32,
+        );
+        let dead_queues = self.consumers().len() as u32;
+        need(
+            format!("the dead-letter archivers {dead_queues} (one per dead queue)"),
+            dead_queues,
+        );
+        need("the attempt-log writer 1".into(), 1);
+        need("the sampler 1".into(), 1);
+        needs
+    }
+
+    /// `Err(why)` when the pool's users could ask for more than `database.max_connections`.
+    pub fn check_pool_budget(&self) -> Result<(), String> {
+        let needs = self.pool_needs();
+        let total = needs
+            .iter()
+            .fold(0u32, |sum, n| sum.saturating_add(n.connections));
+        let max = self.database.max_connections;
+        if total <= max {
+            return Ok(());
+        }
+        let parts: Vec<&str> = needs.iter().map(|n| n.what.as_str()).collect();
+        Err(format!(
+            "database.max_connections = {max} cannot serve what the jobs may ask of the pool at \
+             once: {} = {total}; raise it or lower those (the outbox listener and the health \
+             probe have {DEDICATED} connections of their own besides)",
+            parts.join(" + ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_fit_with_room_to_spare() {
+        let settings = Settings::default();
+        let total: u32 = settings.pool_needs().iter().map(|n| n.connections).sum();
+        assert!(
+            (40..=50).contains(&total),
+            "the defaults need {total}: keep database.max_connections and the docs in step"
+        );
+        assert!(total + 8 <= settings.database.max_connections);
+        assert_eq!(settings.check_pool_budget(), Ok(()));
+    }
+
+    #[test]
+    fn the_refusal_names_every_key_and_the_sum() {
+        let mut settings = Settings::default();
+        settings.database.max_connections = 20;
+        let why = settings.check_pool_budget().unwrap_err();
+        assert!(
+            why.starts_with("database.max_connections = 20 cannot serve"),
+            "{why}"
+        );
+        assert!(
+            why.contains("jobs.automation_action.concurrency 8 + "),
+            "{why}"
+        );
+        let total: u32 = settings.pool_needs().iter().map(|n| n.connections).sum();
+        assert!(
+            why.contains(&format!("= {total}; raise it or lower those")),
+            "{why}"
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! The SMTP client: a small pool of lettre [`AsyncSmtpConnection`]s that never hands out a
+//! connection whose last command was cut off.
+//!
+//! lettre's own pool (0.11) takes a connection back when the send future is dropped (a
+//! timeout, a cancelled handler) unless a command had returned an error, so a connection can
+//! go back with the server's answer to the end of DATA still unread, and the next mail then
+//! reads the previous mail's answer. Here a connection is owned by the send that uses it and
+//! goes back to the idle list only after a whole mail transaction ended with the server's
+//! positive answer read; any error, timeout or drop closes it.
+//!
+//! Each send also reports where it stopped: before the final "." of DATA (the server cannot
+//! have taken the mail) or after it with no answer (it may have).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use lettre::Message;
+use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
+use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
+use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
+use lettre::transport::smtp::response::Response;
+use tokio::sync::Semaphore;
+use worker_core::error_chain;
+
+use crate::SendError;
+
+/// An idle connection older than this is closed rather than reused: servers drop idle
+/// clients after a few minutes, and a NOOP on a dead one costs a round trip.
+const IDLE_MAX: Duration = Duration::from_secs(60);
+
+/// How the connection is protected, with what lettre needs for it.
+pub(crate) enum Security {
+    Plain,
+    Starttls(TlsParameters),
+    Tls(TlsParameters),
+}
+
+/// Where the server is and how to log in.
+pub(crate) struct Server {
+    pub host: String,
+    pub port: u16,
+    pub security: Security,
+    pub credentials: Option<Credentials>,
+    /// Bounds connecting, the greeting, STARTTLS and AUTH together, and the NOOP that checks
+    /// an idle connection.
+    pub connect_timeout: Duration,
+}
+
+struct Idle {
+    connection: AsyncSmtpConnection,
+    since: Instant,
+}
+
+/// At most `pool_size` connections, each used by one send at a time.
+pub(crate) struct SmtpPool {
+    server: Server,
+    hello: ClientId,
+    permits: Semaphore,
+    idle: Mutex<Vec<Idle>>,
+}
+
+impl SmtpPool {
+    pub(crate) fn new(server: Server, pool_size: usize) -> Self {
+        Self {
+            server,
+            hello: ClientId::default(),
+            permits: Semaphore::new(pool_size.min(Semaphore::MAX_PERMITS)),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sends `message` under `timeout` (waiting for a connection, connecting and the whole
+    /// transaction). A timeout before the final "." of DATA is [`SendError::TimedOut`]; after
+    /// it, [`SendError::AnswerLost`].
+    pub(crate) async fn send(
+        &self,
+        message: &Message,
+        timeout: Duration,
+    ) -> Result<Response, SendError> {
+        let final_dot = AtomicBool::new(false);
+        match tokio::time::timeout(timeout, self.transaction(message, &final_dot)).await {
+            Ok(result) => result,
+            Err(_elapsed) if final_dot.load(Ordering::SeqCst) => {
+                Err(SendError::AnswerLost(format!(
+                    "no answer to the end of DATA within the send timeout of {}",
+                    humantime::format_duration(timeout)
+                )))
+            }
+            Err(_elapsed) => Err(SendError::TimedOut(timeout)),
+        }
+    }
+
+    async fn transaction(
+        &self,
+        message: &Message,
+        final_dot: &AtomicBool,
+    ) -> Result<Response, SendError> {
+        // The permit lives until the connection is back in the idle list or closed.
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| SendError::Connection("the SMTP pool is closed".into()))?;
+        let mut connection = self.checkout().await?;
+
+        let envelope = message.envelope();
+        let body = message.formatted();
+        let mut options = Vec::new();
+        let ascii_addresses = envelope
+            .to()
+            .iter()
+            .chain(envelope.from())
+            .all(|a| <lettre::Address as AsRef<str>>::as_ref(a).is_ascii());
+        if !ascii_addresses {
+            if !connection
+                .server_info()
+                .supports_feature(Extension::SmtpUtfEight)
+            {
+                return Err(SendError::Client(
+                    "an address is not ASCII and the server does not support SMTPUTF8".into(),
+                ));
+            }
+            options.push(MailParameter::SmtpUtfEight);
+        }
+        if !body.is_ascii() {
+            if !connection
+                .server_info()
+                .supports_feature(Extension::EightBitMime)
+            {
+                return Err(SendError::Client(
+                    "the message is not ASCII and the server does not support 8BITMIME".into(),
+                ));
+            }
+            options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+        }
+
+        connection
+            .command(Mail::new(envelope.from().cloned(), options))
+            .await
+            .map_err(SendError::Smtp)?;
+        for recipient in envelope.to() {
+            connection
+                .command(Rcpt::new(recipient.clone(), Vec::new()))
+                .await
+                .map_err(SendError::Smtp)?;
+        }
+        connection.command(Data).await.map_err(SendError::Smtp)?;
+        // lettre writes the parts, asks for the next one, then writes the final "." and reads
+        // the answer: the flag is set once the whole body is out and the "." is next.
+        let parts = std::iter::once(body.as_slice()).chain(std::iter::from_fn(|| {
+            final_dot.store(true, Ordering::SeqCst);
+            None
+        }));
+        match connection.message_iter(parts).await {
+            Ok(response) => {
+                self.give_back(connection);
+                Ok(response)
+            }
+            // The server's own answer: it took the mail or refused it, either way known.
+            Err(err) if err.status().is_some() => Err(SendError::Smtp(err)),
+            Err(err) if final_dot.load(Ordering::SeqCst) => Err(SendError::AnswerLost(format!(
+                "the connection failed after the end of DATA: {}",
+                error_chain(&err)
+            ))),
+            Err(err) => Err(SendError::Smtp(err)),
+        }
+    }
+
+    /// An idle connection that still answers a NOOP, or a new one.
+    async fn checkout(&self) -> Result<AsyncSmtpConnection, SendError> {
+        loop {
+            let idle = self.idle.lock().map(|mut idle| idle.pop()).ok().flatten();
+            let Some(Idle {
+                mut connection,
+                since,
+            }) = idle
+            else {
+                return self.connect().await;
+            };
+            if since.elapsed() > IDLE_MAX {
+                continue;
+            }
+            let alive =
+                tokio::time::timeout(self.server.connect_timeout, connection.test_connected())
+                    .await;
+            if matches!(alive, Ok(true)) {
+                return Ok(connection);
+            }
+        }
+    }
+
+    /// Connects, greets, protects and logs in, all within the connect timeout.
+    async fn connect(&self) -> Result<AsyncSmtpConnection, SendError> {
+        let server = &self.server;
+        let wrapper = match &server.security {
+            Security::Tls(params) => Some(params.clone()),
+            Security::Plain | Security::Starttls(_) => None,
+        };
+        let connect = async {
+            let mut connection = AsyncSmtpConnection::connect_tokio1(
+                (server.host.as_str(), server.port),
+                Some(server.connect_timeout),
+                &self.hello,
+                wrapper,
+                None,
+            )
+            .await?;
+            if let Security::Starttls(params) = &server.security {
+                connection.starttls(params.clone(), &self.hello).await?;
+            }
+            if let Some(credentials) = &server.credentials {
+                connection.auth(DEFAULT_MECHANISMS, credentials).await?;
+            }
+            Ok::<_, lettre::transport::smtp::Error>(connection)
+        };
+        match tokio::time::timeout(server.connect_timeout, connect).await {
+            Ok(result) => result.map_err(SendError::Smtp),
+            Err(_elapsed) => Err(SendError::Connection(format!(
+                "could not connect to {}:{} within {}",
+                server.host,
+                server.port,
+                humantime::format_duration(server.connect_timeout)
+            ))),
+        }
+    }
+
+    /// Back to the idle list: only after a whole transaction ended with its answer read.
+    fn give_back(&self, connection: AsyncSmtpConnection) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(Idle {
+                connection,
+                since: Instant::now(),
+            });
+        }
+    }
+}

@@ -1,0 +1,607 @@
+//! # job-reconciler: stuck work is seen and healed
+//!
+//! An action execution or an outbound email is finished by a command: an [`ActionCommand`]
+//! on `automation.action`, an [`EmailSendCommand`] on `email.send`. When that command is
+//! gone — given up after its last retry tier, dead-lettered and never replayed, lost with a
+//! failed outbox row, purged from the archive — the row stays unfinished for ever, and
+//! nothing else looks at it. This timer job (under the lease) does.
+//!
+//! ## What is stuck
+//!
+//! A row is **stuck** when all three hold:
+//!
+//! * it is unfinished: an execution not `succeeded` or `failed` (so `pending`, or a
+//!   `running` claim), an email not `sent` or `failed` (so `queued`, a `sending` claim, or
+//!   `unknown`). The finished states are named, not the unfinished ones, so that states added
+//!   later count as unfinished;
+//! * it last changed (`updated_at`) longer ago than [`ReconcilerConfig::stuck_after`] (by
+//!   default 2 h: longer than the whole retry ladder, 10 s + 30 s + 2 min + 10 min + 30 min,
+//!   during which every failed try touches the row);
+//! * its command has no live outbox row: no `pending` row whose message id is the row's id
+//!   (the action command's message id is the execution id, the email command's the email id).
+//!
+//! [`count_stuck`] counts them; the host's sampler reads it into the gauge
+//! `worker_stuck_work{kind=execution|email}`, and an alert (`alerts.stuck_work`) shows on
+//! `/status` while any are stuck.
+//!
+//! ## One tick
+//!
+//! For each kind, batches of at most [`ReconcilerConfig::batch_size`] stuck rows, oldest
+//! first, each batch one transaction that locks its rows `FOR UPDATE SKIP LOCKED` (a row a
+//! handler holds is passed over), up to [`ReconcilerConfig::max_batches_per_tick`] batches.
+//! In that transaction each row is either
+//!
+//! * **re-queued**, while it has been re-queued fewer than
+//!   [`ReconcilerConfig::max_requeues`] times: its command goes into the outbox (to the
+//!   commands exchange with the job's routing key, header `x-requeued-by: reconciler`), its
+//!   `reconciler_requeues` goes up by one and its `updated_at` is set to now, so that it is
+//!   not stuck again before another `stuck_after` has passed; or
+//! * **given up on**: marked `failed` with a `last_error` that says why, and a row written to
+//!   the dead-letter archive (`dead_letters`, source `outbox`, queue `outbox`, reason
+//!   [`REASON`]) holding the command, so that `worker-host dlq list` shows it and
+//!   `worker-host dlq replay` sends the command again after a fix.
+//!
+//! ## Why a re-queue is safe
+//!
+//! The command carries the same id as the original, and the consumers are guarded on it: the
+//! executor and the sender skip a row that already finished, and a claim (`running`,
+//! `sending`) that is still fresh makes a parallel duplicate back off. A re-queued command
+//! that races a slow original is therefore dropped as a duplicate. The one exception is an
+//! email in `unknown` (the server may have accepted it): re-queuing it sends it again, the
+//! same risk the send path takes when it resends an `unknown` mail on a later delivery; the
+//! row's `last_error` says so if it ends up given up on.
+//!
+//! ## Limits
+//!
+//! * A command that is not lost but only late — waiting behind a backlog longer than
+//!   `stuck_after` — is re-queued all the same (the duplicate is dropped by the guard), and
+//!   after `max_requeues + 1` thresholds its row is given up on while it may still arrive. An
+//!   execution still runs when its command arrives (only `succeeded` ends it); whether a late
+//!   command still sends an email marked `failed` is the sender's decision. Keep
+//!   `stuck_after` well above any backlog the queues are expected to hold.
+//! * Only the outbox is looked at for a live command: a command parked in a retry tier is
+//!   live too, which is why `stuck_after` must exceed the whole retry ladder (every failed try
+//!   touches the row's `updated_at`).
+//!
+//! ## Guarantees
+//!
+//! * **Bounded**: at most `batch_size × max_batches_per_tick` rows of each kind per tick, one
+//!   short transaction per batch, no row locked longer than its batch.
+//! * **Safe to re-run, and on replicas**: the lease keeps ticks apart, `SKIP LOCKED` keeps a
+//!   replica without it off the same rows, and a re-queued row is no longer stuck.
+//! * **Every row ends**: after `max_requeues` re-queues a row that is still stuck is
+//!   `failed`, visibly, with a dead letter; nothing is re-queued for ever.
+//!
+//! ```no_run
+//! # async fn wire(pool: sqlx::PgPool) -> Result<(), worker_core::Failure> {
+//! use job_reconciler::{Reconciler, ReconcilerConfig};
+//! let reconciler = Reconciler::new(pool.clone(), ReconcilerConfig::default());
+//! let stuck = job_reconciler::count_stuck(&pool, reconciler.config().stuck_after).await?;
+//! println!("{} executions and {} emails are stuck", stuck.executions, stuck.emails);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgPool};
+use tokio::time::Instant;
+use uuid::Uuid;
+use worker_core::{Failure, TickReport, TimerJob, WorkContext};
+use worker_messages::{AUTOMATION_ACTION, ActionCommand, EMAIL_SEND, EmailSendCommand};
+use worker_store::classify;
+use worker_store::outbox::{self, OutboxMessage};
+
+/// The job's name, in logs, metrics and the attempt log.
+pub const JOB_NAME: &str = "reconciler";
+
+/// The dead-letter reason of a row the reconciler gave up on.
+pub const REASON: &str = "stuck";
+
+/// The header a re-queued command carries, so that a consumer's log can tell it apart.
+pub const REQUEUED_BY_HEADER: &str = "x-requeued-by";
+
+/// What kind of work a row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkKind {
+    /// An `action_executions` row.
+    Execution,
+    /// An `outbound_emails` row.
+    Email,
+}
+
+impl WorkKind {
+    pub const ALL: [Self; 2] = [Self::Execution, Self::Email];
+
+    /// `execution` or `email`: the gauge's `kind` label.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Execution => "execution",
+            Self::Email => "email",
+        }
+    }
+
+    /// The rows of this kind that are stuck, as `FROM … WHERE …` over alias `w`, with `$1`
+    /// the threshold in seconds.
+    const fn stuck_rows(&self) -> &'static str {
+        match self {
+            Self::Execution => {
+                "FROM action_executions w \
+                 WHERE w.status NOT IN ('succeeded', 'failed') \
+                   AND w.updated_at < now() - make_interval(secs => $1) \
+                   AND NOT EXISTS (SELECT 1 FROM outbox o \
+                                   WHERE o.status = 'pending' AND o.message_id = w.id::text)"
+            }
+            Self::Email => {
+                "FROM outbound_emails w \
+                 WHERE w.status NOT IN ('sent', 'failed') \
+                   AND w.updated_at < now() - make_interval(secs => $1) \
+                   AND NOT EXISTS (SELECT 1 FROM outbox o \
+                                   WHERE o.status = 'pending' AND o.message_id = w.id::text)"
+            }
+        }
+    }
+}
+
+impl fmt::Display for WorkKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the reconciler finds stuck rows, what it does with them, and where commands go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcilerConfig {
+    /// A row unfinished and unchanged for longer than this, with no live outbox row, is stuck.
+    /// Keep it longer than the whole retry ladder.
+    pub stuck_after: Duration,
+    /// Re-queues of one row before it is given up on (0: give up at once).
+    pub max_requeues: u32,
+    /// Rows per batch (one transaction). At least 1.
+    pub batch_size: u32,
+    /// Batches of each kind per tick at most (at least 1); the rest waits for the next tick.
+    pub max_batches_per_tick: u32,
+    /// Where commands go: the commands exchange.
+    pub commands_exchange: String,
+    /// The routing key of [`ActionCommand`]s.
+    pub action_routing_key: String,
+    /// The routing key of [`EmailSendCommand`]s.
+    pub email_routing_key: String,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        Self {
+            stuck_after: Duration::from_secs(2 * 3600),
+            max_requeues: 1,
+            batch_size: 100,
+            max_batches_per_tick: 10,
+            commands_exchange: "commands".into(),
+            action_routing_key: AUTOMATION_ACTION.into(),
+            email_routing_key: EMAIL_SEND.into(),
+        }
+    }
+}
+
+/// How many rows are stuck now, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StuckCounts {
+    pub executions: u64,
+    pub emails: u64,
+}
+
+impl StuckCounts {
+    pub fn get(&self, kind: WorkKind) -> u64 {
+        match kind {
+            WorkKind::Execution => self.executions,
+            WorkKind::Email => self.emails,
+        }
+    }
+}
+
+/// Counts the stuck rows of each kind (see the crate docs): what the gauge and the alert read.
+pub async fn count_stuck(pool: &PgPool, stuck_after: Duration) -> Result<StuckCounts, Failure> {
+    let (executions, emails): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT (SELECT count(*) {}), (SELECT count(*) {})",
+        WorkKind::Execution.stuck_rows(),
+        WorkKind::Email.stuck_rows()
+    ))
+    .bind(stuck_after.as_secs_f64())
+    .fetch_one(pool)
+    .await
+    .map_err(classify)?;
+    Ok(StuckCounts {
+        executions: u64::try_from(executions).unwrap_or_default(),
+        emails: u64::try_from(emails).unwrap_or_default(),
+    })
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Stuck rows the batch took (re-queued plus given up on).
+    pub taken: u64,
+    pub requeued: u64,
+    pub given_up: u64,
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    pub requeued_executions: u64,
+    pub requeued_emails: u64,
+    pub failed_executions: u64,
+    pub failed_emails: u64,
+    /// Batches run over both kinds.
+    pub batches: u32,
+    /// A kind stopped at its batch cap (or the token) with a full last batch: more may be stuck.
+    pub backlog_remains: bool,
+    /// The tick's token fired before it was done.
+    pub cancelled: bool,
+    pub elapsed: Duration,
+}
+
+impl ReconcileReport {
+    fn add(&mut self, kind: WorkKind, batch: BatchOutcome) {
+        match kind {
+            WorkKind::Execution => {
+                self.requeued_executions += batch.requeued;
+                self.failed_executions += batch.given_up;
+            }
+            WorkKind::Email => {
+                self.requeued_emails += batch.requeued;
+                self.failed_emails += batch.given_up;
+            }
+        }
+    }
+
+    /// Rows handled: re-queued or given up on.
+    pub fn items(&self) -> u64 {
+        self.requeued_executions
+            + self.requeued_emails
+            + self.failed_executions
+            + self.failed_emails
+    }
+}
+
+/// A stuck row, as a batch reads it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct StuckRow {
+    id: Uuid,
+    status: String,
+    attempts: i32,
+    requeues: i32,
+    updated_at: DateTime<Utc>,
+    /// The event the work came from: the command's correlation id.
+    event_id: Option<Uuid>,
+    /// Executions only: the rest of the command.
+    automation_id: Option<Uuid>,
+    action_index: Option<i32>,
+}
+
+/// The reconciler job. See the crate docs.
+#[derive(Debug, Clone)]
+pub struct Reconciler {
+    pool: PgPool,
+    config: ReconcilerConfig,
+}
+
+impl Reconciler {
+    pub fn new(pool: PgPool, config: ReconcilerConfig) -> Self {
+        Self { pool, config }
+    }
+
+    pub fn config(&self) -> &ReconcilerConfig {
+        &self.config
+    }
+
+    /// One tick's work, with its report (the [`TimerJob::tick`] is this, summarised).
+    pub async fn run(&self, ctx: &WorkContext) -> Result<ReconcileReport, Failure> {
+        let started = Instant::now();
+        let batch_size = self.config.batch_size.max(1);
+        let max_batches = self.config.max_batches_per_tick.max(1);
+        let mut report = ReconcileReport::default();
+        'kinds: for kind in WorkKind::ALL {
+            let mut batches = 0;
+            loop {
+                if batches >= max_batches {
+                    report.backlog_remains = true;
+                    break;
+                }
+                let batch = tokio::select! {
+                    biased;
+                    () = ctx.cancel.cancelled() => {
+                        // A batch cut short rolls back as a whole: nothing half done.
+                        report.cancelled = true;
+                        report.backlog_remains = true;
+                        break 'kinds;
+                    }
+                    batch = self.reconcile_batch(kind) => batch?,
+                };
+                batches += 1;
+                report.batches += 1;
+                report.add(kind, batch);
+                if batch.taken < u64::from(batch_size) {
+                    break;
+                }
+            }
+        }
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    /// One batch of stuck rows of `kind`, in one transaction: each re-queued or given up on.
+    pub async fn reconcile_batch(&self, kind: WorkKind) -> Result<BatchOutcome, Failure> {
+        let columns = match kind {
+            WorkKind::Execution => {
+                "w.id, w.status, w.attempts, w.reconciler_requeues AS requeues, w.updated_at, \
+                 w.event_id, w.automation_id, w.action_index"
+            }
+            WorkKind::Email => {
+                "w.id, w.status, w.attempts, w.reconciler_requeues AS requeues, w.updated_at, \
+                 (SELECT e.event_id FROM action_executions e \
+                  WHERE e.id = w.action_execution_id) AS event_id, \
+                 NULL::uuid AS automation_id, NULL::integer AS action_index"
+            }
+        };
+        let mut tx = self.pool.begin().await.map_err(classify)?;
+        let rows: Vec<StuckRow> = sqlx::query_as(&format!(
+            "SELECT {columns} {} ORDER BY w.updated_at LIMIT $2 FOR UPDATE OF w SKIP LOCKED",
+            kind.stuck_rows()
+        ))
+        .bind(self.config.stuck_after.as_secs_f64())
+        .bind(i64::from(self.config.batch_size.max(1)))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(classify)?;
+        let limit = i32::try_from(self.config.max_requeues).unwrap_or(i32::MAX);
+        let (requeue, give_up): (Vec<StuckRow>, Vec<StuckRow>) =
+            rows.into_iter().partition(|row| row.requeues < limit);
+        self.requeue(&mut tx, kind, &requeue).await?;
+        self.give_up(&mut tx, kind, &give_up).await?;
+        tx.commit().await.map_err(classify)?;
+        let outcome = BatchOutcome {
+            taken: (requeue.len() + give_up.len()) as u64,
+            requeued: requeue.len() as u64,
+            given_up: give_up.len() as u64,
+        };
+        if outcome.taken > 0 {
+            tracing::warn!(
+                job = JOB_NAME,
+                kind = %kind,
+                requeued = outcome.requeued,
+                given_up = outcome.given_up,
+                requeued_ids = ?requeue.iter().map(|r| r.id).collect::<Vec<_>>(),
+                given_up_ids = ?give_up.iter().map(|r| r.id).collect::<Vec<_>>(),
+                "stuck work: commands re-queued, or rows given up on"
+            );
+        }
+        Ok(outcome)
+    }
+
+    /// Puts each row's command into the outbox and counts the re-queue on the row.
+    async fn requeue(
+        &self,
+        tx: &mut PgConnection,
+        kind: WorkKind,
+        rows: &[StuckRow],
+    ) -> Result<(), Failure> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let messages = rows
+            .iter()
+            .map(|row| {
+                command(kind, row).map(|m| {
+                    m.with_header(REQUEUED_BY_HEADER, JOB_NAME)
+                        .with_header("x-requeue", row.requeues + 1)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        outbox::enqueue_many(
+            tx,
+            &self.config.commands_exchange,
+            self.routing_key(kind),
+            &messages,
+        )
+        .await?;
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        sqlx::query(&format!(
+            "UPDATE {} SET reconciler_requeues = reconciler_requeues + 1, updated_at = now() \
+             WHERE id = ANY($1)",
+            table(kind)
+        ))
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
+        Ok(())
+    }
+
+    /// Marks each row `failed` with why, and archives its command as a dead letter.
+    async fn give_up(
+        &self,
+        tx: &mut PgConnection,
+        kind: WorkKind,
+        rows: &[StuckRow],
+    ) -> Result<(), Failure> {
+        for row in rows {
+            let why = why(kind, row, self.config.stuck_after);
+            let finished = match kind {
+                WorkKind::Execution => ", finished_at = now()",
+                WorkKind::Email => "",
+            };
+            sqlx::query(&format!(
+                "UPDATE {} SET status = 'failed', last_error = $2, updated_at = now(){finished} \
+                 WHERE id = $1",
+                table(kind)
+            ))
+            .bind(row.id)
+            .bind(&why)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+            let message = command(kind, row)?;
+            archive(
+                tx,
+                kind,
+                row,
+                &message,
+                &self.config.commands_exchange,
+                self.routing_key(kind),
+                &why,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    fn routing_key(&self, kind: WorkKind) -> &str {
+        match kind {
+            WorkKind::Execution => &self.config.action_routing_key,
+            WorkKind::Email => &self.config.email_routing_key,
+        }
+    }
+}
+
+fn table(kind: WorkKind) -> &'static str {
+    match kind {
+        WorkKind::Execution => "action_executions",
+        WorkKind::Email => "outbound_emails",
+    }
+}
+
+/// The row's command, as its first producer wrote it (same message id, type and correlation).
+fn command(kind: WorkKind, row: &StuckRow) -> Result<OutboxMessage, Failure> {
+    let serialize = |err: serde_json::Error| Failure::permanent("serialize", err);
+    let message = match kind {
+        WorkKind::Execution => {
+            let (Some(automation_id), Some(event_id), Some(index)) =
+                (row.automation_id, row.event_id, row.action_index)
+            else {
+                return Err(Failure::permanent(
+                    "stuck-row",
+                    format!("action execution {} lacks its command's fields", row.id),
+                ));
+            };
+            let action_index = u32::try_from(index).map_err(|_| {
+                Failure::permanent("stuck-row", format!("action index {index} is negative"))
+            })?;
+            let command = ActionCommand {
+                action_execution_id: row.id,
+                automation_id,
+                event_id,
+                action_index,
+            };
+            OutboxMessage::json(row.id.to_string(), AUTOMATION_ACTION, &command)
+                .map_err(serialize)?
+        }
+        WorkKind::Email => {
+            let command = EmailSendCommand {
+                email_message_id: row.id,
+            };
+            OutboxMessage::json(row.id.to_string(), EMAIL_SEND, &command).map_err(serialize)?
+        }
+    };
+    Ok(match row.event_id {
+        Some(event_id) => message.with_correlation_id(event_id.to_string()),
+        None => message,
+    })
+}
+
+/// The `last_error` of a row given up on, as an operator should read it.
+fn why(kind: WorkKind, row: &StuckRow, stuck_after: Duration) -> String {
+    let mut text = format!(
+        "stuck: the {kind} stayed `{}` with no command queued for it since {} (over {}s), \
+         and did not finish after {} re-queues by the reconciler; given up",
+        row.status,
+        row.updated_at.to_rfc3339(),
+        stuck_after.as_secs(),
+        row.requeues
+    );
+    if kind == WorkKind::Email && row.status == "unknown" {
+        text.push_str(" (its last send had an unknown outcome: the server may have accepted it)");
+    }
+    text
+}
+
+/// Writes the row's command to the dead-letter archive (the `dead_letters` shape that a failed
+/// outbox row has: source `outbox`, queue `outbox`, replayed to its exchange and routing key).
+async fn archive(
+    tx: &mut PgConnection,
+    kind: WorkKind,
+    row: &StuckRow,
+    message: &OutboxMessage,
+    exchange: &str,
+    routing_key: &str,
+    why: &str,
+) -> Result<(), Failure> {
+    // The cause without what varies between rows (ids, times, counts), for the fingerprint.
+    let normalized = format!(
+        "stuck: the {kind} stayed <str> with no command queued for it since <ts> (over <n>s), \
+         and did not finish after <n> re-queues by the reconciler; given up"
+    );
+    let digest = Sha256::digest(normalized.as_bytes());
+    let fingerprint: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let properties = json!({
+        "content_type": message.content_type,
+        "correlation_id": message.correlation_id,
+        "message_id": message.message_id,
+        "type": message.message_type,
+        "delivery_mode": 2,
+    });
+    let headers = json!({
+        "x-dead-reason": REASON,
+        "x-dead-error": why,
+        "x-stuck-kind": kind.as_str(),
+        "x-stuck-status": row.status,
+    });
+    sqlx::query(
+        "INSERT INTO dead_letters (dedup_key, source, queue, exchange, routing_key, message_id, \
+             message_type, reason, attempts, last_error, error_fingerprint, error_normalized, \
+             died_at, headers, properties, body) \
+         VALUES ($1, 'outbox', 'outbox', $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $11, $12, $13)",
+    )
+    // Unique per give-up: a row replayed, stuck and given up on again is archived again.
+    .bind(format!("reconciler:{kind}:{}:{}", row.id, Uuid::new_v4().simple()))
+    .bind(exchange)
+    .bind(routing_key)
+    .bind(&message.message_id)
+    .bind(&message.message_type)
+    .bind(REASON)
+    .bind(row.attempts)
+    .bind(why)
+    .bind(fingerprint)
+    .bind(normalized)
+    .bind(headers)
+    .bind(properties)
+    .bind(&message.body)
+    .execute(tx)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+impl TimerJob for Reconciler {
+    fn name(&self) -> &str {
+        JOB_NAME
+    }
+
+    async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {
+        let report = self.run(ctx).await?;
+        let mut detail = format!(
+            "re-queued {} executions and {} emails; gave up on {} executions and {} emails",
+            report.requeued_executions,
+            report.requeued_emails,
+            report.failed_executions,
+            report.failed_emails
+        );
+        if report.backlog_remains {
+            detail.push_str("; more may be stuck");
+        }
+        Ok(TickReport::items(report.items()).with_detail(detail))
+    }
+}

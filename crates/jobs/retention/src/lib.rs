@@ -1,0 +1,291 @@
+//! # job-retention: the bookkeeping tables stay bounded
+//!
+//! Two tables grow with every message the host handles: `processed_messages` (the
+//! processed-message guard's marks, kept `workers.dedup_retention`) and `attempt_log` (a row
+//! per failed try and final outcome, kept `workers.attempt_log.retention`). This timer job
+//! deletes what is past its retention, so that neither grows without bound.
+//!
+//! ## One tick
+//!
+//! For each table in turn, batches of at most [`RetentionConfig::batch_size`] rows, oldest
+//! first, each one short `DELETE` of its own
+//! ([`ProcessedMessages::sweep_batch`](worker_store::ProcessedMessages::sweep_batch),
+//! [`attempt_log::purge_batch`](worker_store::attempt_log::purge_batch)). A table is left when
+//! a batch comes back short (nothing more is due) or after
+//! [`RetentionConfig::max_batches_per_tick`] batches, so a tick deletes at most
+//! `batch_size × max_batches_per_tick` rows per table and a large backlog is worked off over
+//! several ticks. The tick's token (its timeout, the host stopping, a lost lease) stops it
+//! between batches and during a statement. What each table lost is reported to
+//! [`RetentionEvents::on_swept`] (the host counts it in `worker_retention_swept_total`).
+//!
+//! ## Guarantees
+//!
+//! * **Only rows past their retention go**: a mark younger than `dedup_retention`, an attempt
+//!   row younger than the attempt log's retention, are never touched.
+//! * **Safe to re-run**, and safe on several replicas at once (a `DELETE` of rows already gone
+//!   deletes nothing); the host runs it under the lease all the same, so that one replica
+//!   does the work.
+//!
+//! ## What the host wires
+//!
+//! ```no_run
+//! # async fn host(pool: sqlx::PgPool, lease: worker_store::AdvisoryLease) {
+//! use std::time::Duration;
+//! use job_retention::{Retention, RetentionConfig};
+//! use worker_core::{SkipIfBusy, WorkContext, tick_once};
+//!
+//! let job = Retention::new(pool, RetentionConfig {
+//!     processed_messages: Duration::from_secs(7 * 24 * 3600), // workers.dedup_retention
+//!     attempt_log: Duration::from_secs(14 * 24 * 3600),       // workers.attempt_log.retention
+//!     ..RetentionConfig::default()                             // [jobs.retention]
+//! });
+//! let busy = SkipIfBusy::new(job_retention::JOB_NAME);
+//! let ctx = WorkContext::new(job_retention::JOB_NAME, tokio_util::sync::CancellationToken::new());
+//! // The scheduler does this on `jobs.retention.schedule`.
+//! let outcome = tick_once(&job, &busy, Some(&lease), Duration::from_secs(60), &ctx).await;
+//! # let _ = outcome; }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use worker_core::{Failure, TickReport, TimerJob, WorkContext};
+use worker_store::ProcessedMessages;
+
+/// The job's name, in logs, metrics, the attempt log and its lease.
+pub const JOB_NAME: &str = "retention";
+
+/// The tables this job sweeps, as they are named in its reports and metric labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Table {
+    ProcessedMessages,
+    AttemptLog,
+}
+
+impl Table {
+    pub const ALL: [Self; 2] = [Self::ProcessedMessages, Self::AttemptLog];
+
+    /// The table's name: `processed_messages` or `attempt_log`.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::ProcessedMessages => "processed_messages",
+            Self::AttemptLog => "attempt_log",
+        }
+    }
+}
+
+/// How long each table keeps its rows, and how much one tick may delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// Processed-message marks older than this go (`workers.dedup_retention`).
+    pub processed_messages: Duration,
+    /// Attempt-log rows older than this go (`workers.attempt_log.retention`).
+    pub attempt_log: Duration,
+    /// Rows per `DELETE` (at least 1).
+    pub batch_size: u32,
+    /// Batches per table per tick at most (at least 1); the rest waits for the next tick.
+    pub max_batches_per_tick: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            processed_messages: Duration::from_secs(7 * 24 * 3600),
+            attempt_log: Duration::from_secs(14 * 24 * 3600),
+            batch_size: 1000,
+            max_batches_per_tick: 20,
+        }
+    }
+}
+
+impl RetentionConfig {
+    fn retention(&self, table: Table) -> Duration {
+        match table {
+            Table::ProcessedMessages => self.processed_messages,
+            Table::AttemptLog => self.attempt_log,
+        }
+    }
+}
+
+/// Told what each tick removed, table by table (the host counts it in a metric).
+pub trait RetentionEvents: Send + Sync + std::fmt::Debug {
+    /// `rows` rows of `table` were deleted, all in committed batches. Called once per table
+    /// per tick that deleted something, including a tick cut short.
+    fn on_swept(&self, table: Table, rows: u64);
+}
+
+/// Events that go nowhere.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoEvents;
+
+impl RetentionEvents for NoEvents {
+    fn on_swept(&self, _table: Table, _rows: u64) {}
+}
+
+/// What one table lost in one tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TableReport {
+    /// Rows deleted.
+    pub swept: u64,
+    /// `DELETE` statements run (the last may have been short or empty).
+    pub batches: u32,
+    /// The tick stopped at its batch cap or its token with a full last batch: more may be due.
+    pub backlog_remains: bool,
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RetentionReport {
+    pub processed_messages: TableReport,
+    pub attempt_log: TableReport,
+    /// The tick's token fired before it was done.
+    pub cancelled: bool,
+}
+
+impl RetentionReport {
+    pub fn table(&self, table: Table) -> &TableReport {
+        match table {
+            Table::ProcessedMessages => &self.processed_messages,
+            Table::AttemptLog => &self.attempt_log,
+        }
+    }
+
+    fn table_mut(&mut self, table: Table) -> &mut TableReport {
+        match table {
+            Table::ProcessedMessages => &mut self.processed_messages,
+            Table::AttemptLog => &mut self.attempt_log,
+        }
+    }
+
+    /// Rows deleted over both tables.
+    pub fn swept(&self) -> u64 {
+        self.processed_messages.swept + self.attempt_log.swept
+    }
+}
+
+/// The retention job. See the crate docs.
+#[derive(Debug, Clone)]
+pub struct Retention {
+    pool: PgPool,
+    config: RetentionConfig,
+    events: Arc<dyn RetentionEvents>,
+}
+
+impl Retention {
+    pub fn new(pool: PgPool, config: RetentionConfig) -> Self {
+        Self::observed(pool, config, Arc::new(NoEvents))
+    }
+
+    /// The job, telling `events` what each tick removed.
+    pub fn observed(
+        pool: PgPool,
+        config: RetentionConfig,
+        events: Arc<dyn RetentionEvents>,
+    ) -> Self {
+        Self {
+            pool,
+            config,
+            events,
+        }
+    }
+
+    pub fn config(&self) -> &RetentionConfig {
+        &self.config
+    }
+
+    /// One tick's work, with its report (the [`TimerJob::tick`] is this, summarised). A
+    /// failure on one table stops the tick; what was deleted before it is still reported.
+    pub async fn run(&self, ctx: &WorkContext) -> Result<RetentionReport, Failure> {
+        let mut report = RetentionReport::default();
+        for table in Table::ALL {
+            let swept = self.sweep(ctx, table, &mut report).await;
+            let rows = report.table(table).swept;
+            if rows > 0 {
+                self.events.on_swept(table, rows);
+            }
+            swept.map_err(|failure| failure.context(format!("sweeping {}", table.as_str())))?;
+            if report.cancelled {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    async fn sweep(
+        &self,
+        ctx: &WorkContext,
+        table: Table,
+        report: &mut RetentionReport,
+    ) -> Result<(), Failure> {
+        let batch = self.config.batch_size.max(1);
+        let max_batches = self.config.max_batches_per_tick.max(1);
+        let retention = self.config.retention(table);
+        loop {
+            let done = report.table(table);
+            if done.batches >= max_batches {
+                report.table_mut(table).backlog_remains = true;
+                return Ok(());
+            }
+            let deleted = tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => {
+                    // The statement in flight may still commit on the server: harmless, it
+                    // deletes only what is past retention.
+                    report.cancelled = true;
+                    report.table_mut(table).backlog_remains = true;
+                    return Ok(());
+                }
+                deleted = self.sweep_batch(table, retention, batch) => deleted?,
+            };
+            let done = report.table_mut(table);
+            done.batches += 1;
+            done.swept += deleted;
+            if deleted < u64::from(batch) {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn sweep_batch(
+        &self,
+        table: Table,
+        retention: Duration,
+        batch: u32,
+    ) -> Result<u64, Failure> {
+        match table {
+            Table::ProcessedMessages => {
+                ProcessedMessages::new()
+                    .sweep_batch(&self.pool, retention, batch)
+                    .await
+            }
+            Table::AttemptLog => {
+                worker_store::attempt_log::purge_batch(&self.pool, retention, batch).await
+            }
+        }
+    }
+}
+
+impl TimerJob for Retention {
+    fn name(&self) -> &str {
+        JOB_NAME
+    }
+
+    async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {
+        let report = self.run(ctx).await?;
+        let mut detail = format!(
+            "swept {} processed-message marks and {} attempt-log rows",
+            report.processed_messages.swept, report.attempt_log.swept
+        );
+        if report.processed_messages.backlog_remains || report.attempt_log.backlog_remains {
+            detail.push_str("; more are due");
+            tracing::info!(
+                job = JOB_NAME,
+                processed_messages = report.processed_messages.swept,
+                attempt_log = report.attempt_log.swept,
+                "a backlog past retention remains for the next tick"
+            );
+        }
+        Ok(TickReport::items(report.swept()).with_detail(detail))
+    }
+}
