@@ -104,7 +104,8 @@ pub const DEAD_ERROR_MAX: usize = 2048;
 pub const BROKER_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// How long handlers still running at the drain deadline get, once cancelled, to return.
-const CANCEL_WAIT: Duration = Duration::from_secs(1);
+/// The host's grace must leave this, and closing, after the drain deadline.
+pub const CANCEL_WAIT: Duration = Duration::from_secs(1);
 
 /// The runner part of a consumer's section (`[jobs.<consumer>]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -734,8 +735,13 @@ impl Handlers {
 
     /// After the last session: waits for the handlers still running (those that outlived a
     /// lost channel) until the drain deadline, then cancels them and gives them a moment.
+    /// When the session already did so at the deadline, what is left ignored cancellation:
+    /// it is not waited for again.
     async fn finish(&self, deadline: Duration) {
         self.tracker.close();
+        if self.cancel.is_cancelled() {
+            return;
+        }
         let until = self.drain_until(deadline);
         if tokio::time::timeout_at(until, self.tracker.wait())
             .await

@@ -287,8 +287,9 @@ pub struct WorkersSettings {
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
     /// How long each consumer, once shutdown starts, keeps working through the deliveries it
-    /// already holds before it returns the rest to the queue; shorter than `shutdown_grace`.
-    /// Unset: two thirds of `shutdown_grace`.
+    /// already holds before it returns the rest to the queue; more than a second shorter than
+    /// `shutdown_grace`, which must leave time to cancel, return and close. Unset: two thirds
+    /// of `shutdown_grace`.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub drain_deadline: Option<Duration>,
     /// How long processed-message marks are kept: longer than any retry tier or replay.
@@ -903,11 +904,12 @@ impl Settings {
         ];
         if let Some(drain) = self.workers.drain_deadline {
             durations.push(("workers.drain_deadline".into(), drain));
-            if drain >= self.workers.shutdown_grace {
+            if drain + worker_broker::consumer::CANCEL_WAIT >= self.workers.shutdown_grace {
                 fail(
                     "workers.drain_deadline",
                     format!(
-                        "expected a deadline shorter than workers.shutdown_grace ({}), which must leave time to return what is left and close; found {}",
+                        "expected a deadline more than {} shorter than workers.shutdown_grace ({}), which must leave time to cancel what is left, return it to the queue and close; found {}",
+                        humantime::format_duration(worker_broker::consumer::CANCEL_WAIT),
                         humantime::format_duration(self.workers.shutdown_grace),
                         humantime::format_duration(drain)
                     ),

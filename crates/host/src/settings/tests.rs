@@ -86,7 +86,7 @@ fn a_negative_duration_is_rejected() {
 #[test]
 fn the_drain_deadline_must_end_before_the_grace() {
     let error = only_error(&format!(
-        "{SECRETS}[workers]\nshutdown_grace = \"10s\"\ndrain_deadline = \"10s\"\n"
+        "{SECRETS}[workers]\nshutdown_grace = \"10s\"\ndrain_deadline = \"9500ms\"\n"
     ));
     assert_eq!(error.key, "workers.drain_deadline", "{error}");
     assert!(error.problem.contains("shutdown_grace"), "{error}");
