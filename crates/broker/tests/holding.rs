@@ -510,3 +510,80 @@ async fn a_park_whose_confirm_is_lost_leaves_a_second_copy_that_the_guard_absorb
     tokio::time::timeout(WAIT, sup_task).await??;
     Ok(())
 }
+
+/// Shutdown with handlers that outlast the drain deadline: what finished is acked, the
+/// handlers still running are cancelled at the deadline, and only they and the deliveries
+/// never started go back to the queue; the runner stops soon after the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_drain_deadline_only_the_unfinished_go_back() -> anyhow::Result<()> {
+    let settings = worker_broker::ConsumerSettings {
+        prefetch: 10,
+        concurrency: 2,
+        drain_deadline: Duration::from_secs(1),
+        ..consumer_settings(5)
+    };
+    let mut h = Harness::start(queue_settings(&[200], 5), settings).await?;
+    let conn = h.connection().await?;
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(Default::default()).await?;
+    for id in ["q0", "q1"] {
+        publish_raw(
+            &ch,
+            "commands",
+            QUEUE,
+            &order(id, r#"{"kind":"ok"}"#),
+            properties(id),
+        )
+        .await?;
+    }
+    for i in 0..4 {
+        let id = format!("s{i}");
+        let body = order(&id, r#"{"kind":"sleep","ms":60000}"#);
+        publish_raw(&ch, "commands", QUEUE, &body, properties(&id)).await?;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while h.job.calls_for("s0").is_empty() || h.job.calls_for("s1").is_empty() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "s0 and s1 never started"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    let stopping = tokio::time::Instant::now();
+    h.stop().await?;
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped {took:?} after the shutdown"
+    );
+    for id in ["q0", "q1"] {
+        assert_eq!(h.events.for_message(id)[0].outcome, Outcome::Succeeded);
+    }
+    for id in ["s0", "s1"] {
+        assert_eq!(h.events.for_message(id)[0].outcome, Outcome::Abandoned);
+    }
+    for id in ["s2", "s3"] {
+        assert!(h.job.calls_for(id).is_empty(), "{id} never started");
+    }
+    let mut back = Vec::new();
+    while let Some(m) = ch
+        .basic_get(QUEUE.into(), BasicGetOptions { no_ack: true })
+        .await?
+    {
+        back.push(
+            m.delivery
+                .properties
+                .message_id()
+                .clone()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    back.sort();
+    assert_eq!(
+        back,
+        ["s0", "s1", "s2", "s3"],
+        "only the unfinished went back"
+    );
+    Ok(())
+}
