@@ -9,8 +9,12 @@
 //! 3. settle by the outcome ([`decide`], a pure function): success or duplicate → ack;
 //!    permanent → dead letter `rejected`; transient → park in the tier for the next attempt
 //!    with `x-attempt` one higher, or dead letter `gave-up` past `max_attempts`; throttled →
-//!    park in the first tier that waits at least `retry_after` (and it counts as an attempt,
-//!    so an endless 429 also ends `gave-up`);
+//!    park in the first tier that waits at least `retry_after`, or the longest tier when
+//!    none waits that long (the message then comes back early, is throttled again and spends
+//!    another attempt: it counts as an attempt, so an endless 429 also ends `gave-up`).
+//!    In-process waits between tries get one budget per delivery,
+//!    [`ConsumerSettings::in_process_wait`]: a wait past it (a 429 asking for an hour) is not
+//!    waited out in memory, holding the delivery and a handler slot, but parked at once;
 //! 4. the delivery is acked only once the park or dead letter is confirmed. A park that
 //!    cannot be published falls back to a dead letter; when that fails too, the delivery is
 //!    returned to the queue (nack, requeue) and the queue's `x-delivery-limit` dead-letters it
@@ -21,12 +25,38 @@
 //! one ack per message costs most of a bare consumer's CPU. A completion stuck behind a slow
 //! handler is acked on its own at the next timer, so that it never holds a prefetch slot.
 //!
-//! On shutdown the runner cancels its consumer, lets the handlers in flight finish within the
-//! grace period, cancels what is left, acks what finished and returns the rest to the queue.
+//! On shutdown the runner cancels its consumer (`basic.cancel`: the broker sends no more)
+//! and keeps working through every delivery it already holds, the prefetched ones not yet
+//! started too, acking them as they complete, until they are all done or the drain deadline
+//! ([`ConsumerSettings::drain_deadline`], shorter than the host's grace) comes. Only then does
+//! it cancel the handlers still running, give them a second, and return what is left to the
+//! queue (nack, requeue), before it closes its channel. Each return counts against a quorum
+//! queue's delivery limit, so a rolling restart with a backlog must not return deliveries
+//! that were never tried.
+//!
+//! When the channel or connection is lost, the handlers in flight are not cancelled: they
+//! finish within their own timeout and record their outcome (an SMTP send cut short would be
+//! sent again by the redelivery). Their settle is dropped, since the broker has already
+//! requeued the delivery; the redelivery meets the job's processed-message guard, which
+//! answers it as a duplicate once the first handler recorded its outcome (a guarded job
+//! whose redelivery arrives while the first handler still runs finds its claim and backs
+//! off to a retry tier). The runner resumes consuming on the next connection without
+//! waiting for them, so for a while more than `concurrency` handlers may run; they stay
+//! tracked, and shutdown waits for them within the same drain deadline.
+//!
+//! A park or dead letter whose confirm is lost with the channel cannot be known to have
+//! reached its queue, and the delivery cannot be acked on a dead channel: the broker requeues
+//! it, and the message may then exist twice (the requeued delivery, and the parked copy one
+//! attempt further). The runner keeps both rather than guess: dropping either could lose the
+//! message. Both copies carry the same message id and body, so a guarded job answers whichever
+//! comes second, after the other succeeded, as a duplicate: the guard's mark commits with the
+//! effect, so it is there exactly when the effect is. While neither copy succeeds, each runs
+//! its own attempts, and a message that never succeeds can end as two dead letters. A job
+//! without a guard (the automation trigger) handles both; its next hop is guarded.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::SecondsFormat;
@@ -70,6 +100,13 @@ pub const DEAD_AT_HEADER: &str = "x-dead-at";
 /// Bound on `x-dead-error`, so that a huge error cannot make a dead letter unpublishable.
 pub const DEAD_ERROR_MAX: usize = 2048;
 
+/// RabbitMQ's default `consumer_timeout`: a delivery unacked this long closes its channel.
+pub const BROKER_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// How long handlers still running at the drain deadline get, once cancelled, to return.
+/// The host's grace must leave this, and closing, after the drain deadline.
+pub const CANCEL_WAIT: Duration = Duration::from_secs(1);
+
 /// The runner part of a consumer's section (`[jobs.<consumer>]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -85,9 +122,18 @@ pub struct ConsumerSettings {
     pub timeout: Duration,
     /// The in-process retry policy; `None` uses the core's default.
     pub retry: Option<RetryPolicy>,
-    /// How long handlers in flight may run on after shutdown starts.
+    /// Longest time one delivery may spend waiting between in-process tries (a throttled
+    /// failure's `retry_after` included). A longer wait is not waited out in memory, holding
+    /// the delivery and a handler slot: the message is parked in a retry tier instead. Keep it
+    /// well under the broker's consumer timeout (RabbitMQ's default: 30 min), which closes
+    /// the channel of a delivery held longer.
     #[serde(with = "humantime_serde")]
-    pub shutdown_grace: Duration,
+    pub in_process_wait: Duration,
+    /// How long, once shutdown starts, the runner keeps working through the deliveries it
+    /// already holds (prefetched ones too) before it cancels what is left and returns it to
+    /// the queue. Shorter than the host's shutdown grace.
+    #[serde(with = "humantime_serde")]
+    pub drain_deadline: Duration,
     /// Longest wait before completed deliveries are acked.
     #[serde(with = "humantime_serde")]
     pub ack_interval: Duration,
@@ -115,6 +161,15 @@ impl ConsumerSettings {
         if let Some(retry) = &self.retry {
             retry.validate().map_err(|e| format!("`retry`: {e}"))?;
         }
+        if self.in_process_wait >= BROKER_CONSUMER_TIMEOUT {
+            return Err(format!(
+                "`in_process_wait` must be shorter than RabbitMQ's consumer timeout ({}), which closes the channel of a delivery held that long",
+                humantime::format_duration(BROKER_CONSUMER_TIMEOUT)
+            ));
+        }
+        if self.drain_deadline.is_zero() {
+            return Err("`drain_deadline` must be longer than zero".into());
+        }
         Ok(())
     }
 }
@@ -127,7 +182,8 @@ impl Default for ConsumerSettings {
             max_attempts: 5,
             timeout: Duration::from_secs(30),
             retry: None,
-            shutdown_grace: Duration::from_secs(30),
+            in_process_wait: Duration::from_secs(30),
+            drain_deadline: Duration::from_secs(20),
             ack_interval: Duration::from_millis(10),
             publish_timeout: Duration::from_secs(10),
         }
@@ -169,7 +225,7 @@ pub enum Outcome {
     },
     /// Returned to the queue: neither park nor dead letter could be published.
     Requeued,
-    /// Returned to the queue: the runner stopped before the handler finished.
+    /// Returned to the queue: the handler was cancelled at the drain deadline.
     Abandoned,
 }
 
@@ -408,8 +464,20 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
     }
 
     /// Consumes through the supervisor's sessions until `shutdown`, resuming on every new
-    /// connection. Spawn it on the host's task tracker; it returns only on shutdown.
+    /// connection. Spawn it on the host's task tracker; it returns only on shutdown, once the
+    /// deliveries it held are finished or, at the drain deadline, cancelled.
     pub async fn run(&self, supervisor: &Supervisor, shutdown: CancellationToken) {
+        let handlers = Handlers::new();
+        self.consume(supervisor, &shutdown, &handlers).await;
+        handlers.finish(self.shared.settings.drain_deadline).await;
+    }
+
+    async fn consume(
+        &self,
+        supervisor: &Supervisor,
+        shutdown: &CancellationToken,
+        handlers: &Handlers,
+    ) {
         let mut sessions = supervisor.sessions();
         let mut failed_generation = None;
         let mut backoff = Duration::from_millis(100);
@@ -425,7 +493,7 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
                 return;
             };
             let hold = supervisor.hold();
-            let end = self.run_session(&session, &shutdown).await;
+            let end = self.session(&session, shutdown, handlers).await;
             drop(hold);
             match end {
                 SessionEnd::Shutdown => return,
@@ -448,8 +516,21 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
         }
     }
 
-    /// Consumes on one connection until shutdown or until the channel is lost.
+    /// Consumes on one connection until shutdown or until the channel is lost. Handlers that
+    /// outlive a lost channel are waited for (within the drain deadline) before it returns.
     pub async fn run_session(&self, session: &Session, shutdown: &CancellationToken) -> SessionEnd {
+        let handlers = Handlers::new();
+        let end = self.session(session, shutdown, &handlers).await;
+        handlers.finish(self.shared.settings.drain_deadline).await;
+        end
+    }
+
+    async fn session(
+        &self,
+        session: &Session,
+        shutdown: &CancellationToken,
+        handlers: &Handlers,
+    ) -> SessionEnd {
         let shared = &self.shared;
         let queue = shared.queue.name.as_str();
         let channel = match open_consumer_channel(session, shared).await {
@@ -470,14 +551,15 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
                 connect_wait: Duration::ZERO,
             },
         );
-        // Not a child of `shutdown`: handlers in flight may finish within the grace period.
-        let handlers = CancellationToken::new();
-        let tracker = TaskTracker::new();
         let semaphore = Arc::new(Semaphore::new(shared.settings.concurrency.max(1)));
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, Settle)>();
         let mut acks = AckBook::new(usize::from(shared.settings.prefetch).div_ceil(4).max(1));
         let mut permit = None;
         let mut flush_at: Option<Instant> = None;
+        // Set once shutdown starts: the end of the drain.
+        let mut draining: Option<Instant> = None;
+        // Whether the consumer may still yield deliveries (it ends after basic.cancel).
+        let mut consuming = true;
         tracing::info!(
             queue,
             prefetch = shared.settings.prefetch,
@@ -485,7 +567,10 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
             "consuming"
         );
 
-        let lost = loop {
+        let end = loop {
+            if draining.is_some() && !consuming && acks.pending() == 0 {
+                break End::Drained;
+            }
             tokio::select! {
                 biased;
                 Some((tag, settle)) = done_rx.recv() => {
@@ -496,7 +581,7 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
                     if (acks.ready() || acks.idle())
                         && let Err(e) = acks.flush(&channel, false).await
                     {
-                        break Some(e);
+                        break End::Lost(e);
                     }
                     // Completions left behind a slow handler are settled by the timer.
                     if !acks.has_completed() {
@@ -507,88 +592,169 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
                 }
                 () = sleep_until(flush_at), if flush_at.is_some() => {
                     flush_at = None;
-                    if let Err(e) = acks.flush(&channel, true).await { break Some(e) }
+                    if let Err(e) = acks.flush(&channel, true).await { break End::Lost(e) }
                     if acks.has_completed() {
                         flush_at = Some(Instant::now() + shared.settings.ack_interval);
                     }
                 }
-                () = shutdown.cancelled() => break None,
-                p = semaphore.clone().acquire_owned(), if permit.is_none() => {
+                () = shutdown.cancelled(), if draining.is_none() => {
+                    draining = Some(handlers.drain_until(shared.settings.drain_deadline));
+                    tracing::info!(queue, in_flight = acks.pending(), "stopping the consumer; finishing the deliveries it holds");
+                    // The broker sends no more; the consumer yields what lapin already holds,
+                    // then ends.
+                    let cancel = channel.basic_cancel(consumer.tag(), BasicCancelOptions::default());
+                    match tokio::time::timeout(shared.settings.publish_timeout, cancel).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => break End::Lost(format!("basic.cancel failed: {}", worker_core::error_chain(&e))),
+                        Err(_) => break End::Lost("basic.cancel got no answer".into()),
+                    }
+                }
+                () = sleep_until(draining), if draining.is_some() => break End::DeadlineOver,
+                p = semaphore.clone().acquire_owned(), if permit.is_none() && consuming => {
                     permit = p.ok();
                 }
-                delivery = consumer.next(), if permit.is_some() => match delivery {
+                delivery = consumer.next(), if permit.is_some() && consuming => match delivery {
                     Some(Ok(delivery)) => {
                         acks.delivered(delivery.delivery_tag);
-                        let task = process(shared.clone(), delivery, publisher.clone(), handlers.clone());
+                        let task = process(shared.clone(), delivery, publisher.clone(), handlers.cancel.clone());
                         let done = done_tx.clone();
                         let held = permit.take();
-                        tracker.spawn(async move {
+                        handlers.tracker.spawn(async move {
                             let (tag, settle) = task.await;
+                            // After a lost channel nobody listens: the broker has requeued
+                            // the delivery already, and its redelivery meets the job's guard.
                             let _ = done.send((tag, settle));
                             drop(held);
                         });
                     }
-                    Some(Err(e)) => break Some(format!("the consumer failed: {}", worker_core::error_chain(&e))),
-                    None => break Some("the broker cancelled the consumer (queue deleted?) or the channel closed".into()),
+                    Some(Err(e)) => break End::Lost(format!("the consumer failed: {}", worker_core::error_chain(&e))),
+                    None if draining.is_some() => consuming = false,
+                    None => break End::Lost("the broker cancelled the consumer (queue deleted?) or the channel closed".into()),
                 }
             }
         };
 
-        if let Some(why) = lost {
-            // Nothing can be acked any more: the broker requeues every unacked delivery.
-            handlers.cancel();
-            tracker.close();
-            let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
-            let _ = channel.close(200, "consumer lost".into()).await;
-            return SessionEnd::Lost(why);
-        }
-
-        tracing::info!(queue, in_flight = acks.pending(), "stopping the consumer");
-        let _ = channel
-            .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-            .await;
-        tracker.close();
-        let grace = tokio::time::sleep(shared.settings.shutdown_grace);
-        tokio::pin!(grace);
-        let mut cancelled_at: Option<Instant> = None;
-        loop {
-            if acks.pending() == 0 {
-                break;
-            }
-            tokio::select! {
-                Some((tag, settle)) = done_rx.recv() => acks.complete(tag, settle),
-                () = &mut grace, if cancelled_at.is_none() => {
-                    tracing::warn!(queue, in_flight = acks.pending(), "shutdown grace over: cancelling the handlers in flight");
-                    handlers.cancel();
-                    cancelled_at = Some(Instant::now());
+        match end {
+            End::Lost(why) => {
+                // Nothing can be settled on this channel any more: the broker requeues every
+                // unacked delivery. The handlers in flight are not cancelled: they finish
+                // within their own timeout and record their outcome (an SMTP send cut short
+                // would be sent again by the redelivery), and their settle is dropped.
+                drop(done_rx);
+                let _ =
+                    tokio::time::timeout(CANCEL_WAIT, channel.close(200, "consumer lost".into()))
+                        .await;
+                if draining.is_some() {
+                    tracing::warn!(queue, error = %why, "the channel was lost while draining; the broker requeues what was not acked");
+                    return SessionEnd::Shutdown;
                 }
-                () = sleep_until(cancelled_at.map(|t| t + Duration::from_secs(5))), if cancelled_at.is_some() => break,
+                SessionEnd::Lost(why)
+            }
+            End::Drained => {
+                if let Err(e) = acks.flush(&channel, true).await {
+                    tracing::warn!(queue, error = %e, "acking the last deliveries failed; the broker requeues them");
+                }
+                tracing::info!(queue, "every delivery held was finished");
+                drop(consumer);
+                let _ = channel.close(200, "worker host shutting down".into()).await;
+                SessionEnd::Shutdown
+            }
+            End::DeadlineOver => {
+                tracing::warn!(
+                    queue,
+                    in_flight = acks.pending(),
+                    "drain deadline over: cancelling the handlers in flight and returning the rest to the queue"
+                );
+                handlers.cancel.cancel();
+                let wait = tokio::time::sleep(CANCEL_WAIT);
+                tokio::pin!(wait);
+                while acks.pending() > 0 {
+                    tokio::select! {
+                        Some((tag, settle)) = done_rx.recv() => acks.complete(tag, settle),
+                        () = &mut wait => break,
+                    }
+                }
+                let flushed = acks.flush(&channel, true).await;
+                // Whatever is left (handlers that ignored cancellation, deliveries prefetched
+                // but never started) goes back to the queue.
+                let requeued = channel
+                    .basic_nack(
+                        0,
+                        BasicNackOptions {
+                            multiple: true,
+                            requeue: true,
+                        },
+                    )
+                    .await;
+                if let Err(e) = flushed
+                    .as_ref()
+                    .map_err(String::as_str)
+                    .and(requeued.as_ref().map_err(|_| "nack failed"))
+                {
+                    tracing::warn!(queue, error = %e, "settling the last deliveries on shutdown failed; the broker requeues them");
+                }
+                drop(consumer);
+                let _ = channel.close(200, "worker host shutting down".into()).await;
+                SessionEnd::Shutdown
             }
         }
-        handlers.cancel();
-        let flushed = acks.flush(&channel, true).await;
-        // Whatever is left (handlers that ignored cancellation, deliveries prefetched but never
-        // started) goes back to the queue.
-        let requeued = channel
-            .basic_nack(
-                0,
-                BasicNackOptions {
-                    multiple: true,
-                    requeue: true,
-                },
-            )
-            .await;
-        if let Err(e) = flushed
-            .as_ref()
-            .map_err(String::as_str)
-            .and(requeued.as_ref().map_err(|_| "nack failed"))
-        {
-            tracing::warn!(queue, error = %e, "settling the last deliveries on shutdown failed; the broker requeues them");
+    }
+}
+
+/// How the loop of one session ended.
+enum End {
+    Lost(String),
+    /// Shutdown, and every delivery held was finished.
+    Drained,
+    /// Shutdown, and the drain deadline came first.
+    DeadlineOver,
+}
+
+/// The handlers of one [`ConsumerRunner::run`]: they outlive a lost channel, and shutdown
+/// waits for them, within the drain deadline.
+struct Handlers {
+    /// Not a child of the shutdown token: handlers in flight finish within the drain.
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    drain_until: OnceLock<Instant>,
+}
+
+impl Handlers {
+    fn new() -> Self {
+        Self {
+            cancel: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            drain_until: OnceLock::new(),
         }
-        drop(consumer);
-        let _ = channel.close(200, "worker host shutting down".into()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
-        SessionEnd::Shutdown
+    }
+
+    /// The end of the drain, fixed by the first to ask once shutdown starts.
+    fn drain_until(&self, deadline: Duration) -> Instant {
+        *self.drain_until.get_or_init(|| Instant::now() + deadline)
+    }
+
+    /// After the last session: waits for the handlers still running (those that outlived a
+    /// lost channel) until the drain deadline, then cancels them and gives them a moment.
+    /// When the session already did so at the deadline, what is left ignored cancellation:
+    /// it is not waited for again.
+    async fn finish(&self, deadline: Duration) {
+        self.tracker.close();
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        let until = self.drain_until(deadline);
+        if tokio::time::timeout_at(until, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                in_flight = self.tracker.len(),
+                "drain deadline over: cancelling the handlers still running"
+            );
+            self.cancel.cancel();
+            let _ = tokio::time::timeout(CANCEL_WAIT, self.tracker.wait()).await;
+        }
+        self.cancel.cancel();
     }
 }
 
@@ -874,6 +1040,7 @@ async fn pipeline<J: ConsumerJob>(
         shared.settings.timeout,
         handlers,
     )
+    .wait_budget(shared.settings.in_process_wait)
     .observer(&observer)
     .run(&ctx, |ctx| async move { job.handle(&ctx, input).await })
     .await;
@@ -968,7 +1135,9 @@ async fn park<J>(
             }
         }
         Err(err) => {
-            tracing::error!(tier = %tier.queue, error = %err, "parking failed; dead-lettering instead");
+            // When the confirm was lost with the channel, the copy may have reached the
+            // tier all the same: the message may then exist twice (see the module docs).
+            tracing::error!(tier = %tier.queue, error = %err, "parking failed (its copy may have reached the tier all the same; a later copy then meets the job's guard); dead-lettering instead");
             let why = format!(
                 "parking in {} failed ({err}); last error: {why}",
                 tier.queue
@@ -1289,6 +1458,16 @@ mod tests {
             ..ConsumerSettings::default()
         };
         assert!(zero.validate().unwrap_err().contains("prefetch"));
+        let held = ConsumerSettings {
+            in_process_wait: BROKER_CONSUMER_TIMEOUT,
+            ..ConsumerSettings::default()
+        };
+        assert!(held.validate().unwrap_err().contains("in_process_wait"));
+        let no_drain = ConsumerSettings {
+            drain_deadline: Duration::ZERO,
+            ..ConsumerSettings::default()
+        };
+        assert!(no_drain.validate().unwrap_err().contains("drain_deadline"));
     }
 
     #[tokio::test]

@@ -22,7 +22,8 @@
 //!   Permanent      ─▶ dead letter "rejected"
 //!   Transient      ─▶ attempt < max_attempts ? park in tier(attempt+1), x-attempt+1
 //!                                            : dead letter "gave-up"
-//!   Throttled      ─▶ same, in the first tier that waits at least retry_after
+//!   Throttled      ─▶ same, in the first tier that waits at least retry_after (else the
+//!                     longest); waits past in_process_wait are never made in memory
 //!   Cancelled      ─▶ back to the queue (nack, requeue)
 //!
 //! A park or dead letter is acked only once its publish is confirmed; a park that fails falls
@@ -99,8 +100,19 @@
 //!   and publishers always use its current [`Session`].
 //! * **No `Failure` is inspected twice**: [`consumer::decide`] maps a class to an action in
 //!   one place, [`PublishError::to_failure`] classifies publish errors in one place.
-//! * On shutdown, consumers stop taking deliveries, handlers get the grace period, the rest is
-//!   returned to the queue, and the supervisor keeps the connection up until they let go.
+//! * **A throttle never holds a delivery**: in-process waits have a budget per delivery
+//!   ([`ConsumerSettings::in_process_wait`], well under RabbitMQ's 30 min consumer timeout);
+//!   a longer `retry_after` parks the message at once.
+//! * **Shutdown finishes what was delivered**: consumers `basic.cancel` first, then work
+//!   through every delivery they hold (prefetched ones too), acking as they go, until the
+//!   drain deadline; only what is left then is cancelled and returned to the queue (each
+//!   return counts against the quorum delivery limit). The supervisor keeps the connection
+//!   up until they let go.
+//! * **A lost channel does not cut a handler short**: it finishes within its timeout and
+//!   records its outcome; its settle is dropped and the broker's redelivery meets the job's
+//!   guard. A park whose confirm is lost with the channel may leave two copies (the parked one
+//!   and the requeued delivery): at-least-once, never lost, and for a guarded job the second
+//!   copy is a duplicate once either succeeds; an unguarded job sees it twice.
 
 pub mod connection;
 pub mod consumer;

@@ -400,7 +400,8 @@ fn start_outbox_drain(ctx: &JobsContext) -> JobEntry {
 }
 
 /// Runs `job` on its queue through the recoverability pipeline, with its section's prefetch,
-/// concurrency, attempts, timeout (else `default_timeout`) and retry (else `workers.retry`).
+/// concurrency, attempts, timeout (else `default_timeout`), retry (else `workers.retry`) and
+/// in-process wait budget, draining within `workers.drain_deadline` on shutdown.
 pub fn start_consumer<J: worker_core::ConsumerJob>(
     ctx: &JobsContext,
     section: &str,
@@ -429,7 +430,8 @@ pub fn start_consumer<J: worker_core::ConsumerJob>(
                 .clone()
                 .unwrap_or_else(|| settings.workers.retry.clone()),
         ),
-        shutdown_grace: settings.workers.shutdown_grace,
+        in_process_wait: job_settings.in_process_wait,
+        drain_deadline: settings.workers.drain_deadline(),
         ..worker_broker::ConsumerSettings::default()
     };
     let observer = Arc::new(ConsumerObserver::new(

@@ -286,6 +286,12 @@ pub struct WorkersSettings {
     /// How long a graceful shutdown may take before work in flight is abandoned.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// How long each consumer, once shutdown starts, keeps working through the deliveries it
+    /// already holds before it returns the rest to the queue; more than a second shorter than
+    /// `shutdown_grace`, which must leave time to cancel, return and close. Unset: two thirds
+    /// of `shutdown_grace`.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub drain_deadline: Option<Duration>,
     /// How long processed-message marks are kept: longer than any retry tier or replay.
     #[serde(with = "humantime_serde")]
     pub dedup_retention: Duration,
@@ -296,10 +302,20 @@ pub struct WorkersSettings {
     pub attempt_log: worker_store::AttemptLogSettings,
 }
 
+impl WorkersSettings {
+    /// The consumers' drain deadline: as set, else two thirds of the shutdown grace, which
+    /// leaves the rest of the grace to cancel, return what is left and close.
+    pub fn drain_deadline(&self) -> Duration {
+        self.drain_deadline
+            .unwrap_or(self.shutdown_grace.mul_f64(2.0 / 3.0))
+    }
+}
+
 impl Default for WorkersSettings {
     fn default() -> Self {
         Self {
             shutdown_grace: Duration::from_secs(30),
+            drain_deadline: None,
             dedup_retention: Duration::from_secs(7 * 24 * 3600),
             retry: RetryPolicy::default(),
             timeouts: TimeoutSettings::default(),
@@ -416,6 +432,10 @@ pub struct ConsumerJobSettings {
     /// The in-process retry; unset means `workers.retry`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Longest time one delivery may wait in memory between tries (a throttled webhook's
+    /// `Retry-After` included); a longer wait parks the message in a retry tier instead.
+    #[serde(with = "humantime_serde")]
+    pub in_process_wait: Duration,
     /// The queue, its bindings, delivery limit, retry tiers and dead letters.
     pub queue: worker_broker::QueueSettings,
 }
@@ -428,6 +448,7 @@ impl Default for ConsumerJobSettings {
             max_attempts: 5,
             timeout: None,
             retry: None,
+            in_process_wait: Duration::from_secs(30),
             queue: worker_broker::QueueSettings::default(),
         }
     }
@@ -881,6 +902,20 @@ impl Settings {
                 self.workers.timeouts.webhook,
             ),
         ];
+        if let Some(drain) = self.workers.drain_deadline {
+            durations.push(("workers.drain_deadline".into(), drain));
+            if drain + worker_broker::consumer::CANCEL_WAIT >= self.workers.shutdown_grace {
+                fail(
+                    "workers.drain_deadline",
+                    format!(
+                        "expected a deadline more than {} shorter than workers.shutdown_grace ({}), which must leave time to cancel what is left, return it to the queue and close; found {}",
+                        humantime::format_duration(worker_broker::consumer::CANCEL_WAIT),
+                        humantime::format_duration(self.workers.shutdown_grace),
+                        humantime::format_duration(drain)
+                    ),
+                );
+            }
+        }
         if let Err(problem) = self.workers.retry.validate() {
             fail("workers.retry", problem);
         }
@@ -930,6 +965,18 @@ impl Settings {
             }
             if let Some(timeout) = job.timeout {
                 durations.push((format!("jobs.{name}.timeout"), timeout));
+            }
+            if job.in_process_wait >= worker_broker::consumer::BROKER_CONSUMER_TIMEOUT {
+                fail(
+                    &format!("jobs.{name}.in_process_wait"),
+                    format!(
+                        "expected a wait well under RabbitMQ's consumer timeout ({}), which closes the channel of a delivery held that long; found {}",
+                        humantime::format_duration(
+                            worker_broker::consumer::BROKER_CONSUMER_TIMEOUT
+                        ),
+                        humantime::format_duration(job.in_process_wait)
+                    ),
+                );
             }
             if let Some(retry) = &job.retry {
                 if let Err(problem) = retry.validate() {

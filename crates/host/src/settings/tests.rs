@@ -84,6 +84,29 @@ fn a_negative_duration_is_rejected() {
 }
 
 #[test]
+fn the_drain_deadline_must_end_before_the_grace() {
+    let error = only_error(&format!(
+        "{SECRETS}[workers]\nshutdown_grace = \"10s\"\ndrain_deadline = \"9500ms\"\n"
+    ));
+    assert_eq!(error.key, "workers.drain_deadline", "{error}");
+    assert!(error.problem.contains("shutdown_grace"), "{error}");
+    let settings = load_text(&format!("{SECRETS}[workers]\nshutdown_grace = \"6s\"\n")).unwrap();
+    assert_eq!(settings.workers.drain_deadline(), Duration::from_secs(4));
+}
+
+#[test]
+fn an_in_process_wait_past_the_broker_consumer_timeout_is_rejected() {
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.automation_action]\nin_process_wait = \"1h\"\n"
+    ));
+    assert_eq!(
+        error.key, "jobs.automation_action.in_process_wait",
+        "{error}"
+    );
+    assert!(error.problem.contains("consumer timeout"), "{error}");
+}
+
+#[test]
 fn a_bad_cron_expression_is_rejected() {
     let error = only_error(&format!(
         "{SECRETS}[jobs.draft_expiry]\nschedule = \"every tuesday-ish\"\n"

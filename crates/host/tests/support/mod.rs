@@ -616,3 +616,63 @@ pub async fn inbox_count(user: &str) -> anyhow::Result<usize> {
     )
     .await
 }
+
+// ---------------------------------------------------------------------------------------------
+// Webhook receivers
+// ---------------------------------------------------------------------------------------------
+
+/// A local HTTP receiver for webhook actions: it reads each whole request (headers and a
+/// `Content-Length` body), answers `response` (a full HTTP/1.1 head, e.g.
+/// `"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"`) with `Connection: close`, and counts the
+/// requests it answered. Returns its port and the count.
+pub async fn http_receiver(
+    response: &'static str,
+) -> anyhow::Result<(u16, std::sync::Arc<std::sync::atomic::AtomicUsize>)> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                if answer(stream, response).await.is_ok() {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    Ok((port, calls))
+}
+
+async fn answer(mut stream: tokio::net::TcpStream, response: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    let body_start = loop {
+        let n = stream.read(&mut buf).await?;
+        anyhow::ensure!(n > 0, "the client went away mid-request");
+        request.extend_from_slice(&buf[..n]);
+        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&request[..body_start]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while request.len() < body_start + length {
+        let n = stream.read(&mut buf).await?;
+        anyhow::ensure!(n > 0, "the client went away mid-body");
+        request.extend_from_slice(&buf[..n]);
+    }
+    stream
+        .write_all(format!("{response}Connection: close\r\n\r\n").as_bytes())
+        .await?;
+    stream.shutdown().await?;
+    Ok(())
+}

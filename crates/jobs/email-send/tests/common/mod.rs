@@ -132,7 +132,8 @@ impl Delivery {
                 max_delay: Duration::from_millis(200),
                 jitter: false,
             }),
-            shutdown_grace: Duration::from_secs(5),
+            in_process_wait: Duration::from_secs(30),
+            drain_deadline: Duration::from_secs(5),
             ack_interval: Duration::from_millis(10),
             publish_timeout: Duration::from_secs(5),
         };
