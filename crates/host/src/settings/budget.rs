@@ -57,7 +57,12 @@ impl Settings {
         );
         // The leased timers besides the poller: a lease and a connection for the tick each.
         // A new leased timer job adds its section's name here.
-        let timers = ["draft_expiry", "dead_letter_archive", "reconciler", "retention"];
+        let timers = [
+            "draft_expiry",
+            "dead_letter_archive",
+            "reconciler",
+            "retention",
+        ];
         need(
             format!(
                 "the leased timers {} × 2 (a lease and the tick's work)",
