@@ -103,6 +103,6 @@ pub use job::{
 };
 pub use lease::{NoLease, SingletonLease};
 pub use retry::{
-    AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord,
+    AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord, persist,
 };
 pub use timeout::{UnitError, run_unit};

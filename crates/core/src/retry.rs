@@ -421,6 +421,51 @@ impl<'a> Retry<'a> {
     }
 }
 
+/// Runs `op` until it succeeds or `budget` is spent, retrying every failure whatever its
+/// class, on `policy`'s growing delays (its `max_attempts` is ignored).
+///
+/// For recording an outcome that is already decided (the SMTP server accepted the mail, the
+/// webhook answered 2xx): giving up early, or on a "permanent" database error, would record
+/// the wrong thing. Returns the last failure, as transient, once the budget is spent. Not
+/// cancelled by shutdown: the budget bounds it.
+pub async fn persist<T, F, Fut>(
+    job: &str,
+    budget: Duration,
+    policy: &RetryPolicy,
+    mut op: F,
+) -> Result<T, Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Failure>> + Send,
+    T: Send,
+{
+    let policy = RetryPolicy {
+        max_attempts: u32::MAX,
+        ..policy.clone()
+    };
+    let never = CancellationToken::new();
+    let ctx = WorkContext::new(job.to_string(), never.clone());
+    let outcome = Retry::new(job, &policy, budget, &never)
+        .budget(budget)
+        .run(&ctx, |_| {
+            let attempt = op();
+            async move {
+                attempt.await.map_err(|failure| match failure {
+                    Failure::Transient { .. } => failure,
+                    other => Failure::transient(other),
+                })
+            }
+        })
+        .await;
+    match outcome {
+        RetryOutcome::Succeeded { value, .. } => Ok(value),
+        RetryOutcome::Failed { failure, .. } => Err(failure),
+        RetryOutcome::Cancelled { .. } => Err(Failure::transient(format!(
+            "{job}: cancelled while persisting"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
@@ -846,6 +891,49 @@ mod tests {
         assert_eq!(begin.elapsed(), Duration::from_secs(1));
         let will_retry: Vec<bool> = recorder.tries.lock().unwrap().iter().map(|t| t.3).collect();
         assert_eq!(will_retry, [true, false]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn persist_retries_even_permanent_failures_until_it_succeeds() {
+        let calls = AtomicU32::new(0);
+        let recorded = persist(
+            "email-send",
+            Duration::from_secs(30),
+            &steady(1, ms(100)),
+            || {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match n {
+                        0 => Err(Failure::permanent("database-rejected", "XX000")),
+                        1 => Err(Failure::transient("connection reset")),
+                        _ => Ok("sent"),
+                    }
+                }
+            },
+        )
+        .await;
+        assert_eq!(recorded, Ok("sent"));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn persist_gives_up_when_the_budget_is_spent() {
+        let begin = Instant::now();
+        let recorded: Result<(), Failure> = persist(
+            "email-send",
+            Duration::from_secs(2),
+            &steady(1, ms(500)),
+            || async { Err(Failure::permanent("database-rejected", "XX000")) },
+        )
+        .await;
+        let failure = recorded.unwrap_err();
+        assert_eq!(failure.class(), crate::FailureClass::Transient);
+        assert!(failure.detail().contains("XX000"), "{failure}");
+        assert!(
+            begin.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            begin.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

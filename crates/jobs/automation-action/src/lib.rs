@@ -435,31 +435,28 @@ impl ActionExecutor {
     /// The mark and `succeeded`, retried on any database error within the record budget:
     /// the receiver acted, so this try must not end as a failure of the action.
     async fn record_success(&self, claim: &Claim) -> Result<Handled, Failure> {
-        let deadline = tokio::time::Instant::now() + self.record_budget;
-        let mut try_number = 1;
-        loop {
-            let err = match self.try_record_success(claim.id).await {
-                Ok(()) => {
-                    tracing::info!(action = "webhook", "action done");
-                    return Ok(Handled::Done);
-                }
-                Err(err) => err,
-            };
-            try_number += 1;
-            let delay = self.record_backoff.jittered_delay_for(try_number);
-            if tokio::time::Instant::now() + delay > deadline {
+        let id = claim.id;
+        let recorded =
+            worker_core::persist(JOB_NAME, self.record_budget, &self.record_backoff, || {
+                self.try_record_success(id)
+            })
+            .await;
+        match recorded {
+            Ok(()) => {
+                tracing::info!(action = "webhook", "action done");
+                Ok(Handled::Done)
+            }
+            Err(err) => {
                 tracing::error!(
                     error = %err,
                     "the webhook answered 2xx but its success could not be recorded; \
                      the execution stays running until a later try takes it over"
                 );
-                return Err(Failure::unknown(format!(
+                Err(Failure::unknown(format!(
                     "the webhook answered 2xx but recording its success failed for {}: {err}",
                     humantime::format_duration(self.record_budget)
-                )));
+                )))
             }
-            tracing::warn!(error = %err, retry_in = ?delay, "recording the webhook's success failed; retrying");
-            tokio::time::sleep(delay).await;
         }
     }
 

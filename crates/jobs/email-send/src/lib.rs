@@ -689,38 +689,23 @@ impl EmailSender {
         }
     }
 
-    /// Runs `op` until it succeeds or the record budget is spent, each run bounded by what
-    /// is left of the budget. Every database error is retried, whatever its class: the
-    /// outcome it records is already decided.
-    async fn with_db_retries<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, Failure>
+    /// Runs `op` until it succeeds or the record budget is spent ([`worker_core::persist`]):
+    /// every database error is retried, whatever its class, since the outcome it records is
+    /// already decided.
+    async fn with_db_retries<T, F, Fut>(&self, what: &str, op: F) -> Result<T, Failure>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, Failure>>,
+        Fut: Future<Output = Result<T, Failure>> + Send,
+        T: Send,
     {
         let backoff = RetryPolicy {
-            max_attempts: u32::MAX,
             base_delay: Duration::from_millis(100),
-            factor: 2.0,
             max_delay: Duration::from_secs(2),
-            jitter: true,
+            ..RetryPolicy::default()
         };
-        let deadline = tokio::time::Instant::now() + self.record_budget;
-        let mut try_number = 1_u32;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let failure = match tokio::time::timeout(left, op()).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(failure)) => failure,
-                Err(_elapsed) => Failure::transient(format!("{what} did not finish in time")),
-            };
-            try_number = try_number.saturating_add(1);
-            let wait = backoff.jittered_delay_for(try_number);
-            if tokio::time::Instant::now() + wait >= deadline {
-                return Err(failure);
-            }
-            tracing::warn!(error = %failure, try_number, "{what} failed; trying again");
-            tokio::time::sleep(wait).await;
-        }
+        worker_core::persist(JOB_NAME, self.record_budget, &backoff, op)
+            .await
+            .map_err(|failure| failure.context(what))
     }
 
     fn build(&self, email: &Email) -> Result<Message, Failure> {
