@@ -25,6 +25,10 @@ config-check:
 migrate:
     cargo run -q -p worker-host -- migrate
 
+# The fault suite (issue 11; not in CI yet): `just faults --quick`, `just faults --scenario host-kill9`.
+faults *ARGS:
+    scripts/faults.sh {{ARGS}}
+
 # Formatting and lints, as the test command checks them.
 lint:
     cargo fmt --all --check

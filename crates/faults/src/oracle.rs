@@ -1,0 +1,222 @@
+//! The oracle: what one scenario's figures are, counted from outside the host, and whether
+//! they pass. Pure: the numbers come from IMAP, PostgreSQL, the management API and `/metrics`
+//! (see `run.rs`); this module only counts and judges.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How the replies read from the sender's mailbox match the pings sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplyCount {
+    /// Pings with no reply.
+    pub lost: u64,
+    /// Replies beyond the first for one ping.
+    pub duplicates: u64,
+    /// Replies whose In-Reply-To names no ping of this scenario.
+    pub strays: u64,
+}
+
+/// Matches replies to pings by In-Reply-To. `pings` are Message-IDs without angle brackets;
+/// each reply gives the message ids its In-Reply-To header names (brackets are ignored).
+pub fn count_replies(pings: &[String], replies: &[Vec<String>]) -> ReplyCount {
+    let sent: BTreeSet<&str> = pings.iter().map(|p| bare(p)).collect();
+    let mut answers: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut strays = 0;
+    for in_reply_to in replies {
+        match in_reply_to
+            .iter()
+            .map(|id| bare(id))
+            .find(|id| sent.contains(id))
+        {
+            Some(id) => *answers.entry(id).or_default() += 1,
+            None => strays += 1,
+        }
+    }
+    ReplyCount {
+        lost: sent.iter().filter(|id| !answers.contains_key(*id)).count() as u64,
+        duplicates: answers.values().map(|n| n.saturating_sub(1)).sum(),
+        strays,
+    }
+}
+
+fn bare(id: &str) -> &str {
+    id.trim().trim_start_matches('<').trim_end_matches('>')
+}
+
+/// One scenario's figures over all its repetitions.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Figures {
+    pub scenario: String,
+    pub repetitions: u32,
+    /// Pings the SMTP server accepted (sent into the loop).
+    pub messages: u64,
+    pub lost: u64,
+    /// Rows that exist more than once for what must be one: inbound mails per Message-ID,
+    /// action executions per (event, automation, action), outbound emails per execution.
+    pub duplicate_db_effects: u64,
+    pub duplicate_mails: u64,
+    /// Replies matching no ping (should be 0; any is a defect to read).
+    pub stray_mails: u64,
+    /// Sends whose outcome the host could not know: `worker_email_unknown_outcomes_total`
+    /// summed over the scenario's host processes.
+    pub faults_in_send_window: u64,
+    /// Dead letters archived plus messages still in the dead queues.
+    pub dead_letters: u64,
+    /// Messages left in the work queues and pending outbox rows at the end.
+    pub left_in_queues: u64,
+    pub left_in_outbox: u64,
+    /// The longest time until `/readyz` answered 200 again, per fault, in seconds.
+    pub max_secs_to_ready: Option<f64>,
+    /// Measured but never ready within the wait.
+    pub never_ready: bool,
+    /// SIGTERM stops that did not end in exit code 0 within the wait.
+    pub unclean_exits: u64,
+    /// The scenario's wall-clock duration, in seconds.
+    pub duration_secs: f64,
+    /// Something the harness itself could not do (set-up, a fault that could not be applied).
+    pub harness_error: Option<String>,
+}
+
+impl Figures {
+    /// Why the scenario fails; empty when it passes. `ready_limit_secs` is two heartbeat
+    /// intervals of the host under test.
+    pub fn failures(&self, ready_limit_secs: f64) -> Vec<String> {
+        let mut why = Vec::new();
+        if let Some(err) = &self.harness_error {
+            why.push(format!("harness: {err}"));
+        }
+        if self.messages == 0 && self.harness_error.is_none() {
+            why.push("no message was sent".into());
+        }
+        if self.lost > 0 {
+            why.push(format!("{} lost", self.lost));
+        }
+        if self.duplicate_db_effects > 0 {
+            why.push(format!(
+                "{} duplicate database effects",
+                self.duplicate_db_effects
+            ));
+        }
+        if self.duplicate_mails > self.faults_in_send_window {
+            why.push(format!(
+                "{} duplicate mails, more than the {} faults in a send's window",
+                self.duplicate_mails, self.faults_in_send_window
+            ));
+        }
+        if self.stray_mails > 0 {
+            why.push(format!("{} replies to no ping", self.stray_mails));
+        }
+        if self.left_in_queues > 0 || self.left_in_outbox > 0 {
+            why.push(format!(
+                "not drained: {} in the work queues, {} pending in the outbox",
+                self.left_in_queues, self.left_in_outbox
+            ));
+        }
+        if self.unclean_exits > 0 {
+            why.push(format!(
+                "{} SIGTERM stops without exit 0",
+                self.unclean_exits
+            ));
+        }
+        if self.never_ready {
+            why.push("not ready again within the wait".into());
+        }
+        if let Some(secs) = self.max_secs_to_ready
+            && secs > ready_limit_secs
+        {
+            why.push(format!(
+                "ready again after {secs:.1} s, more than {ready_limit_secs:.0} s"
+            ));
+        }
+        why
+    }
+
+    pub fn passed(&self, ready_limit_secs: f64) -> bool {
+        self.failures(ready_limit_secs).is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn each_ping_answered_once_counts_nothing() {
+        let pings = ids(&["a@x", "b@x"]);
+        let replies = vec![ids(&["<a@x>"]), ids(&["b@x"])];
+        assert_eq!(count_replies(&pings, &replies), ReplyCount::default());
+    }
+
+    #[test]
+    fn a_missing_reply_is_lost_and_a_second_is_a_duplicate() {
+        let pings = ids(&["a@x", "b@x", "c@x"]);
+        let replies = vec![
+            ids(&["<a@x>"]),
+            ids(&["<a@x>"]),
+            ids(&["<a@x>"]),
+            ids(&["<c@x>"]),
+        ];
+        assert_eq!(
+            count_replies(&pings, &replies),
+            ReplyCount {
+                lost: 1,
+                duplicates: 2,
+                strays: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_reply_to_nothing_sent_is_a_stray() {
+        let pings = ids(&["a@x"]);
+        let replies = vec![ids(&["<a@x>"]), ids(&["<zzz@x>"]), Vec::new()];
+        assert_eq!(count_replies(&pings, &replies).strays, 2);
+    }
+
+    fn clean() -> Figures {
+        Figures {
+            scenario: "s".into(),
+            repetitions: 1,
+            messages: 10,
+            max_secs_to_ready: Some(3.0),
+            ..Figures::default()
+        }
+    }
+
+    #[test]
+    fn clean_figures_pass() {
+        assert!(clean().passed(20.0));
+    }
+
+    #[test]
+    fn duplicates_within_the_send_window_budget_pass_and_beyond_it_fail() {
+        let mut f = clean();
+        f.duplicate_mails = 2;
+        f.faults_in_send_window = 2;
+        assert!(f.passed(20.0));
+        f.duplicate_mails = 3;
+        assert!(!f.passed(20.0));
+    }
+
+    #[test]
+    fn any_loss_db_duplicate_leftover_or_slow_readiness_fails() {
+        for change in [
+            (|f: &mut Figures| f.lost = 1) as fn(&mut Figures),
+            |f| f.duplicate_db_effects = 1,
+            |f| f.left_in_outbox = 1,
+            |f| f.left_in_queues = 1,
+            |f| f.max_secs_to_ready = Some(20.5),
+            |f| f.never_ready = true,
+            |f| f.unclean_exits = 1,
+            |f| f.harness_error = Some("boom".into()),
+            |f| f.messages = 0,
+        ] {
+            let mut f = clean();
+            change(&mut f);
+            assert!(!f.passed(20.0), "{f:?}");
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The run's table (Markdown, printed and written to `docs/RELIABILITY.md`) and the document
+//! around it: when, on what machine, against which service versions, and what each scenario
+//! does and how each figure is counted.
+
+use std::fmt::Write as _;
+
+use crate::oracle::Figures;
+use crate::scenarios::Scenario;
+
+/// Where and against what the run happened.
+#[derive(Debug, Clone, Default)]
+pub struct Environment {
+    pub date: String,
+    pub cores: String,
+    pub memory: String,
+    pub postgres: String,
+    pub rabbitmq: String,
+    pub dovecot: String,
+    pub command: String,
+    pub total_secs: f64,
+}
+
+/// The table: one row a scenario, pass/fail with the reasons.
+pub fn table(rows: &[Figures], ready_limit_secs: f64) -> String {
+    let mut out = String::from(
+        "| scenario | repetitions | messages | lost | duplicate DB effects | duplicate mails | \
+         faults in a send's window | dead letters | max s to ready | duration s | result |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for f in rows {
+        let ready = match (f.never_ready, f.max_secs_to_ready) {
+            (true, _) => "never".to_string(),
+            (false, Some(secs)) => format!("{secs:.1}"),
+            (false, None) => "–".to_string(),
+        };
+        let failures = f.failures(ready_limit_secs);
+        let result = if failures.is_empty() {
+            "pass".to_string()
+        } else {
+            format!("**FAIL**: {}", failures.join("; "))
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
+            f.scenario,
+            f.repetitions,
+            f.messages,
+            f.lost,
+            f.duplicate_db_effects,
+            f.duplicate_mails,
+            f.faults_in_send_window,
+            f.dead_letters,
+            ready,
+            f.duration_secs,
+            result.replace('|', "\\|"),
+        );
+    }
+    out
+}
+
+/// The whole `docs/RELIABILITY.md`.
+pub fn document(
+    env: &Environment,
+    rows: &[Figures],
+    scenarios: &[Scenario],
+    ready_limit_secs: f64,
+) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r#"# Reliability: the fault suite's last recorded run
+
+The host's promises (lose nothing; do nothing twice that must not happen twice; be ready
+again soon after a fault) measured from outside, with the real release `worker-host` binary
+on the real local services. Rerun it with `scripts/faults.sh` (`--quick` for a small load,
+`--scenario NAME` for some scenarios only); the suite is built by issue 11 and is **not yet
+complete**: the scenarios that need a TCP proxy, the mail servers' faults, poison and timer
+scenarios are still to come (see the issue).
+
+## The run
+
+- date: {date}
+- command: `{command}`, {total:.0} s in all
+- machine: {cores} cores, {memory} memory
+- PostgreSQL: {pg}; RabbitMQ: {rabbit}; Dovecot: {dovecot}; SMTP: the project's aiosmtpd sink
+
+"#,
+        date = env.date,
+        command = env.command,
+        total = env.total_secs,
+        cores = env.cores,
+        memory = env.memory,
+        pg = env.postgres,
+        rabbit = env.rabbitmq,
+        dovecot = env.dovecot,
+    );
+    out.push_str(&table(rows, ready_limit_secs));
+    let _ = write!(
+        out,
+        r#"
+A scenario passes when lost = 0, duplicate DB effects = 0, duplicate mails ≤ faults in a
+send's window, no reply matches no ping, the work queues and the outbox are empty at the end,
+and every fault was followed by `/readyz` 200 within two heartbeat intervals of the host under
+test ({ready_limit_secs:.0} s: `broker.heartbeat` is 10 s).
+
+## How each figure is counted
+
+Every scenario has a database (`worker_testkit::TestDb`), a RabbitMQ vhost (`TestVhost`), an
+IMAP account the host polls (every 500 ms) and a sender's mailbox of its own, and runs the
+release binary with a settings file of its own (the demo automation: a reply to every mail
+whose subject contains `ping`; retry tiers of 2 s, 5 s, 10 s with 30 attempts, so the retry
+ladder outlasts an email's stale claim, 10 s + 30 s + 60 s; a 10 s send timeout).
+
+- **messages**: pings the SMTP server (127.0.0.1:2525) accepted, each with a unique
+  Message-ID, sent at a steady rate from the sender to the polled account while the fault is
+  applied. A ping the server refused is not counted (it never entered the loop).
+- **lost**: pings with no reply in the sender's mailbox, read over IMAP and matched by
+  In-Reply-To, after the settle wait (until every ping has a reply and the queues and the
+  outbox are empty, at most a bound per scenario, then 3 s more to catch late duplicates).
+- **duplicate mails**: replies beyond the first for one ping. A reply that matches no ping
+  fails the scenario as well.
+- **duplicate DB effects**: groups with more than one row where there must be one: inbound
+  mails per (account, Message-ID), action executions per (event, automation, action), action
+  executions per inbound mail's event, outbound emails per action execution.
+- **faults in a send's window**: `worker_email_unknown_outcomes_total` from `/metrics`,
+  summed over the scenario's host processes (each scraped just before it is killed or stopped,
+  and at the end): the sends whose outcome the host could not know (no answer after the final
+  "."), and the stale `sending` claims a later try took over (the try died between the
+  server's acceptance and the record). Each may cost one duplicate mail, by design.
+- **dead letters**: rows in `dead_letters` plus messages still in a `*.dead` queue.
+- **max s to ready**: for a fault on a running host, from the moment the fault was applied
+  until `/readyz` answered 200 again (polled every 100 ms; if it never left 200 within 2 s,
+  the time of that first 200); for the host's own restart, from the new process's start.
+  `–` where no fault was applied.
+- **drained** (in the result column when not): messages ready or unacked in the work queues
+  (`automation.trigger`, `automation.action`, `email.send`, and their retry tiers) and
+  `pending` outbox rows at the end.
+
+## The scenarios
+"#
+    );
+    for scenario in scenarios {
+        let _ = write!(
+            out,
+            "\n### `{}`\n\n{}\n\nRepetitions: {} (full), {} (`--quick`); pings per repetition: {} (full), {} (`--quick`), at {} a second.\n",
+            scenario.name,
+            scenario.about,
+            scenario.full.repetitions,
+            scenario.quick.repetitions,
+            scenario.full.per_repetition,
+            scenario.quick.per_repetition,
+            scenario.rate_per_sec,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str) -> Figures {
+        Figures {
+            scenario: name.into(),
+            repetitions: 2,
+            messages: 40,
+            max_secs_to_ready: Some(1.25),
+            duration_secs: 12.4,
+            ..Figures::default()
+        }
+    }
+
+    #[test]
+    fn the_table_has_a_row_a_scenario_with_its_verdict() {
+        let mut bad = row("host-kill9");
+        bad.lost = 3;
+        let text = table(&[row("baseline"), bad], 20.0);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(
+            lines[2],
+            "| baseline | 2 | 40 | 0 | 0 | 0 | 0 | 0 | 1.2 | 12 | pass |"
+        );
+        assert!(
+            lines[3].starts_with("| host-kill9 | 2 | 40 | 3 |"),
+            "{text}"
+        );
+        assert!(lines[3].ends_with("| **FAIL**: 3 lost |"), "{text}");
+    }
+
+    #[test]
+    fn no_fault_shows_a_dash_and_never_ready_says_so() {
+        let mut a = row("baseline");
+        a.max_secs_to_ready = None;
+        let mut b = row("x");
+        b.never_ready = true;
+        let text = table(&[a, b], 20.0);
+        assert!(text.contains("| 0 | – | 12 | pass |"), "{text}");
+        assert!(text.contains("| never |"), "{text}");
+    }
+
+    #[test]
+    fn the_document_names_the_machine_and_every_scenario() {
+        let env = Environment {
+            date: "2026-12-01".into(),
+            cores: "2".into(),
+            ..Environment::default()
+        };
+        let text = document(&env, &[row("baseline")], &crate::scenarios::all(), 20.0);
+        assert!(text.contains("- date: 2026-12-01"));
+        assert!(text.contains("2 cores"));
+        for scenario in crate::scenarios::all() {
+            assert!(text.contains(&format!("### `{}`", scenario.name)));
+        }
+    }
+}

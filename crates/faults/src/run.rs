@@ -1,0 +1,316 @@
+//! One scenario's world: its database, vhost and mailboxes, the host process under test (and
+//! its restarts), and the oracle's readings from outside (IMAP, PostgreSQL, the management
+//! API, `/metrics`).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use worker_testkit::{TestDb, TestVhost};
+
+use crate::host::{HostCommand, HostProcess, log_tail};
+use crate::mail::{self, Mailboxes};
+use crate::oracle::{self, Figures};
+
+/// The demo automation: a reply to the sender of any mail whose subject contains `ping`.
+const AUTOMATION: &str = r#"
+[[automations]]
+name = "reply-to-ping"
+event_type = "email.received"
+conditions = [{ path = "subject", op = "contains", value = "ping" }]
+
+[[automations.actions]]
+type = "send_email"
+to = ["{{ from }}"]
+subject = "Re: {{ subject }}"
+text = "pong: the worker host got your mail \"{{ subject }}\"."
+"#;
+
+/// How long a SIGTERM stop may take before the harness kills the host (the settings give it
+/// a 10 s grace).
+pub const STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// A scenario's resources and its host.
+#[derive(Debug)]
+pub struct Run {
+    pub db: TestDb,
+    pub vhost: TestVhost,
+    pub boxes: Mailboxes,
+    pub command: HostCommand,
+    host: Option<HostProcess>,
+    /// `worker_email_unknown_outcomes_total` of the host processes already gone.
+    unknown_before: u64,
+    /// Seconds until ready again, one per fault.
+    pub ready: Vec<f64>,
+    pub never_ready: bool,
+    pub unclean_exits: u64,
+}
+
+impl Run {
+    /// Creates the database, vhost and mailboxes, writes the settings into `dir` and starts
+    /// the host (ready).
+    pub async fn start(name: &str, binary: &Path, dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let db = TestDb::create().await.context("creating the database")?;
+        let vhost = TestVhost::create().await.context("creating the vhost")?;
+        let boxes = Mailboxes::new(name);
+        let port = free_port()?;
+        let automation = dir.join("automations.toml");
+        std::fs::write(&automation, AUTOMATION)?;
+        let config = dir.join("worker-host.toml");
+        std::fs::write(&config, settings(&db, &vhost, &boxes, port, &automation))?;
+        let command = HostCommand {
+            binary: binary.to_path_buf(),
+            config,
+            log: dir.join("host.log"),
+            port,
+        };
+        let mut host = command.spawn()?;
+        let since = host.started;
+        host.wait_ready(since, &command.log).await?;
+        Ok(Self {
+            db,
+            vhost,
+            boxes,
+            command,
+            host: Some(host),
+            unknown_before: 0,
+            ready: Vec::new(),
+            never_ready: false,
+            unclean_exits: 0,
+        })
+    }
+
+    pub fn log_path(&self) -> &PathBuf {
+        &self.command.log
+    }
+
+    /// Takes the running host out (to kill or stop it), after reading its unknown-outcome
+    /// count.
+    async fn take_host(&mut self) -> anyhow::Result<HostProcess> {
+        let host = self.host.take().context("no host is running")?;
+        self.unknown_before += host.unknown_outcomes().await.unwrap_or(0);
+        Ok(host)
+    }
+
+    /// kill -9 of the host, then a new one; records the seconds from its start to ready.
+    pub async fn kill9_and_restart(&mut self) -> anyhow::Result<()> {
+        self.take_host().await?.kill9()?;
+        self.restart().await
+    }
+
+    /// SIGTERM (counting an exit other than 0), then a new host; records its time to ready.
+    pub async fn sigterm_and_restart(&mut self) -> anyhow::Result<()> {
+        let code = self.take_host().await?.sigterm(STOP_WAIT).await?;
+        if code != Some(0) {
+            eprintln!("faults: SIGTERM ended the host with {code:?}");
+            self.unclean_exits += 1;
+        }
+        self.restart().await
+    }
+
+    async fn restart(&mut self) -> anyhow::Result<()> {
+        let mut host = self.command.spawn()?;
+        let since = host.started;
+        match host.wait_ready(since, &self.command.log).await {
+            Ok(secs) => self.ready.push(secs),
+            Err(err) => {
+                eprintln!("faults: {err:#}");
+                self.never_ready = true;
+            }
+        }
+        self.host = Some(host);
+        Ok(())
+    }
+
+    /// After a fault applied at `at` to the running host: watches up to 2 s for `/readyz` to
+    /// leave 200, then records the seconds from `at` until it answers 200 again.
+    pub async fn record_ready_after(&mut self, at: Instant) -> anyhow::Result<()> {
+        let host = self.host.as_mut().context("no host is running")?;
+        while at.elapsed() < Duration::from_secs(2) {
+            if host.readyz().await != Some(200) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        match host.wait_ready(at, &self.command.log).await {
+            Ok(secs) => self.ready.push(secs),
+            Err(err) => {
+                eprintln!("faults: {err:#}");
+                self.never_ready = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits, at most `bound`, until the sender has a mail for every ping and the work queues
+    /// and the outbox are empty; then 3 s more, for late duplicates.
+    pub async fn settle(&self, pings: usize, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let replies = mail::inbox_count(&self.boxes.sender).await.unwrap_or(0);
+            let queues = self.queues().await.map(|q| q.0).unwrap_or(u64::MAX);
+            let outbox = self.outbox_left().await.unwrap_or(i64::MAX);
+            if replies >= pings && queues == 0 && outbox == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!(
+                    "faults: not settled within {bound:?}: {replies}/{pings} replies, {queues} in the work queues, {outbox} in the outbox"
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+
+    /// (messages in the work queues and their retry tiers, messages in the dead queues).
+    pub async fn queues(&self) -> anyhow::Result<(u64, u64)> {
+        let list = self
+            .vhost
+            .api(reqwest::Method::GET, "queues/{vhost}", None)
+            .await?;
+        let mut work = 0;
+        let mut dead = 0;
+        for queue in list.as_array().context("queues: not a list")? {
+            let name = queue["name"].as_str().unwrap_or_default();
+            let messages = queue["messages"].as_u64().unwrap_or(0);
+            if name.ends_with(".dead") {
+                dead += messages;
+            } else {
+                work += messages;
+            }
+        }
+        Ok((work, dead))
+    }
+
+    /// Outbox rows not yet published (pending or failed).
+    pub async fn outbox_left(&self) -> anyhow::Result<i64> {
+        self.scalar("SELECT count(*) FROM outbox WHERE status <> 'processed'")
+            .await
+    }
+
+    async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.db.pool)
+            .await
+            .with_context(|| format!("running {sql}"))
+    }
+
+    /// Groups of rows that must be one and are more.
+    pub async fn duplicate_db_effects(&self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for sql in [
+            "SELECT count(*) FROM (SELECT 1 FROM inbound_emails WHERE message_id IS NOT NULL \
+             GROUP BY account, mailbox, message_id HAVING count(*) > 1) g",
+            "SELECT count(*) FROM (SELECT 1 FROM action_executions \
+             GROUP BY event_id, automation_id, action_index HAVING count(*) > 1) g",
+            "SELECT count(*) FROM (SELECT 1 FROM inbound_emails i \
+             JOIN action_executions a ON a.event_id = i.event_id \
+             GROUP BY i.account, i.message_id HAVING count(*) > 1) g",
+            "SELECT count(*) FROM (SELECT 1 FROM outbound_emails WHERE action_execution_id IS NOT NULL \
+             GROUP BY action_execution_id HAVING count(*) > 1) g",
+        ] {
+            total += self.scalar(sql).await? as u64;
+        }
+        Ok(total)
+    }
+
+    /// The oracle's readings, into `figures`; then the host is stopped with SIGTERM.
+    pub async fn count(&mut self, pings: &[String], figures: &mut Figures) -> anyhow::Result<()> {
+        let replies = mail::replies(&self.boxes.sender).await?;
+        let matched = oracle::count_replies(pings, &replies);
+        figures.messages = pings.len() as u64;
+        figures.lost = matched.lost;
+        figures.duplicate_mails = matched.duplicates;
+        figures.stray_mails = matched.strays;
+        figures.duplicate_db_effects = self.duplicate_db_effects().await?;
+        let (work, dead) = self.queues().await?;
+        figures.left_in_queues = work;
+        figures.left_in_outbox = self.outbox_left().await? as u64;
+        figures.dead_letters =
+            dead + self.scalar("SELECT count(*) FROM dead_letters").await? as u64;
+        let host = self.take_host().await?;
+        figures.faults_in_send_window = self.unknown_before;
+        figures.max_secs_to_ready = self.ready.iter().copied().reduce(f64::max);
+        figures.never_ready = self.never_ready;
+        let code = host.sigterm(STOP_WAIT).await?;
+        if code != Some(0) {
+            eprintln!("faults: the final SIGTERM ended the host with {code:?}");
+            self.unclean_exits += 1;
+        }
+        figures.unclean_exits = self.unclean_exits;
+        if !figures.failures(f64::MAX).is_empty() {
+            eprintln!("{}", log_tail(&self.command.log, 30));
+        }
+        Ok(())
+    }
+}
+
+/// The host's settings for one scenario.
+fn settings(
+    db: &TestDb,
+    vhost: &TestVhost,
+    boxes: &Mailboxes,
+    port: u16,
+    automation: &Path,
+) -> String {
+    let tiers = r#"retry_tiers = ["2s", "5s", "10s"]"#;
+    format!(
+        r#"
+installation = "faults"
+automations_files = [{automation:?}]
+
+[database]
+name = {db:?}
+password = "worker_host"
+
+[broker]
+vhost = {vhost:?}
+password = "guest"
+
+[admin]
+listen = "127.0.0.1:{port}"
+
+[workers]
+shutdown_grace = "10s"
+
+[workers.timeouts]
+email_send = "10s"
+
+[[imap.accounts]]
+name = "faults"
+username = {account:?}
+password = "secret"
+
+[jobs.inbound_email_poller]
+schedule = "every 500ms"
+
+[jobs.automation_trigger]
+max_attempts = 30
+[jobs.automation_trigger.queue]
+{tiers}
+
+[jobs.automation_action]
+max_attempts = 30
+[jobs.automation_action.queue]
+{tiers}
+
+[jobs.email_send]
+max_attempts = 30
+[jobs.email_send.queue]
+{tiers}
+"#,
+        automation = automation.display().to_string(),
+        db = db.name,
+        vhost = vhost.name,
+        account = boxes.account,
+    )
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}

@@ -1,0 +1,143 @@
+//! The scenarios: each a small module with its description and, where it has one, the fault
+//! it applies to a running [`Run`]. They share one shape ([`run`]): start the scenario's
+//! world, then per repetition send a steady stream of pings and apply the fault at a random
+//! moment of it, then settle and count.
+
+mod amqp_close;
+mod baseline;
+mod host_kill9;
+mod host_sigterm;
+mod pg_terminate;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use crate::mail::Pinger;
+use crate::oracle::Figures;
+use crate::run::Run;
+
+/// How much load a scenario puts on the host.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub repetitions: u32,
+    /// Pings per repetition.
+    pub per_repetition: u64,
+}
+
+/// The fault a scenario applies (what [`Fault::apply`] does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    HostKill9,
+    HostSigterm,
+    PgTerminate,
+    AmqpClose,
+}
+
+impl Fault {
+    async fn apply(self, run: &mut Run) -> anyhow::Result<()> {
+        match self {
+            Fault::None => Ok(()),
+            Fault::HostKill9 => host_kill9::apply(run).await,
+            Fault::HostSigterm => host_sigterm::apply(run).await,
+            Fault::PgTerminate => pg_terminate::apply(run).await,
+            Fault::AmqpClose => amqp_close::apply(run).await,
+        }
+    }
+}
+
+/// One scenario of the suite.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: &'static str,
+    /// What it does, for `docs/RELIABILITY.md`.
+    pub about: &'static str,
+    pub fault: Fault,
+    pub full: Load,
+    pub quick: Load,
+    /// Pings a second while the fault is applied.
+    pub rate_per_sec: f64,
+    /// The longest wait, after the last repetition, for the loop to finish its work.
+    pub settle: Duration,
+}
+
+/// Every scenario built so far, in the order a run takes them.
+pub fn all() -> Vec<Scenario> {
+    vec![
+        baseline::scenario(),
+        host_kill9::scenario(),
+        host_sigterm::scenario(),
+        pg_terminate::scenario(),
+        amqp_close::scenario(),
+    ]
+}
+
+/// Runs one scenario with `load` and returns its figures (a harness failure is one of them).
+pub async fn run(scenario: &Scenario, load: Load, binary: &Path, dir: &Path) -> Figures {
+    let started = Instant::now();
+    let mut figures = Figures {
+        scenario: scenario.name.to_string(),
+        repetitions: load.repetitions,
+        ..Figures::default()
+    };
+    if let Err(err) = run_inner(scenario, load, binary, dir, &mut figures).await {
+        figures.harness_error = Some(format!("{err:#}"));
+    }
+    figures.duration_secs = started.elapsed().as_secs_f64();
+    figures
+}
+
+async fn run_inner(
+    scenario: &Scenario,
+    load: Load,
+    binary: &Path,
+    dir: &Path,
+    figures: &mut Figures,
+) -> anyhow::Result<()> {
+    let mut run = Run::start(scenario.name, binary, dir).await?;
+    eprintln!(
+        "faults: {}: database {}, vhost {}, account {}, log {}",
+        scenario.name,
+        run.db.name,
+        run.vhost.name,
+        run.boxes.account,
+        run.log_path().display()
+    );
+    let pinger = Pinger::new(&run.boxes, scenario.name)?;
+    let mut pings = Vec::new();
+    let mut send_errors = Vec::new();
+    let window = load.per_repetition as f64 / scenario.rate_per_sec;
+    for repetition in 0..load.repetitions {
+        let first = pings.len() as u64;
+        let sender = pinger.clone();
+        let (count, rate) = (load.per_repetition, scenario.rate_per_sec);
+        let sending = tokio::spawn(async move { sender.steady(first, count, rate).await });
+        if scenario.fault != Fault::None {
+            let at = window * rand::rng().random_range(0.2..0.8);
+            tokio::time::sleep(Duration::from_secs_f64(at)).await;
+            scenario.fault.apply(&mut run).await?;
+        }
+        let (sent, errors) = sending.await?;
+        pings.extend(sent);
+        send_errors.extend(errors);
+        eprintln!(
+            "faults: {}: repetition {}/{} done, {} pings sent",
+            scenario.name,
+            repetition + 1,
+            load.repetitions,
+            pings.len()
+        );
+    }
+    if let Some(first) = send_errors.first() {
+        eprintln!(
+            "faults: {}: {} pings the SMTP server did not take (not counted), first: {first}",
+            scenario.name,
+            send_errors.len()
+        );
+    }
+    let settle = scenario.settle + Duration::from_secs(pings.len() as u64 / 20);
+    run.settle(pings.len(), settle).await;
+    run.count(&pings, figures).await
+}
