@@ -2,7 +2,8 @@
 //! on the real local services, one scenario at a time, each with a database, a vhost and
 //! mailboxes of its own; it sends a steady stream of ping mails through the whole loop (SMTP
 //! in, IMAP poll, trigger, action, SMTP out) while it applies the scenario's fault (kill -9 or
-//! SIGTERM of the host, its PostgreSQL sessions terminated, its AMQP connections closed), and
+//! SIGTERM of the host, its PostgreSQL sessions terminated, its AMQP connections closed;
+//! with `--disruptive`, the shared PostgreSQL and RabbitMQ restarted), and
 //! then counts from outside what the host promised: every ping answered exactly once, no
 //! database effect twice, the queues and the outbox drained, and ready again within two
 //! heartbeat intervals. It prints the table and writes it to `docs/RELIABILITY.md`; it exits 1
@@ -19,6 +20,7 @@ mod oracle;
 mod report;
 mod run;
 mod scenarios;
+mod services;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,7 +40,7 @@ struct Args {
     /// One repetition of each scenario with a small load.
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (repeatable); all by default.
+    /// Run only these scenarios (repeatable); all but the disruptive ones by default.
     #[arg(long = "scenario", value_name = "NAME")]
     scenarios: Vec<String>,
     /// Pings of the baseline (default: 10,000 full, 100 quick).
@@ -47,6 +49,9 @@ struct Args {
     /// Repetitions of every fault scenario instead of its own.
     #[arg(long, value_name = "N")]
     repetitions: Option<u32>,
+    /// Also run the disruptive scenarios (they restart the shared PostgreSQL and RabbitMQ).
+    #[arg(long)]
+    disruptive: bool,
     /// The `worker-host` binary under test.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/worker-host"))]
     host_bin: PathBuf,
@@ -87,7 +92,13 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     );
     let chosen: Vec<_> = all
         .iter()
-        .filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|n| n == s.name))
+        .filter(|s| {
+            if args.scenarios.is_empty() {
+                args.disruptive || !s.disruptive
+            } else {
+                args.scenarios.iter().any(|n| n == s.name)
+            }
+        })
         .cloned()
         .collect();
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
@@ -135,6 +146,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         for name in &args.scenarios {
             command.push_str(&format!(" --scenario {name}"));
+        }
+        if args.disruptive {
+            command.push_str(" --disruptive");
         }
         if let Some(n) = args.baseline_messages {
             command.push_str(&format!(" --baseline-messages {n}"));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use worker_testkit::{TestDb, TestVhost};
 
-use crate::host::{HostCommand, HostProcess, log_tail};
+use crate::host::{HostCommand, HostProcess};
 use crate::mail::{self, Mailboxes};
 use crate::oracle::{self, Figures};
 
@@ -29,6 +29,9 @@ text = "pong: the worker host got your mail \"{{ subject }}\"."
 /// How long a SIGTERM stop may take before the harness kills the host (the settings give it
 /// a 10 s grace).
 pub const STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// How long the end state must hold before it is counted.
+const QUIET: Duration = Duration::from_secs(7);
 
 /// A scenario's resources and its host.
 #[derive(Debug)]
@@ -144,35 +147,43 @@ impl Run {
     }
 
     /// Waits, at most `bound`, until the sender has a mail for every ping and the work queues
-    /// and the outbox are empty; then 3 s more, for late duplicates.
+    /// and the outbox are empty, and stay so for [`QUIET`] (longer than the management API's
+    /// 5 s statistics interval, whose queue depths lag; and time for a late duplicate).
     pub async fn settle(&self, pings: usize, bound: Duration) {
         let deadline = Instant::now() + bound;
+        let mut clean_since: Option<Instant> = None;
         loop {
             let replies = mail::inbox_count(&self.boxes.sender).await.unwrap_or(0);
             let queues = self.queues().await.map(|q| q.0).unwrap_or(u64::MAX);
             let outbox = self.outbox_left().await.unwrap_or(i64::MAX);
             if replies >= pings && queues == 0 && outbox == 0 {
-                break;
+                let since = *clean_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= QUIET {
+                    return;
+                }
+            } else {
+                clean_since = None;
             }
             if Instant::now() > deadline {
                 eprintln!(
                     "faults: not settled within {bound:?}: {replies}/{pings} replies, {queues} in the work queues, {outbox} in the outbox"
                 );
-                break;
+                return;
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
     }
 
-    /// (messages in the work queues and their retry tiers, messages in the dead queues).
-    pub async fn queues(&self) -> anyhow::Result<(u64, u64)> {
+    /// (messages in the work queues and their retry tiers, messages in the dead queues, the
+    /// work queues that hold any, as `name: n`).
+    pub async fn queues(&self) -> anyhow::Result<(u64, u64, Vec<String>)> {
         let list = self
             .vhost
             .api(reqwest::Method::GET, "queues/{vhost}", None)
             .await?;
         let mut work = 0;
         let mut dead = 0;
+        let mut busy = Vec::new();
         for queue in list.as_array().context("queues: not a list")? {
             let name = queue["name"].as_str().unwrap_or_default();
             let messages = queue["messages"].as_u64().unwrap_or(0);
@@ -180,9 +191,12 @@ impl Run {
                 dead += messages;
             } else {
                 work += messages;
+                if messages > 0 {
+                    busy.push(format!("{name}: {messages}"));
+                }
             }
         }
-        Ok((work, dead))
+        Ok((work, dead, busy))
     }
 
     /// Outbox rows not yet published (pending or failed).
@@ -226,7 +240,10 @@ impl Run {
         figures.duplicate_mails = matched.duplicates;
         figures.stray_mails = matched.strays;
         figures.duplicate_db_effects = self.duplicate_db_effects().await?;
-        let (work, dead) = self.queues().await?;
+        let (work, dead, busy) = self.queues().await?;
+        if !busy.is_empty() {
+            eprintln!("faults: left in the work queues: {}", busy.join(", "));
+        }
         figures.left_in_queues = work;
         figures.left_in_outbox = self.outbox_left().await? as u64;
         figures.dead_letters =
@@ -242,7 +259,7 @@ impl Run {
         }
         figures.unclean_exits = self.unclean_exits;
         if !figures.failures(f64::MAX).is_empty() {
-            eprintln!("{}", log_tail(&self.command.log, 30));
+            eprintln!("faults: the host's log: {}", self.command.log.display());
         }
         Ok(())
     }

@@ -21,5 +21,6 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 20.0,
         settle: Duration::from_secs(120),
+        disruptive: false,
     }
 }

@@ -26,6 +26,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(300),
+        disruptive: false,
     }
 }
 

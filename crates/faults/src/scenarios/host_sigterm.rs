@@ -24,6 +24,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 25.0,
         settle: Duration::from_secs(300),
+        disruptive: false,
     }
 }
 

@@ -7,7 +7,9 @@ mod amqp_close;
 mod baseline;
 mod host_kill9;
 mod host_sigterm;
+mod pg_restart;
 mod pg_terminate;
+mod rabbit_restart;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -34,6 +36,8 @@ pub enum Fault {
     HostSigterm,
     PgTerminate,
     AmqpClose,
+    PgRestart,
+    RabbitRestart,
 }
 
 impl Fault {
@@ -44,6 +48,8 @@ impl Fault {
             Fault::HostSigterm => host_sigterm::apply(run).await,
             Fault::PgTerminate => pg_terminate::apply(run).await,
             Fault::AmqpClose => amqp_close::apply(run).await,
+            Fault::PgRestart => pg_restart::apply(run).await,
+            Fault::RabbitRestart => rabbit_restart::apply(run).await,
         }
     }
 }
@@ -61,6 +67,9 @@ pub struct Scenario {
     pub rate_per_sec: f64,
     /// The longest wait, after the last repetition, for the loop to finish its work.
     pub settle: Duration,
+    /// It restarts a service every test on the machine shares: run only when named or with
+    /// `--disruptive`.
+    pub disruptive: bool,
 }
 
 /// Every scenario built so far, in the order a run takes them.
@@ -71,6 +80,8 @@ pub fn all() -> Vec<Scenario> {
         host_sigterm::scenario(),
         pg_terminate::scenario(),
         amqp_close::scenario(),
+        pg_restart::scenario(),
+        rabbit_restart::scenario(),
     ]
 }
 
