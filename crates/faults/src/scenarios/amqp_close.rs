@@ -30,29 +30,43 @@ pub fn scenario() -> Scenario {
 }
 
 pub async fn apply(run: &mut Run) -> anyhow::Result<()> {
-    let connections = run
-        .vhost
-        .api(reqwest::Method::GET, "vhosts/{vhost}/connections", None)
-        .await?;
-    let names: Vec<String> = connections
-        .as_array()
-        .context("connections: not a list")?
-        .iter()
-        .filter_map(|c| c["name"].as_str().map(str::to_string))
-        .collect();
-    anyhow::ensure!(
-        !names.is_empty(),
-        "the host had no AMQP connection to close"
-    );
-    let at = Instant::now();
-    for name in &names {
-        let path = format!("connections/{}", encode(name));
-        if let Err(err) = run.vhost.api(reqwest::Method::DELETE, &path, None).await {
-            // A connection that closed by itself meanwhile is not a failure of the harness.
-            eprintln!("faults: amqp-close: closing {name}: {err:#}");
+    // The management API lists connections from statistics that lag (a new connection shows
+    // up, a closed one goes away, within seconds): look again until one is really closed.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let connections = run
+            .vhost
+            .api(reqwest::Method::GET, "vhosts/{vhost}/connections", None)
+            .await?;
+        let names: Vec<String> = connections
+            .as_array()
+            .context("connections: not a list")?
+            .iter()
+            .filter_map(|c| c["name"].as_str().map(str::to_string))
+            .collect();
+        let at = Instant::now();
+        let mut closed = 0;
+        for name in &names {
+            let path = format!("connections/{}", encode(name));
+            // One already gone (listed from stale statistics) answers 404: not a close.
+            if run
+                .vhost
+                .api(reqwest::Method::DELETE, &path, None)
+                .await
+                .is_ok()
+            {
+                closed += 1;
+            }
         }
+        if closed > 0 {
+            return run.record_ready_after(at).await;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no AMQP connection of the host to close within 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    run.record_ready_after(at).await
 }
 
 /// Percent-encodes a connection name for a URL path segment.
