@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Parser;
 
 /// The host's broker heartbeat (`broker.heartbeat`, not set by the scenarios' settings).
@@ -158,7 +159,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         let env = environment(command, started.elapsed().as_secs_f64()).await;
         let text = report::document(&env, &rows, &all, ready_limit);
-        std::fs::write(&args.output, text)?;
+        let output = std::path::Path::new(&args.output);
+        if let Some(parent) = output.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(output, text).with_context(|| format!("writing {}", output.display()))?;
         eprintln!("faults: written to {}", args.output);
     }
     Ok(rows.iter().all(|r| r.passed(ready_limit)))
