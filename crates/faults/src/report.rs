@@ -129,9 +129,10 @@ ladder outlasts an email's stale claim, 10 s + 30 s + 60 s; a 10 s send timeout)
   server's acceptance and the record). Each may cost one duplicate mail, by design.
 - **dead letters**: rows in `dead_letters` plus messages still in a `*.dead` queue.
 - **max s to ready**: for a fault on a running host, from the moment the fault was applied
-  until `/readyz` answered 200 again (polled every 100 ms; if it never left 200 within 2 s,
-  the time of that first 200); for the host's own restart, from the new process's start.
-  `–` where no fault was applied.
+  until `/readyz` answered 200 again (polled every 100 ms after a 2 s watch for it to leave
+  200; if it never left 200 in those 2 s, the figure is about 2 s, an upper bound, not a
+  measured outage); for the host's own restart, from the new process's start. `–` where no
+  fault was applied.
 - **drained** (in the result column when not): messages ready or unacked in the work queues
   (`automation.trigger`, `automation.action`, `email.send`, and their retry tiers) and
   `pending` outbox rows at the end.

@@ -127,7 +127,8 @@ impl Run {
     }
 
     /// After a fault applied at `at` to the running host: watches up to 2 s for `/readyz` to
-    /// leave 200, then records the seconds from `at` until it answers 200 again.
+    /// leave 200, then records the seconds from `at` until it answers 200 again (so about 2 s,
+    /// an upper bound, when it never left 200 in the watch).
     pub async fn record_ready_after(&mut self, at: Instant) -> anyhow::Result<()> {
         let host = self.host.as_mut().context("no host is running")?;
         while at.elapsed() < Duration::from_secs(2) {
