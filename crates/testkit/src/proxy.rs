@@ -94,6 +94,9 @@ impl Drop for OpenGuard {
 /// the rest; `stall` and `blackhole` replace each other. A connection stalled on its client
 /// side does not notice that client closing until it is cut, reset or healed.
 ///
+/// The switches return at once; the proxy's tasks act on them at their next turn, so a test
+/// that needs the effect waits for what its client sees (a read that ends, a refused connect).
+///
 /// Dropping the proxy closes its port and every connection.
 #[derive(Debug)]
 pub struct FaultProxy {
