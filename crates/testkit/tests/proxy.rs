@@ -290,3 +290,15 @@ async fn postgres_through_the_proxy_fails_on_cut_hangs_in_a_blackhole_and_recove
     timeout(SOON, conn.close()).await.unwrap().unwrap();
     assert_eq!(proxy.accepted(), 3);
 }
+
+#[tokio::test]
+async fn an_upstream_that_refuses_closes_the_client_connection() {
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = closed.local_addr().unwrap();
+    drop(closed);
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let mut client = connect(&proxy).await;
+    assert!(is_closed(next_read(&mut client, SOON).await));
+    wait_until("nothing open", || proxy.open() == 0).await;
+    assert_eq!(proxy.accepted(), 1);
+}
