@@ -1,6 +1,7 @@
-//! Connection supervision through a TCP proxy the test controls: a frozen broker is noticed
-//! by heartbeats, a cut connection (what a `kill -9` of the broker looks like from here) is
-//! replaced, and `connection.blocked` shows as a state. None of it touches the shared broker.
+//! Connection supervision through a TCP proxy the test controls: a frozen broker (a stalled
+//! [`FaultProxy`]) is noticed by heartbeats, a cut connection (what a `kill -9` of the broker
+//! looks like from here) is replaced, and `connection.blocked` (injected by a proxy of this
+//! file) shows as a state. None of it touches the shared broker.
 
 // Helpers outside #[test] functions assert too: a failed expectation fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -8,7 +9,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -18,66 +18,45 @@ use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use worker_broker::{LinkState, Outgoing, Publisher, PublisherSettings, Supervisor};
-use worker_testkit::TestVhost;
+use worker_testkit::{FaultProxy, TestVhost};
 
-/// A proxy to the local broker that can freeze its connections, cut them, or inject frames
-/// towards the client.
-struct Proxy {
+/// The local broker's AMQP address, as the tests' connection settings name it.
+fn broker() -> String {
+    std::env::var("WH_TEST_AMQP_HOST").unwrap_or_else(|_| "127.0.0.1:5672".into())
+}
+
+/// A proxy to the local broker that injects frames towards the client, which
+/// [`FaultProxy`] does not do (it knows nothing of AMQP).
+struct InjectingProxy {
     port: u16,
-    frozen: Arc<AtomicBool>,
-    refuse: Arc<AtomicBool>,
-    links: Arc<Mutex<JoinSet<()>>>,
     inject: Arc<Mutex<Vec<mpsc::UnboundedSender<Vec<u8>>>>>,
     _accept: tokio::task::JoinHandle<()>,
 }
 
-impl Proxy {
+impl InjectingProxy {
     async fn start() -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let refuse = Arc::new(AtomicBool::new(false));
-        let links = Arc::new(Mutex::new(JoinSet::new()));
         let inject: Arc<Mutex<Vec<mpsc::UnboundedSender<Vec<u8>>>>> = Arc::default();
         let accept = {
-            let (frozen, refuse, links, inject) = (
-                frozen.clone(),
-                refuse.clone(),
-                links.clone(),
-                inject.clone(),
-            );
+            let inject = inject.clone();
             tokio::spawn(async move {
+                let mut links = JoinSet::new();
                 while let Ok((client, _)) = listener.accept().await {
-                    if refuse.load(Ordering::SeqCst) {
-                        drop(client);
-                        continue;
-                    }
-                    let Ok(server) = TcpStream::connect("127.0.0.1:5672").await else {
+                    let Ok(server) = TcpStream::connect(broker()).await else {
                         continue;
                     };
                     let (tx, rx) = mpsc::unbounded_channel();
                     inject.lock().await.push(tx);
-                    links
-                        .lock()
-                        .await
-                        .spawn(link(client, server, frozen.clone(), rx));
+                    links.spawn(link(client, server, rx));
                 }
             })
         };
         Ok(Self {
             port,
-            frozen,
-            refuse,
-            links,
             inject,
             _accept: accept,
         })
-    }
-
-    /// Drops every proxied connection at once, as a dead broker host would.
-    async fn cut(&self) {
-        self.links.lock().await.abort_all();
-        self.inject.lock().await.clear();
     }
 
     /// Sends `frame` to every client, between two server frames.
@@ -88,36 +67,13 @@ impl Proxy {
     }
 }
 
-/// Copies both ways; while `frozen`, copies nothing (the broker seems to hang). Frames from
-/// `inject` go to the client at a frame boundary of the server's stream.
-async fn link(
-    client: TcpStream,
-    server: TcpStream,
-    frozen: Arc<AtomicBool>,
-    mut inject: mpsc::UnboundedReceiver<Vec<u8>>,
-) {
+/// Copies both ways. Frames from `inject` go to the client at a frame boundary of the
+/// server's stream.
+async fn link(client: TcpStream, server: TcpStream, mut inject: mpsc::UnboundedReceiver<Vec<u8>>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
-    let up = {
-        let frozen = frozen.clone();
-        async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                while frozen.load(Ordering::SeqCst) {
-                    tokio::time::sleep(ms(20)).await;
-                }
-                let n = match cr.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                while frozen.load(Ordering::SeqCst) {
-                    tokio::time::sleep(ms(20)).await;
-                }
-                if sw.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
-            }
-        }
+    let up = async move {
+        let _ = tokio::io::copy(&mut cr, &mut sw).await;
     };
     let down = async move {
         // Server to client, frame by frame: type (1), channel (2), size (4), payload, 0xCE.
@@ -130,9 +86,6 @@ async fn link(
             let mut rest = vec![0u8; size + 1];
             if sr.read_exact(&mut rest).await.is_err() {
                 return;
-            }
-            while frozen.load(Ordering::SeqCst) {
-                tokio::time::sleep(ms(20)).await;
             }
             while let Ok(frame) = inject.try_recv() {
                 if cw.write_all(&frame).await.is_err() {
@@ -165,10 +118,11 @@ fn connection_method(method: u16, args: &[u8]) -> Vec<u8> {
 
 async fn supervised(
     vhost: &TestVhost,
-    proxy: &Proxy,
+    proxy_port: u16,
 ) -> anyhow::Result<(Supervisor, CancellationToken, tokio::task::JoinHandle<()>)> {
     let mut settings = connection_settings(vhost)?;
-    settings.port = proxy.port;
+    settings.host = "127.0.0.1".into();
+    settings.port = proxy_port;
     settings.heartbeat = Duration::from_secs(1);
     settings.connect_timeout = Duration::from_secs(3);
     settings.reconnect_min = ms(100);
@@ -203,10 +157,10 @@ async fn wait_state(
 async fn a_frozen_broker_is_noticed_within_two_heartbeats_and_the_link_comes_back()
 -> anyhow::Result<()> {
     let vhost = TestVhost::create().await?;
-    let proxy = Proxy::start().await?;
-    let (supervisor, shutdown, task) = supervised(&vhost, &proxy).await?;
+    let proxy = FaultProxy::start(broker()).await?;
+    let (supervisor, shutdown, task) = supervised(&vhost, proxy.port()).await?;
 
-    proxy.frozen.store(true, Ordering::SeqCst);
+    proxy.stall();
     let noticed = wait_state(&supervisor, Duration::from_secs(6), |s| {
         s == LinkState::Disconnected
     })
@@ -221,8 +175,8 @@ async fn a_frozen_broker_is_noticed_within_two_heartbeats_and_the_link_comes_bac
         "no session is handed out while down"
     );
 
-    proxy.cut().await;
-    proxy.frozen.store(false, Ordering::SeqCst);
+    // The stalled connections are closed, new ones pass.
+    proxy.heal();
     wait_state(&supervisor, Duration::from_secs(10), |s| {
         s == LinkState::Connected
     })
@@ -237,8 +191,8 @@ async fn a_frozen_broker_is_noticed_within_two_heartbeats_and_the_link_comes_bac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_is_replaced_and_publishing_resumes() -> anyhow::Result<()> {
     let vhost = TestVhost::create().await?;
-    let proxy = Proxy::start().await?;
-    let (supervisor, shutdown, task) = supervised(&vhost, &proxy).await?;
+    let proxy = FaultProxy::start(broker()).await?;
+    let (supervisor, shutdown, task) = supervised(&vhost, proxy.port()).await?;
     let publisher = Publisher::new(
         supervisor.sessions(),
         PublisherSettings {
@@ -251,15 +205,15 @@ async fn a_cut_connection_is_replaced_and_publishing_resumes() -> anyhow::Result
         .await?;
 
     // The broker is unreachable for a while, as during a restart after kill -9.
-    proxy.refuse.store(true, Ordering::SeqCst);
-    proxy.cut().await;
+    proxy.refuse();
+    proxy.cut();
     wait_state(&supervisor, Duration::from_secs(5), |s| {
         s == LinkState::Disconnected
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(supervisor.status().borrow().last_error.is_some());
-    proxy.refuse.store(false, Ordering::SeqCst);
+    proxy.heal();
 
     // A publish made while down waits for the new connection.
     publisher
@@ -275,8 +229,8 @@ async fn a_cut_connection_is_replaced_and_publishing_resumes() -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_connection_is_a_state_of_its_own() -> anyhow::Result<()> {
     let vhost = TestVhost::create().await?;
-    let proxy = Proxy::start().await?;
-    let (supervisor, shutdown, task) = supervised(&vhost, &proxy).await?;
+    let proxy = InjectingProxy::start().await?;
+    let (supervisor, shutdown, task) = supervised(&vhost, proxy.port).await?;
 
     let reason = b"low on memory";
     let mut args = vec![reason.len() as u8];

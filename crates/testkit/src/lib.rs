@@ -4,17 +4,21 @@
 //! - [`TestDb`]: a fresh PostgreSQL database with the project's migrations applied;
 //! - [`TestVhost`]: a fresh RabbitMQ virtual host, created through the management API;
 //! - [`SmtpSink`]: a private SMTP sink (the project's `scripts/smtp_sink.py`) on a port and
-//!   in a folder of its own, for tests that slow down or fail the server.
+//!   in a folder of its own, for tests that slow down or fail the server;
+//! - [`FaultProxy`]: a TCP proxy on a port of its own in front of any of the services, that
+//!   cuts, resets, stalls, blackholes, slows down or refuses connections on demand.
 //!
-//! All three are removed (or stopped) when dropped. Names carry their creation time, so that leftovers of a
+//! All four are removed (or stopped) when dropped. Names carry their creation time, so that leftovers of a
 //! test run that was killed are swept by a later run ([`TestDb::create`] and
 //! [`TestVhost::create`] remove those older than two hours).
 //!
 //! The services are the ones `scripts/services.sh up` starts; their addresses come from the
 //! `WH_TEST_*` variables that `scripts/services.sh env` prints, with the same defaults.
 
+mod proxy;
 mod smtp;
 
+pub use proxy::FaultProxy;
 pub use smtp::SmtpSink;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
