@@ -270,8 +270,8 @@ impl job_dead_letter_archive::ArchiveEvents for ArchiveCounter {
     }
 }
 
-/// The reconciler's thresholds and where its re-queued commands go (the routing keys the
-/// action and email queues are bound with).
+/// The reconciler's thresholds and where its re-queued commands go: the commands exchange,
+/// with the default routing keys, as the trigger and the executor publish them.
 pub fn reconciler_config(settings: &Settings) -> job_reconciler::ReconcilerConfig {
     let section = &settings.jobs.reconciler;
     job_reconciler::ReconcilerConfig {
