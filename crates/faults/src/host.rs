@@ -26,6 +26,8 @@ pub struct HostCommand {
     pub config: PathBuf,
     pub log: PathBuf,
     pub port: u16,
+    /// `WORKER_HOST__…` overrides of the settings file.
+    pub env: Vec<(String, String)>,
 }
 
 impl HostCommand {
@@ -50,6 +52,7 @@ impl HostCommand {
                 command.env_remove(key);
             }
         }
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
         let started = Instant::now();
         let child = command
             .spawn()

@@ -111,7 +111,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         } else {
             scenario.full
         };
-        if scenario.fault == scenarios::Fault::None {
+        if scenario.fault.is_none() {
             if let Some(n) = args.baseline_messages {
                 load.per_repetition = n;
             }

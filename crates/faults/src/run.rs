@@ -33,6 +33,16 @@ pub const STOP_WAIT: Duration = Duration::from_secs(30);
 /// How long the end state must hold before it is counted.
 const QUIET: Duration = Duration::from_secs(7);
 
+/// How a scenario's host differs from the plain one, as its fault's
+/// [`prepare`](crate::scenarios::Fault::prepare) says.
+#[derive(Debug, Default)]
+pub struct Setup {
+    /// Settings given to every host process of the scenario as `WORKER_HOST__…` environment
+    /// variables, which override the settings file (for example the broker's port when a
+    /// proxy stands in front of it).
+    pub env: Vec<(String, String)>,
+}
+
 /// A scenario's resources and its host.
 #[derive(Debug)]
 pub struct Run {
@@ -52,7 +62,12 @@ pub struct Run {
 impl Run {
     /// Creates the database, vhost and mailboxes, writes the settings into `dir` and starts
     /// the host (ready).
-    pub async fn start(name: &str, binary: &Path, dir: &Path) -> anyhow::Result<Self> {
+    pub async fn start(
+        name: &str,
+        binary: &Path,
+        dir: &Path,
+        setup: Setup,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let db = TestDb::create().await.context("creating the database")?;
         let vhost = TestVhost::create().await.context("creating the vhost")?;
@@ -67,6 +82,7 @@ impl Run {
             config,
             log: dir.join("host.log"),
             port,
+            env: setup.env,
         };
         let mut host = command.spawn()?;
         let since = host.started;

@@ -14,7 +14,7 @@ pub fn scenario() -> Scenario {
                 vhost (only the host's: the harness holds none) is closed by the broker: `GET \
                 /api/vhosts/<vhost>/connections`, then `DELETE /api/connections/<name>` for each. \
                 \"Ready again\" is from the close.",
-        fault: Fault::AmqpClose,
+        fault: Some(|| Box::new(AmqpClose)),
         full: Load {
             repetitions: 20,
             per_repetition: 20,
@@ -29,7 +29,17 @@ pub fn scenario() -> Scenario {
     }
 }
 
-pub async fn apply(run: &mut Run) -> anyhow::Result<()> {
+/// The fault: see [`scenario`]'s description.
+struct AmqpClose;
+
+#[async_trait::async_trait]
+impl Fault for AmqpClose {
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        apply(run).await
+    }
+}
+
+async fn apply(run: &mut Run) -> anyhow::Result<()> {
     // The management API lists connections from statistics that lag (a new connection shows
     // up, a closed one goes away, within seconds): look again until one is really closed.
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Fault, Load, Scenario};
+use super::{Load, Scenario};
 
 pub fn scenario() -> Scenario {
     Scenario {
@@ -10,7 +10,7 @@ pub fn scenario() -> Scenario {
         about: "No fault: a steady stream of pings through the whole loop (SMTP in, IMAP poll, \
                 trigger, action, SMTP out). The issue's figure is 10,000 messages; \
                 `--baseline-messages N` sets another.",
-        fault: Fault::None,
+        fault: None,
         full: Load {
             repetitions: 1,
             per_repetition: 10_000,

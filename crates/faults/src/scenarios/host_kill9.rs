@@ -15,7 +15,7 @@ pub fn scenario() -> Scenario {
                 dead process held comes back: unacked deliveries are redelivered, an email \
                 claimed `sending` is taken over once its claim is stale (send timeout + record \
                 budget + margin, 100 s here). \"Ready again\" is from the new process's start.",
-        fault: Fault::HostKill9,
+        fault: Some(|| Box::new(HostKill9)),
         full: Load {
             repetitions: 20,
             per_repetition: 30,
@@ -30,6 +30,16 @@ pub fn scenario() -> Scenario {
     }
 }
 
-pub async fn apply(run: &mut Run) -> anyhow::Result<()> {
+/// The fault: see [`scenario`]'s description.
+struct HostKill9;
+
+#[async_trait::async_trait]
+impl Fault for HostKill9 {
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        apply(run).await
+    }
+}
+
+async fn apply(run: &mut Run) -> anyhow::Result<()> {
     run.kill9_and_restart().await
 }

@@ -13,7 +13,7 @@ pub fn scenario() -> Scenario {
                 SIGTERM, must exit 0 within 30 s (its `shutdown_grace` is 10 s), and is started \
                 again at once. An exit other than 0 fails the scenario. \"Ready again\" is from \
                 the new process's start.",
-        fault: Fault::HostSigterm,
+        fault: Some(|| Box::new(HostSigterm)),
         full: Load {
             repetitions: 10,
             per_repetition: 75,
@@ -28,6 +28,16 @@ pub fn scenario() -> Scenario {
     }
 }
 
-pub async fn apply(run: &mut Run) -> anyhow::Result<()> {
+/// The fault: see [`scenario`]'s description.
+struct HostSigterm;
+
+#[async_trait::async_trait]
+impl Fault for HostSigterm {
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        apply(run).await
+    }
+}
+
+async fn apply(run: &mut Run) -> anyhow::Result<()> {
     run.sigterm_and_restart().await
 }

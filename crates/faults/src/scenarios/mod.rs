@@ -18,7 +18,7 @@ use rand::Rng;
 
 use crate::mail::Pinger;
 use crate::oracle::Figures;
-use crate::run::Run;
+use crate::run::{Run, Setup};
 
 /// How much load a scenario puts on the host.
 #[derive(Debug, Clone, Copy)]
@@ -28,31 +28,29 @@ pub struct Load {
     pub per_repetition: u64,
 }
 
-/// The fault a scenario applies (what [`Fault::apply`] does).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    None,
-    HostKill9,
-    HostSigterm,
-    PgTerminate,
-    AmqpClose,
-    PgRestart,
-    RabbitRestart,
-}
+/// A scenario's fault, with whatever it holds between its steps (a proxy, a private server).
+/// A new one is made for every run of the scenario.
+#[async_trait::async_trait]
+pub trait Fault: Send {
+    /// Before the host starts: starts what the fault needs in front of or instead of a
+    /// service, and says how the host's settings differ ([`Setup`]).
+    async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
+        Ok(Setup::default())
+    }
 
-impl Fault {
-    async fn apply(self, run: &mut Run) -> anyhow::Result<()> {
-        match self {
-            Fault::None => Ok(()),
-            Fault::HostKill9 => host_kill9::apply(run).await,
-            Fault::HostSigterm => host_sigterm::apply(run).await,
-            Fault::PgTerminate => pg_terminate::apply(run).await,
-            Fault::AmqpClose => amqp_close::apply(run).await,
-            Fault::PgRestart => pg_restart::apply(run).await,
-            Fault::RabbitRestart => rabbit_restart::apply(run).await,
-        }
+    /// Applies the fault to the running scenario, at a random moment of each repetition
+    /// (and clears it: a fault that lasts a while waits for its end here), recording the time
+    /// to ready again with [`Run::record_ready_after`] or a restart.
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()>;
+
+    /// After the last repetition, before the loop settles: undoes anything left applied.
+    async fn finish(&mut self, _run: &mut Run) -> anyhow::Result<()> {
+        Ok(())
     }
 }
+
+/// Makes a scenario's fault.
+pub type MakeFault = fn() -> Box<dyn Fault>;
 
 /// One scenario of the suite.
 #[derive(Debug, Clone)]
@@ -60,7 +58,8 @@ pub struct Scenario {
     pub name: &'static str,
     /// What it does, for `docs/RELIABILITY.md`.
     pub about: &'static str,
-    pub fault: Fault,
+    /// `None` for the baseline: no fault.
+    pub fault: Option<MakeFault>,
     pub full: Load,
     pub quick: Load,
     /// Pings a second while the fault is applied.
@@ -107,7 +106,12 @@ async fn run_inner(
     dir: &Path,
     figures: &mut Figures,
 ) -> anyhow::Result<()> {
-    let mut run = Run::start(scenario.name, binary, dir).await?;
+    let mut fault = scenario.fault.map(|make| make());
+    let setup = match fault.as_mut() {
+        Some(fault) => fault.prepare(dir).await?,
+        None => Setup::default(),
+    };
+    let mut run = Run::start(scenario.name, binary, dir, setup).await?;
     eprintln!(
         "faults: {}: database {}, vhost {}, account {}, log {}",
         scenario.name,
@@ -125,10 +129,10 @@ async fn run_inner(
         let sender = pinger.clone();
         let (count, rate) = (load.per_repetition, scenario.rate_per_sec);
         let sending = tokio::spawn(async move { sender.steady(first, count, rate).await });
-        if scenario.fault != Fault::None {
+        if let Some(fault) = fault.as_mut() {
             let at = window * rand::rng().random_range(0.2..0.8);
             tokio::time::sleep(Duration::from_secs_f64(at)).await;
-            scenario.fault.apply(&mut run).await?;
+            fault.apply(&mut run).await?;
         }
         let (sent, errors) = sending.await?;
         pings.extend(sent);
@@ -140,6 +144,9 @@ async fn run_inner(
             load.repetitions,
             pings.len()
         );
+    }
+    if let Some(fault) = fault.as_mut() {
+        fault.finish(&mut run).await?;
     }
     if let Some(first) = send_errors.first() {
         eprintln!(

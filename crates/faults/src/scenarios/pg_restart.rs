@@ -15,7 +15,7 @@ pub fn scenario() -> Scenario {
                 PostgreSQL is down for the restart's length. Disruptive (the server is shared): \
                 run only when named or with `--disruptive`. \"Ready again\" is from the \
                 restart command's return.",
-        fault: Fault::PgRestart,
+        fault: Some(|| Box::new(PgRestart)),
         full: Load {
             repetitions: 5,
             per_repetition: 30,
@@ -30,7 +30,17 @@ pub fn scenario() -> Scenario {
     }
 }
 
-pub async fn apply(run: &mut Run) -> anyhow::Result<()> {
+/// The fault: see [`scenario`]'s description.
+struct PgRestart;
+
+#[async_trait::async_trait]
+impl Fault for PgRestart {
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        apply(run).await
+    }
+}
+
+async fn apply(run: &mut Run) -> anyhow::Result<()> {
     let (version, name) = services::pg_cluster().await?;
     services::command("pg_ctlcluster", &[&version, &name, "restart", "-m", "fast"]).await?;
     run.record_ready_after(Instant::now()).await

@@ -14,7 +14,7 @@ pub fn scenario() -> Scenario {
                 on the scenario's database whose `application_name` starts with `worker-host` \
                 (the pool, the outbox listener, the health probe; never the harness's own \
                 sessions nor another database's). \"Ready again\" is from the termination.",
-        fault: Fault::PgTerminate,
+        fault: Some(|| Box::new(PgTerminate)),
         full: Load {
             repetitions: 20,
             per_repetition: 20,
@@ -29,7 +29,17 @@ pub fn scenario() -> Scenario {
     }
 }
 
-pub async fn apply(run: &mut Run) -> anyhow::Result<()> {
+/// The fault: see [`scenario`]'s description.
+struct PgTerminate;
+
+#[async_trait::async_trait]
+impl Fault for PgTerminate {
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        apply(run).await
+    }
+}
+
+async fn apply(run: &mut Run) -> anyhow::Result<()> {
     let at = Instant::now();
     let terminated: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \

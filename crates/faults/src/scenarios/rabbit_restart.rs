@@ -16,7 +16,7 @@ pub fn scenario() -> Scenario {
                 `rabbitmqctl start_app`: a graceful restart of the broker (every connection \
                 closed; quorum queues kept). Disruptive (the broker is shared): run only when \
                 named or with `--disruptive`. \"Ready again\" is from `start_app`'s return.",
-        fault: Fault::RabbitRestart,
+        fault: Some(|| Box::new(RabbitRestart)),
         full: Load {
             repetitions: 5,
             per_repetition: 30,
@@ -31,7 +31,17 @@ pub fn scenario() -> Scenario {
     }
 }
 
-pub async fn apply(run: &mut Run) -> anyhow::Result<()> {
+/// The fault: see [`scenario`]'s description.
+struct RabbitRestart;
+
+#[async_trait::async_trait]
+impl Fault for RabbitRestart {
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        apply(run).await
+    }
+}
+
+async fn apply(run: &mut Run) -> anyhow::Result<()> {
     services::command("rabbitmqctl", &["stop_app"]).await?;
     tokio::time::sleep(DOWN).await;
     services::command("rabbitmqctl", &["start_app"]).await?;
