@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
+use futures::StreamExt;
 
 /// The host's broker heartbeat (`broker.heartbeat`, not set by the scenarios' settings).
 const HEARTBEAT_SECS: f64 = 10.0;
@@ -47,6 +48,10 @@ struct Args {
     /// Pings of the baseline (default: 10,000 full, 100 quick).
     #[arg(long, value_name = "N")]
     baseline_messages: Option<u64>,
+    /// Scenarios run at once (each has its own database, vhost, mailboxes and private
+    /// servers); default 1, and 4 with `--quick`.
+    #[arg(long, value_name = "N")]
+    parallel: Option<usize>,
     /// Repetitions of every fault scenario instead of its own.
     #[arg(long, value_name = "N")]
     repetitions: Option<u32>,
@@ -104,40 +109,38 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .collect();
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
     let ready_limit = 2.0 * HEARTBEAT_SECS;
-    let mut rows = Vec::new();
-    for scenario in &chosen {
-        let mut load = if args.quick {
-            scenario.quick
-        } else {
-            scenario.full
-        };
-        if scenario.fault.is_none() {
-            if let Some(n) = args.baseline_messages {
-                load.per_repetition = n;
-            }
-        } else if let Some(n) = args.repetitions {
-            load.repetitions = n;
-        }
-        eprintln!(
-            "faults: {}: {} × {} pings",
-            scenario.name, load.repetitions, load.per_repetition
-        );
+    let parallel = args
+        .parallel
+        .unwrap_or(if args.quick { 4 } else { 1 })
+        .max(1);
+    let rows: Vec<_> = futures::stream::iter(chosen.iter().map(|scenario| {
+        let load = load_of(scenario, &args);
         let dir = args.work_dir.join(&stamp).join(scenario.name);
-        let figures = scenarios::run(scenario, load, &args.host_bin, &dir).await;
-        let failures = figures.failures(ready_limit);
-        eprintln!(
-            "faults: {}: {} in {:.0} s{}",
-            scenario.name,
-            if failures.is_empty() { "pass" } else { "FAIL" },
-            figures.duration_secs,
-            if failures.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", failures.join("; "))
-            }
-        );
-        rows.push(figures);
-    }
+        let binary = args.host_bin.clone();
+        async move {
+            eprintln!(
+                "faults: {}: {} × {} pings",
+                scenario.name, load.repetitions, load.per_repetition
+            );
+            let figures = scenarios::run(scenario, load, &binary, &dir).await;
+            let failures = figures.failures(ready_limit);
+            eprintln!(
+                "faults: {}: {} in {:.0} s{}",
+                scenario.name,
+                if failures.is_empty() { "pass" } else { "FAIL" },
+                figures.duration_secs,
+                if failures.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", failures.join("; "))
+                }
+            );
+            figures
+        }
+    }))
+    .buffered(parallel)
+    .collect()
+    .await;
     let table = report::table(&rows, ready_limit);
     println!("{table}");
     if args.output != "-" {
@@ -157,6 +160,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         if let Some(n) = args.repetitions {
             command.push_str(&format!(" --repetitions {n}"));
         }
+        if let Some(n) = args.parallel {
+            command.push_str(&format!(" --parallel {n}"));
+        }
         let env = environment(command, started.elapsed().as_secs_f64()).await;
         let text = report::document(&env, &rows, &all, ready_limit);
         let output = std::path::Path::new(&args.output);
@@ -168,6 +174,23 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         eprintln!("faults: written to {}", args.output);
     }
     Ok(rows.iter().all(|r| r.passed(ready_limit)))
+}
+
+/// The scenario's load: its own full or quick one, with the command line's overrides.
+fn load_of(scenario: &scenarios::Scenario, args: &Args) -> scenarios::Load {
+    let mut load = if args.quick {
+        scenario.quick
+    } else {
+        scenario.full
+    };
+    if scenario.fault.is_none() {
+        if let Some(n) = args.baseline_messages {
+            load.per_repetition = n;
+        }
+    } else if let Some(n) = args.repetitions {
+        load.repetitions = n;
+    }
+    load
 }
 
 /// The date, the machine and the service versions, each "unknown" when it cannot be read.

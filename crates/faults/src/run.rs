@@ -313,6 +313,9 @@ shutdown_grace = "10s"
 [workers.timeouts]
 email_send = "10s"
 
+[smtp]
+claim_stale_after = "45s"
+
 [[imap.accounts]]
 name = "faults"
 username = {account:?}

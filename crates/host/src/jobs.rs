@@ -88,7 +88,10 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
         .u64_counter(crate::metrics::names::EMAIL_UNKNOWN_OUTCOMES)
         .with_description("outbound emails whose send outcome is unknown")
         .build();
-    let sender = sender.on_unknown(move || unknown_outcomes.add(1, &[]));
+    let mut sender = sender.on_unknown(move || unknown_outcomes.add(1, &[]));
+    if let Some(age) = settings.smtp.claim_stale_after {
+        sender = sender.with_claim_stale_after(age);
+    }
     // The runner's limit sits above the send's own plus the time the job may spend recording
     // an accepted mail, so that the job records its own outcome (a cut-off record leaves a
     // claim that goes stale, and the mail is sent again).

@@ -171,6 +171,13 @@ pub struct SmtpSettings {
     pub from: String,
     /// Connections kept open to the server.
     pub pool_size: u32,
+    /// A `sending` claim older than this is taken over by a later try, which sends the mail
+    /// again (the first try died between the server's answer and its record). Unset: the
+    /// send timeout + the 30 s record budget + 60 s. Shorter means a dead host's mail goes out
+    /// sooner; it must stay above the send timeout + the record budget, or a live try's claim
+    /// is taken over.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub claim_stale_after: Option<Duration>,
 }
 
 impl Default for SmtpSettings {
@@ -184,6 +191,7 @@ impl Default for SmtpSettings {
             password_file: None,
             from: "worker-host@localhost".into(),
             pool_size: 4,
+            claim_stale_after: None,
         }
     }
 }
@@ -844,6 +852,20 @@ impl Settings {
         ] {
             if value == 0 {
                 fail(key, "expected a positive number, found 0".into());
+            }
+        }
+        if let Some(age) = self.smtp.claim_stale_after {
+            let floor = self.workers.timeouts.email_send + job_email_send::DEFAULT_RECORD_BUDGET;
+            if age <= floor {
+                fail(
+                    "smtp.claim_stale_after",
+                    format!(
+                        "expected more than workers.timeouts.email_send plus the {} record budget ({}), or a try still sending has its claim taken over and the mail goes out twice; found {}",
+                        humantime::format_duration(job_email_send::DEFAULT_RECORD_BUDGET),
+                        humantime::format_duration(floor),
+                        humantime::format_duration(age)
+                    ),
+                );
             }
         }
         let mut durations: Vec<(String, Duration)> = vec![

@@ -69,6 +69,27 @@ fn a_wrong_type_names_the_key_and_the_expected_type() {
 }
 
 #[test]
+fn a_claim_age_within_the_send_and_record_time_is_rejected() {
+    let error = only_error(&format!(
+        "{SECRETS}[workers.timeouts]\nemail_send = \"10s\"\n[smtp]\nclaim_stale_after = \"40s\"\n"
+    ));
+    assert_eq!(error.key, "smtp.claim_stale_after");
+    assert!(error.problem.contains("(40s)"), "{error}");
+}
+
+#[test]
+fn a_claim_age_above_the_send_and_record_time_is_taken() {
+    let settings = load_text(&format!(
+        "{SECRETS}[workers.timeouts]\nemail_send = \"10s\"\n[smtp]\nclaim_stale_after = \"45s\"\n"
+    ))
+    .expect("settings load");
+    assert_eq!(
+        settings.smtp.claim_stale_after,
+        Some(std::time::Duration::from_secs(45))
+    );
+}
+
+#[test]
 fn a_zero_duration_is_rejected() {
     let error = only_error(&format!(
         "{SECRETS}[workers.timeouts]\nemail_send = \"0s\"\n"
