@@ -4,12 +4,13 @@
 # services. Prints the table and writes docs/RELIABILITY.md; exits non-zero if a scenario fails.
 #
 #   scripts/faults.sh                          every scenario at its full load (long)
-#   scripts/faults.sh --quick                  each once with a small load
+#   scripts/faults.sh --quick                  each once with a small load, 4 at a time, on
+#                                              the debug binary (what CI runs after the tests)
 #   scripts/faults.sh --scenario host-kill9    only that one (repeatable)
 #   scripts/faults.sh --baseline-messages 1000 --repetitions 5   smaller full run
-#   scripts/faults.sh --disruptive             also pg-restart and rabbit-restart (they restart
-#                                              the shared PostgreSQL and RabbitMQ)
-#   scripts/faults.sh --output -               print only, write no document
+#   scripts/faults.sh --output -               print only, write no document (the full run
+#                                              writes docs/RELIABILITY.md, --quick
+#                                              target/faults/quick.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -17,11 +18,17 @@ start=$(date +%s)
 scripts/services.sh up
 eval "$(scripts/services.sh env)"
 
-echo "faults: building the release worker-host and the harness"
-cargo build --release --locked -p worker-host
-cargo build --release --locked -p worker-faults
+# The full run measures the release binary; --quick (CI, after the test suite) the debug one,
+# whose dependencies the test suite has just built, so that it costs no second build.
+profile=release
+for arg in "$@"; do [ "$arg" = --quick ] && profile=debug; done
+build=(--locked)
+[ "$profile" = release ] && build+=(--release)
+echo "faults: building the $profile worker-host and the harness"
+cargo build "${build[@]}" -p worker-host
+cargo build "${build[@]}" -p worker-faults
 
 status=0
-target/release/worker-faults --host-bin target/release/worker-host "$@" || status=$?
+target/$profile/worker-faults --host-bin target/$profile/worker-host "$@" || status=$?
 echo "faults: done in $(( $(date +%s) - start )) s"
 exit $status

@@ -5,6 +5,8 @@
 #   scripts/test.sh                 everything (what CI runs)
 #   scripts/test.sh -p worker-core  extra arguments go to `cargo test`
 #   WH_SKIP_LINT=1 scripts/test.sh  skip `cargo fmt --check` and clippy
+#   WH_SKIP_FAULTS=1 scripts/test.sh  skip the fault suite's quick run (it runs only when no
+#                                   extra arguments narrow the tests)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -21,4 +23,9 @@ fi
 
 echo "test: cargo test"
 cargo test --workspace --locked --no-fail-fast "$@"
+
+if [ $# -eq 0 ] && [ "${WH_SKIP_FAULTS:-0}" != 1 ]; then
+    echo "test: the fault suite, quick (scripts/faults.sh --quick)"
+    scripts/faults.sh --quick
+fi
 echo "test: done in $(( $(date +%s) - start )) s"

@@ -61,9 +61,11 @@ struct Args {
     /// The `worker-host` binary under test.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/worker-host"))]
     host_bin: PathBuf,
-    /// Where the document goes; `-` writes none.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/RELIABILITY.md"))]
-    output: String,
+    /// Where the document goes; `-` writes none. Default: docs/RELIABILITY.md for a full
+    /// run, `quick.md` in the work dir for `--quick` (so that CI's run leaves the recorded
+    /// full run alone).
+    #[arg(long)]
+    output: Option<String>,
     /// Where each scenario's settings and host log are kept.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/faults"))]
     work_dir: PathBuf,
@@ -82,8 +84,12 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<bool> {
+async fn run(mut args: Args) -> anyhow::Result<bool> {
     let started = Instant::now();
+    // The settings name their automations file by a path the host resolves against the
+    // settings file's folder: a relative work dir would be counted twice.
+    args.work_dir = std::path::absolute(&args.work_dir)
+        .with_context(|| format!("resolving {}", args.work_dir.display()))?;
     let all = scenarios::all();
     for name in &args.scenarios {
         if !all.iter().any(|s| s.name == name) {
@@ -143,7 +149,14 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     .await;
     let table = report::table(&rows, ready_limit);
     println!("{table}");
-    if args.output != "-" {
+    let output = args.output.clone().unwrap_or_else(|| {
+        if args.quick {
+            args.work_dir.join("quick.md").display().to_string()
+        } else {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/RELIABILITY.md").to_string()
+        }
+    });
+    if output != "-" {
         let mut command = String::from("scripts/faults.sh");
         if args.quick {
             command.push_str(" --quick");
@@ -165,13 +178,13 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         let env = environment(command, started.elapsed().as_secs_f64()).await;
         let text = report::document(&env, &rows, &all, ready_limit);
-        let output = std::path::Path::new(&args.output);
-        if let Some(parent) = output.parent() {
+        let path = std::path::Path::new(&output);
+        if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
-        std::fs::write(output, text).with_context(|| format!("writing {}", output.display()))?;
-        eprintln!("faults: written to {}", args.output);
+        std::fs::write(path, text).with_context(|| format!("writing {output}"))?;
+        eprintln!("faults: written to {output}");
     }
     Ok(rows.iter().all(|r| r.passed(ready_limit)))
 }
