@@ -14,6 +14,7 @@
 //! `oracle.rs` (the counting and the verdict), `report.rs` (the table and the document),
 //! `host.rs` (the host process), `mail.rs` (the pings and the replies).
 
+mod direct;
 mod host;
 mod mail;
 mod oracle;
