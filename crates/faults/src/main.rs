@@ -57,6 +57,10 @@ struct Args {
     /// The `worker-host` binary under test.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/worker-host"))]
     host_bin: PathBuf,
+    /// The `worker-host` binary built with `--features fault-injection`, for the scenarios
+    /// that need it (`poison-panic`); the `--host-bin` one when not given.
+    #[arg(long, value_name = "PATH")]
+    fault_injection_host_bin: Option<PathBuf>,
     /// Where the document goes; `-` writes none.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/RELIABILITY.md"))]
     output: String,
@@ -92,6 +96,13 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         "no host binary at {} (cargo build --release -p worker-host)",
         args.host_bin.display()
     );
+    if let Some(path) = &args.fault_injection_host_bin {
+        anyhow::ensure!(
+            path.exists(),
+            "no host binary at {} (cargo build --release -p worker-host --features fault-injection --target-dir target/fault-injection)",
+            path.display()
+        );
+    }
     let chosen: Vec<_> = all
         .iter()
         .filter(|s| {
@@ -124,7 +135,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             scenario.name, load.repetitions, load.per_repetition
         );
         let dir = args.work_dir.join(&stamp).join(scenario.name);
-        let figures = scenarios::run(scenario, load, &args.host_bin, &dir).await;
+        let binary = match &args.fault_injection_host_bin {
+            Some(path) if scenarios::NEEDS_FAULT_INJECTION.contains(&scenario.name) => path,
+            _ => &args.host_bin,
+        };
+        let figures = scenarios::run(scenario, load, binary, &dir).await;
         let failures = figures.failures(ready_limit);
         eprintln!(
             "faults: {}: {} in {:.0} s{}",

@@ -81,6 +81,10 @@ pub struct Scenario {
     pub disruptive: bool,
 }
 
+/// The scenarios that need a host built with `--features fault-injection` (given by
+/// `--fault-injection-host-bin`).
+pub const NEEDS_FAULT_INJECTION: &[&str] = &["poison-panic"];
+
 /// Every scenario built so far, in the order a run takes them.
 pub fn all() -> Vec<Scenario> {
     vec![
