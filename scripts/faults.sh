@@ -24,11 +24,16 @@ profile=release
 for arg in "$@"; do [ "$arg" = --quick ] && profile=debug; done
 build=(--locked)
 [ "$profile" = release ] && build+=(--release)
-echo "faults: building the $profile worker-host and the harness"
+echo "faults: building the $profile worker-host, one with its fault-injection hook, and the harness"
+# poison-panic needs a handler that panics on demand: a hook only a `fault-injection` build
+# has. It gets a copy of its own; every other scenario measures the plain binary.
+cargo build "${build[@]}" -p worker-host --features fault-injection
+cp "target/$profile/worker-host" "target/$profile/worker-host-fault-injection"
 cargo build "${build[@]}" -p worker-host
 cargo build "${build[@]}" -p worker-faults
 
 status=0
-target/$profile/worker-faults --host-bin target/$profile/worker-host "$@" || status=$?
+"target/$profile/worker-faults" --host-bin "target/$profile/worker-host" \
+    --fault-injection-host-bin "target/$profile/worker-host-fault-injection" "$@" || status=$?
 echo "faults: done in $(( $(date +%s) - start )) s"
 exit $status

@@ -383,6 +383,59 @@ pub fn attempt_of(headers: Option<&FieldTable>) -> Result<u32, String> {
     u32::try_from(n).map_err(|_| format!("its {ATTEMPT_HEADER} is {n}, beyond any attempt count"))
 }
 
+/// Test builds only (`--features fault-injection`): a delivery carrying
+/// `x-fault-inject: panic` makes its handler panic inside its unit of work, on every try, so
+/// that the fault suite can check that a panicking handler is retried by the queue's tiers and
+/// then dead-lettered with the panic's message, without a crash. The shipped binary is built
+/// without the feature and has no such hook.
+#[cfg(feature = "fault-injection")]
+pub mod fault_injection {
+    use lapin::types::{AMQPValue, FieldTable};
+
+    /// The header that asks for a fault.
+    pub const HEADER: &str = "x-fault-inject";
+    /// The message the injected panic carries (it ends up in the dead letter's error).
+    pub const PANIC_MESSAGE: &str = "fault injection: x-fault-inject: panic";
+
+    /// Whether the delivery's headers ask for a panic (`x-fault-inject` = `panic`, as a long
+    /// or short string).
+    pub fn wants_panic(headers: Option<&FieldTable>) -> bool {
+        match headers.and_then(|h| h.inner().get(HEADER)) {
+            Some(AMQPValue::LongString(value)) => value.as_bytes() == b"panic",
+            Some(AMQPValue::ShortString(value)) => value.as_str() == "panic",
+            _ => false,
+        }
+    }
+
+    /// Panics with [`PANIC_MESSAGE`].
+    #[allow(clippy::panic)]
+    pub fn panic_now() {
+        panic!("{PANIC_MESSAGE}");
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use lapin::types::{AMQPValue, FieldTable, LongString};
+
+        #[test]
+        fn only_the_header_with_panic_asks_for_one() {
+            let mut headers = FieldTable::default();
+            assert!(!super::wants_panic(None));
+            assert!(!super::wants_panic(Some(&headers)));
+            headers.insert(
+                super::HEADER.into(),
+                AMQPValue::LongString(LongString::from("later")),
+            );
+            assert!(!super::wants_panic(Some(&headers)));
+            headers.insert(
+                super::HEADER.into(),
+                AMQPValue::LongString(LongString::from("panic")),
+            );
+            assert!(super::wants_panic(Some(&headers)));
+        }
+    }
+}
+
 /// Runs one [`ConsumerJob`] on its queue; see the module docs. Cheap to clone.
 pub struct ConsumerRunner<J: ConsumerJob> {
     shared: Arc<Shared<J>>,
@@ -1034,6 +1087,8 @@ async fn pipeline<J: ConsumerJob>(
     };
     let job = &shared.job;
     let input = &input;
+    #[cfg(feature = "fault-injection")]
+    let inject_panic = fault_injection::wants_panic(headers);
     let result = Retry::new(
         &shared.job_name,
         &shared.policy,
@@ -1042,7 +1097,13 @@ async fn pipeline<J: ConsumerJob>(
     )
     .wait_budget(shared.settings.in_process_wait)
     .observer(&observer)
-    .run(&ctx, |ctx| async move { job.handle(&ctx, input).await })
+    .run(&ctx, |ctx| async move {
+        #[cfg(feature = "fault-injection")]
+        if inject_panic {
+            fault_injection::panic_now();
+        }
+        job.handle(&ctx, input).await
+    })
     .await;
     let tries = result.attempts();
     let decision = decide(

@@ -16,6 +16,8 @@ use lettre::{AsyncTransport, Message, Tokio1Executor};
 pub struct Mailboxes {
     pub account: String,
     pub sender: String,
+    /// Where the direct commands' mails go (see `direct.rs`), apart from the replies.
+    pub direct: String,
 }
 
 impl Mailboxes {
@@ -24,6 +26,7 @@ impl Mailboxes {
         Self {
             account: format!("faults-{scenario}-{id}"),
             sender: format!("pinger-{scenario}-{id}"),
+            direct: format!("direct-{scenario}-{id}"),
         }
     }
 }
@@ -137,6 +140,39 @@ pub async fn replies(user: &str) -> anyhow::Result<Vec<Vec<String>>> {
     .with_context(|| format!("reading {user}'s INBOX timed out"))?
 }
 
+/// The Message-ID of every mail in `user`'s INBOX (headers only, read-only), without angle
+/// brackets; a mail without one gives an empty list.
+pub async fn message_ids(user: &str) -> anyhow::Result<Vec<Vec<String>>> {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let mut session = session(user).await?;
+        let mut out = Vec::new();
+        let count = session.search("ALL").await?.len();
+        if count > 0 {
+            let fetched: Vec<_> = session
+                .fetch("1:*", "BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]")
+                .await?
+                .try_collect()
+                .await?;
+            for mail in &fetched {
+                out.push(message_id(mail.header().unwrap_or_default()));
+            }
+        }
+        session.logout().await?;
+        anyhow::Ok(out)
+    })
+    .await
+    .with_context(|| format!("reading {user}'s INBOX timed out"))?
+}
+
+/// The Message-ID a header block gives, as a list of zero or one id.
+fn message_id(header: &[u8]) -> Vec<String> {
+    mail_parser::MessageParser::default()
+        .parse_headers(header)
+        .and_then(|message| message.message_id().map(str::to_string))
+        .into_iter()
+        .collect()
+}
+
 /// The message ids an In-Reply-To header block names.
 fn in_reply_to(header: &[u8]) -> Vec<String> {
     let Some(message) = mail_parser::MessageParser::default().parse_headers(header) else {
@@ -164,5 +200,14 @@ mod tests {
             vec!["ping-2@faults.test".to_string()]
         );
         assert!(in_reply_to(b"\r\n").is_empty());
+    }
+
+    #[test]
+    fn message_id_is_read_without_brackets() {
+        assert_eq!(
+            message_id(b"Message-ID: <direct-1@faults.test>\r\n\r\n"),
+            vec!["direct-1@faults.test".to_string()]
+        );
+        assert!(message_id(b"\r\n").is_empty());
     }
 }

@@ -14,6 +14,7 @@
 //! `oracle.rs` (the counting and the verdict), `report.rs` (the table and the document),
 //! `host.rs` (the host process), `mail.rs` (the pings and the replies).
 
+mod direct;
 mod host;
 mod mail;
 mod oracle;
@@ -61,6 +62,10 @@ struct Args {
     /// The `worker-host` binary under test.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/worker-host"))]
     host_bin: PathBuf,
+    /// The `worker-host` binary built with `--features fault-injection`, for the scenarios
+    /// that need it (`poison-panic`); the `--host-bin` one when not given.
+    #[arg(long, value_name = "PATH")]
+    fault_injection_host_bin: Option<PathBuf>,
     /// Where the document goes; `-` writes none. Default: docs/RELIABILITY.md for a full
     /// run, `quick.md` in the work dir for `--quick` (so that CI's run leaves the recorded
     /// full run alone).
@@ -102,6 +107,13 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
         "no host binary at {} (cargo build --release -p worker-host)",
         args.host_bin.display()
     );
+    if let Some(path) = &args.fault_injection_host_bin {
+        anyhow::ensure!(
+            path.exists(),
+            "no host binary at {} (cargo build --release -p worker-host --features fault-injection --target-dir target/fault-injection)",
+            path.display()
+        );
+    }
     let chosen: Vec<_> = all
         .iter()
         .filter(|s| {
@@ -122,7 +134,11 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
     let rows: Vec<_> = futures::stream::iter(chosen.iter().map(|scenario| {
         let load = load_of(scenario, &args);
         let dir = args.work_dir.join(&stamp).join(scenario.name);
-        let binary = args.host_bin.clone();
+        let binary = match &args.fault_injection_host_bin {
+            Some(path) if scenarios::NEEDS_FAULT_INJECTION.contains(&scenario.name) => path,
+            _ => &args.host_bin,
+        }
+        .clone();
         async move {
             eprintln!(
                 "faults: {}: {} × {} pings",

@@ -47,8 +47,12 @@ fn bare(id: &str) -> &str {
 pub struct Figures {
     pub scenario: String,
     pub repetitions: u32,
-    /// Pings the SMTP server accepted (sent into the loop).
+    /// Pings the SMTP server accepted (sent into the loop), plus the direct commands.
     pub messages: u64,
+    /// Of `messages`, the direct `email.send` and `automation.action` commands the harness
+    /// published (each must deliver one mail to the direct mailbox; its loss or duplicate
+    /// counts in `lost` and `duplicate_mails`).
+    pub direct_commands: u64,
     pub lost: u64,
     /// Rows that exist more than once for what must be one: inbound mails per Message-ID,
     /// action executions per (event, automation, action), outbound emails per execution.
@@ -61,6 +65,16 @@ pub struct Figures {
     pub faults_in_send_window: u64,
     /// Dead letters archived plus messages still in the dead queues.
     pub dead_letters: u64,
+    /// The dead letters the scenario's fault made on purpose (malformed messages, a panicking
+    /// or throttled command); `None` where it says nothing.
+    pub expected_dead_letters: Option<u64>,
+    /// Messages dead-lettered more than once, or archived twice: `dead_letters` rows beyond
+    /// the first per (queue, message id) (the body's hash where there is no message id).
+    pub duplicate_dead_letters: u64,
+    /// Messages still in a `*.dead` queue at the end, not archived.
+    pub left_in_dead_queues: u64,
+    /// What the scenario's fault itself found wrong (its own checks, after the settle).
+    pub fault_failures: Vec<String>,
     /// Messages left in the work queues and pending outbox rows at the end.
     pub left_in_queues: u64,
     pub left_in_outbox: u64,
@@ -111,6 +125,27 @@ impl Figures {
                 self.left_in_queues, self.left_in_outbox
             ));
         }
+        if let Some(expected) = self.expected_dead_letters
+            && expected != self.dead_letters
+        {
+            why.push(format!(
+                "{} dead letters, {expected} expected",
+                self.dead_letters
+            ));
+        }
+        if self.duplicate_dead_letters > 0 {
+            why.push(format!(
+                "{} messages dead-lettered or archived twice",
+                self.duplicate_dead_letters
+            ));
+        }
+        if self.left_in_dead_queues > 0 {
+            why.push(format!(
+                "{} dead letters not archived",
+                self.left_in_dead_queues
+            ));
+        }
+        why.extend(self.fault_failures.iter().cloned());
         if self.unclean_exits > 0 {
             why.push(format!(
                 "{} SIGTERM stops without exit 0",
@@ -187,6 +222,16 @@ mod tests {
     }
 
     #[test]
+    fn the_expected_dead_letters_pass() {
+        let mut f = clean();
+        f.dead_letters = 300;
+        f.expected_dead_letters = Some(300);
+        assert!(f.passed(20.0));
+        f.dead_letters = 301;
+        assert!(!f.passed(20.0));
+    }
+
+    #[test]
     fn clean_figures_pass() {
         assert!(clean().passed(20.0));
     }
@@ -213,6 +258,10 @@ mod tests {
             |f| f.unclean_exits = 1,
             |f| f.harness_error = Some("boom".into()),
             |f| f.messages = 0,
+            |f| f.expected_dead_letters = Some(1),
+            |f| f.duplicate_dead_letters = 1,
+            |f| f.left_in_dead_queues = 1,
+            |f| f.fault_failures = vec!["429 server called 40 times".into()],
         ] {
             let mut f = clean();
             change(&mut f);

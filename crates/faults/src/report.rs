@@ -33,6 +33,11 @@ pub fn table(rows: &[Figures], ready_limit_secs: f64) -> String {
             (false, Some(secs)) => format!("{secs:.1}"),
             (false, None) => "–".to_string(),
         };
+        let messages = if f.direct_commands > 0 {
+            format!("{} ({} direct)", f.messages, f.direct_commands)
+        } else {
+            f.messages.to_string()
+        };
         let failures = f.failures(ready_limit_secs);
         let result = if failures.is_empty() {
             "pass".to_string()
@@ -44,7 +49,7 @@ pub fn table(rows: &[Figures], ready_limit_secs: f64) -> String {
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
             f.scenario,
             f.repetitions,
-            f.messages,
+            messages,
             f.lost,
             f.duplicate_db_effects,
             f.duplicate_mails,
@@ -99,8 +104,9 @@ scenarios are still to come (see the issue).
         out,
         r#"
 A scenario passes when lost = 0, duplicate DB effects = 0, duplicate mails ≤ faults in a
-send's window, no reply matches no ping, the work queues and the outbox are empty at the end,
-and every fault was followed by `/readyz` 200 within two heartbeat intervals of the host under
+send's window, no reply matches no ping, the work queues, the dead queues and the outbox
+are empty at the end, no message is dead-lettered or archived twice, the dead letters are
+exactly those the scenario makes on purpose (where it says how many), and every fault was followed by `/readyz` 200 within two heartbeat intervals of the host under
 test ({ready_limit_secs:.0} s: `broker.heartbeat` is 10 s).
 
 ## How each figure is counted
@@ -113,7 +119,14 @@ ladder outlasts an email's stale claim, `smtp.claim_stale_after` 45 s; a 10 s se
 
 - **messages**: pings the SMTP server (127.0.0.1:2525) accepted, each with a unique
   Message-ID, sent at a steady rate from the sender to the polled account while the fault is
-  applied. A ping the server refused is not counted (it never entered the loop).
+  applied. A ping the server refused is not counted (it never entered the loop). Besides
+  the pings, one direct `email.send` and one direct `automation.action` command (a
+  `send_email` action) for every 10 pings, published into the scenario's vhost through the
+  management API (the harness holds no AMQP connection there) after the row each names
+  (an `outbound_emails` row; an `action_executions` row of a disabled automation of the
+  harness's own): "120 (20 direct)" is 100 pings and 20 direct commands. Each direct
+  command must deliver one mail to a third mailbox of the scenario, matched by its
+  Message-ID; a missing one counts as lost, a second one as a duplicate mail.
 - **lost**: pings with no reply in the sender's mailbox, read over IMAP and matched by
   In-Reply-To, after the settle wait (until every ping has a reply and the queues and the
   outbox are empty, at most a bound per scenario, then 3 s more to catch late duplicates).
@@ -127,7 +140,13 @@ ladder outlasts an email's stale claim, `smtp.claim_stale_after` 45 s; a 10 s se
   and at the end): the sends whose outcome the host could not know (no answer after the final
   "."), and the stale `sending` claims a later try took over (the try died between the
   server's acceptance and the record). Each may cost one duplicate mail, by design.
-- **dead letters**: rows in `dead_letters` plus messages still in a `*.dead` queue.
+- **dead letters**: rows in `dead_letters` plus messages still in a `*.dead` queue. The
+  archive (`jobs.dead_letter_archive`) empties the dead queues continuously (its maintenance,
+  which archives failed outbox rows, runs every 2 s here); the settle wait also waits for the
+  dead queues to be empty, and a message left in one fails the scenario. A message
+  dead-lettered or archived twice (two rows for one (queue, message id), or for one body
+  where there is no message id; the archive's own key, `dedup_key`, is a hash of the whole
+  message, so a second dead-lettering with a new `x-dead-at` would escape it) fails it too.
 - **max s to ready**: for a fault on a running host, from the moment the fault was applied
   until `/readyz` answered 200 again (polled every 100 ms after a 2 s watch for it to leave
   200; if it never left 200 in those 2 s, the figure is about 2 s, an upper bound, not a

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use worker_testkit::{TestDb, TestVhost};
 
+use crate::direct::DirectCommands;
 use crate::host::{HostCommand, HostProcess};
 use crate::mail::{self, Mailboxes};
 use crate::oracle::{self, Figures};
@@ -49,6 +50,9 @@ pub struct Run {
     pub db: TestDb,
     pub vhost: TestVhost,
     pub boxes: Mailboxes,
+    /// Direct commands into the scenario's vhost (the workload's share, and the poison
+    /// scenarios' messages).
+    pub direct: DirectCommands,
     pub command: HostCommand,
     host: Option<HostProcess>,
     /// `worker_email_unknown_outcomes_total` of the host processes already gone.
@@ -57,6 +61,14 @@ pub struct Run {
     pub ready: Vec<f64>,
     pub never_ready: bool,
     pub unclean_exits: u64,
+    /// The Message-IDs of the mails the direct commands must deliver, once each, to the
+    /// direct mailbox.
+    pub direct_expected: Vec<String>,
+    /// The dead letters the fault made on purpose, when it says (see
+    /// [`Figures::expected_dead_letters`]).
+    pub expected_dead_letters: Option<u64>,
+    /// Pings per repetition of this run's load (a fault may size its own share by it).
+    pub per_repetition: u64,
 }
 
 impl Run {
@@ -72,6 +84,7 @@ impl Run {
         let db = TestDb::create().await.context("creating the database")?;
         let vhost = TestVhost::create().await.context("creating the vhost")?;
         let boxes = Mailboxes::new(name);
+        let direct = DirectCommands::new(db.pool.clone(), &vhost.name, &boxes).await?;
         let port = free_port()?;
         let automation = dir.join("automations.toml");
         std::fs::write(&automation, AUTOMATION)?;
@@ -91,12 +104,16 @@ impl Run {
             db,
             vhost,
             boxes,
+            direct,
             command,
             host: Some(host),
             unknown_before: 0,
             ready: Vec::new(),
             never_ready: false,
             unclean_exits: 0,
+            direct_expected: Vec::new(),
+            expected_dead_letters: None,
+            per_repetition: 0,
         })
     }
 
@@ -163,17 +180,28 @@ impl Run {
         Ok(())
     }
 
-    /// Waits, at most `bound`, until the sender has a mail for every ping and the work queues
-    /// and the outbox are empty, and stay so for [`QUIET`] (longer than the management API's
-    /// 5 s statistics interval, whose queue depths lag; and time for a late duplicate).
+    /// Waits, at most `bound`, until the sender has a mail for every ping, the direct mailbox
+    /// one for every direct command, and the work queues, the dead queues and the outbox are
+    /// empty, and stay so for [`QUIET`] (longer than the management API's 5 s statistics
+    /// interval, whose queue depths lag; and time for a late duplicate).
     pub async fn settle(&self, pings: usize, bound: Duration) {
         let deadline = Instant::now() + bound;
         let mut clean_since: Option<Instant> = None;
         loop {
             let replies = mail::inbox_count(&self.boxes.sender).await.unwrap_or(0);
-            let queues = self.queues().await.map(|q| q.0).unwrap_or(u64::MAX);
+            let direct = mail::inbox_count(&self.boxes.direct).await.unwrap_or(0);
+            let (queues, dead) = self
+                .queues()
+                .await
+                .map(|q| (q.0, q.1))
+                .unwrap_or((u64::MAX, u64::MAX));
             let outbox = self.outbox_left().await.unwrap_or(i64::MAX);
-            if replies >= pings && queues == 0 && outbox == 0 {
+            if replies >= pings
+                && direct >= self.direct_expected.len()
+                && queues == 0
+                && dead == 0
+                && outbox == 0
+            {
                 let since = *clean_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= QUIET {
                     return;
@@ -183,7 +211,8 @@ impl Run {
             }
             if Instant::now() > deadline {
                 eprintln!(
-                    "faults: not settled within {bound:?}: {replies}/{pings} replies, {queues} in the work queues, {outbox} in the outbox"
+                    "faults: not settled within {bound:?}: {replies}/{pings} replies, {direct}/{} direct mails, {queues} in the work queues, {dead} in the dead queues, {outbox} in the outbox",
+                    self.direct_expected.len()
                 );
                 return;
             }
@@ -248,14 +277,36 @@ impl Run {
         Ok(total)
     }
 
+    /// `dead_letters` rows beyond the first for one message: per (queue, message id), or per
+    /// (queue, body) where there is no message id. Outbox rows are keyed by their row id.
+    pub async fn duplicate_dead_letters(&self) -> anyhow::Result<u64> {
+        let extra = self
+            .scalar(
+                "SELECT coalesce(sum(n - 1), 0)::bigint FROM (SELECT count(*) AS n FROM dead_letters \
+                 WHERE source <> 'outbox' \
+                 GROUP BY queue, coalesce(message_id, encode(sha256(body), 'hex')) \
+                 HAVING count(*) > 1) g",
+            )
+            .await?;
+        Ok(extra as u64)
+    }
+
+    /// A scalar query on the scenario's database (for a fault's own checks).
+    pub async fn query_scalar(&self, sql: &str) -> anyhow::Result<i64> {
+        self.scalar(sql).await
+    }
+
     /// The oracle's readings, into `figures`; then the host is stopped with SIGTERM.
     pub async fn count(&mut self, pings: &[String], figures: &mut Figures) -> anyhow::Result<()> {
         let replies = mail::replies(&self.boxes.sender).await?;
         let matched = oracle::count_replies(pings, &replies);
-        figures.messages = pings.len() as u64;
-        figures.lost = matched.lost;
-        figures.duplicate_mails = matched.duplicates;
-        figures.stray_mails = matched.strays;
+        let direct_mails = mail::message_ids(&self.boxes.direct).await?;
+        let direct = oracle::count_replies(&self.direct_expected, &direct_mails);
+        figures.direct_commands = self.direct_expected.len() as u64;
+        figures.messages = pings.len() as u64 + figures.direct_commands;
+        figures.lost = matched.lost + direct.lost;
+        figures.duplicate_mails = matched.duplicates + direct.duplicates;
+        figures.stray_mails = matched.strays + direct.strays;
         figures.duplicate_db_effects = self.duplicate_db_effects().await?;
         let (work, dead, busy) = self.queues().await?;
         if !busy.is_empty() {
@@ -265,6 +316,9 @@ impl Run {
         figures.left_in_outbox = self.outbox_left().await? as u64;
         figures.dead_letters =
             dead + self.scalar("SELECT count(*) FROM dead_letters").await? as u64;
+        figures.left_in_dead_queues = dead;
+        figures.duplicate_dead_letters = self.duplicate_dead_letters().await?;
+        figures.expected_dead_letters = self.expected_dead_letters;
         let host = self.take_host().await?;
         figures.faults_in_send_window = self.unknown_before;
         figures.max_secs_to_ready = self.ready.iter().copied().reduce(f64::max);
@@ -323,6 +377,9 @@ password = "secret"
 
 [jobs.inbound_email_poller]
 schedule = "every 500ms"
+
+[jobs.dead_letter_archive]
+maintenance_schedule = "every 2s"
 
 [jobs.automation_trigger]
 max_attempts = 30

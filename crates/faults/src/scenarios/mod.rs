@@ -9,6 +9,9 @@ mod host_kill9;
 mod host_sigterm;
 mod pg_restart;
 mod pg_terminate;
+mod poison_429;
+mod poison_malformed;
+mod poison_panic;
 mod rabbit_restart;
 
 use std::path::Path;
@@ -16,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use crate::direct::PINGS_PER_DIRECT;
 use crate::mail::Pinger;
 use crate::oracle::Figures;
 use crate::run::{Run, Setup};
@@ -47,6 +51,12 @@ pub trait Fault: Send {
     async fn finish(&mut self, _run: &mut Run) -> anyhow::Result<()> {
         Ok(())
     }
+
+    /// After the loop settled, before the oracle counts and the host stops: the fault's own
+    /// checks (what its messages became), each failure a sentence. None by default.
+    async fn verdict(&mut self, _run: &Run) -> anyhow::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Makes a scenario's fault.
@@ -71,6 +81,10 @@ pub struct Scenario {
     pub disruptive: bool,
 }
 
+/// The scenarios that need a host built with `--features fault-injection` (given by
+/// `--fault-injection-host-bin`).
+pub const NEEDS_FAULT_INJECTION: &[&str] = &["poison-panic"];
+
 /// Every scenario built so far, in the order a run takes them.
 pub fn all() -> Vec<Scenario> {
     vec![
@@ -81,6 +95,9 @@ pub fn all() -> Vec<Scenario> {
         amqp_close::scenario(),
         pg_restart::scenario(),
         rabbit_restart::scenario(),
+        poison_malformed::scenario(),
+        poison_panic::scenario(),
+        poison_429::scenario(),
     ]
 }
 
@@ -112,6 +129,7 @@ async fn run_inner(
         None => Setup::default(),
     };
     let mut run = Run::start(scenario.name, binary, dir, setup).await?;
+    run.per_repetition = load.per_repetition;
     eprintln!(
         "faults: {}: database {}, vhost {}, account {}, log {}",
         scenario.name,
@@ -123,12 +141,21 @@ async fn run_inner(
     let pinger = Pinger::new(&run.boxes, scenario.name)?;
     let mut pings = Vec::new();
     let mut send_errors = Vec::new();
+    let mut direct_errors = Vec::new();
     let window = load.per_repetition as f64 / scenario.rate_per_sec;
     for repetition in 0..load.repetitions {
         let first = pings.len() as u64;
         let sender = pinger.clone();
         let (count, rate) = (load.per_repetition, scenario.rate_per_sec);
         let sending = tokio::spawn(async move { sender.steady(first, count, rate).await });
+        // The direct commands: one of each kind for every `PINGS_PER_DIRECT` pings, over the
+        // same window.
+        let direct = run.direct.clone();
+        let direct_sending = tokio::spawn(async move {
+            direct
+                .steady(count / PINGS_PER_DIRECT, rate / PINGS_PER_DIRECT as f64)
+                .await
+        });
         if let Some(fault) = fault.as_mut() {
             let at = window * rand::rng().random_range(0.2..0.8);
             tokio::time::sleep(Duration::from_secs_f64(at)).await;
@@ -137,6 +164,9 @@ async fn run_inner(
         let (sent, errors) = sending.await?;
         pings.extend(sent);
         send_errors.extend(errors);
+        let (expected, errors) = direct_sending.await?;
+        run.direct_expected.extend(expected);
+        direct_errors.extend(errors);
         eprintln!(
             "faults: {}: repetition {}/{} done, {} pings sent",
             scenario.name,
@@ -155,7 +185,17 @@ async fn run_inner(
             send_errors.len()
         );
     }
+    if let Some(first) = direct_errors.first() {
+        eprintln!(
+            "faults: {}: {} direct commands not published (not counted), first: {first}",
+            scenario.name,
+            direct_errors.len()
+        );
+    }
     let settle = scenario.settle + Duration::from_secs(pings.len() as u64 / 20);
     run.settle(pings.len(), settle).await;
+    if let Some(fault) = fault.as_mut() {
+        figures.fault_failures = fault.verdict(&run).await?;
+    }
     run.count(&pings, figures).await
 }
