@@ -19,6 +19,8 @@ if [ "${WH_SKIP_LINT:-0}" != 1 ]; then
     cargo fmt --all --check
     echo "test: cargo clippy"
     cargo clippy --workspace --all-targets --locked -- -D warnings
+    # The fault suite's hook (poison-panic) is compiled only with this feature.
+    cargo clippy -p worker-broker --all-targets --features fault-injection --locked -- -D warnings
 fi
 
 echo "test: cargo test"
