@@ -74,6 +74,28 @@ pub struct Figures {
     pub duration_secs: f64,
     /// Something the harness itself could not do (set-up, a fault that could not be applied).
     pub harness_error: Option<String>,
+    /// What a scenario promises beyond the common figures (skipped ticks, no overlapping
+    /// ticks, a lease taken over in time), each read from outside and judged by the scenario.
+    pub checks: Vec<Check>,
+}
+
+/// One of a scenario's own promises, read from outside: what was measured, and whether it
+/// holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    /// The figure and its bound, for the table and the failure reasons, e.g.
+    /// "overlapping ticks: 0 (must be 0)".
+    pub what: String,
+    pub passed: bool,
+}
+
+impl Check {
+    pub fn new(what: impl Into<String>, passed: bool) -> Self {
+        Self {
+            what: what.into(),
+            passed,
+        }
+    }
 }
 
 impl Figures {
@@ -126,6 +148,9 @@ impl Figures {
             why.push(format!(
                 "ready again after {secs:.1} s, more than {ready_limit_secs:.0} s"
             ));
+        }
+        for check in self.checks.iter().filter(|c| !c.passed) {
+            why.push(check.what.clone());
         }
         why
     }
@@ -192,6 +217,22 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_check_is_a_reason_and_a_passed_one_is_not() {
+        let mut f = clean();
+        f.checks
+            .push(Check::new("skipped ticks: 12 (must be > 0)", true));
+        assert!(f.passed(20.0));
+        f.checks.push(Check::new(
+            "lease taken over after 9.0 s (limit 5.5 s)",
+            false,
+        ));
+        assert_eq!(
+            f.failures(20.0),
+            vec!["lease taken over after 9.0 s (limit 5.5 s)".to_string()]
+        );
+    }
+
+    #[test]
     fn duplicates_within_the_send_window_budget_pass_and_beyond_it_fail() {
         let mut f = clean();
         f.duplicate_mails = 2;
@@ -213,6 +254,10 @@ mod tests {
             |f| f.unclean_exits = 1,
             |f| f.harness_error = Some("boom".into()),
             |f| f.messages = 0,
+            |f| {
+                f.checks
+                    .push(Check::new("overlapping ticks: 1 (must be 0)", false))
+            },
         ] {
             let mut f = clean();
             change(&mut f);

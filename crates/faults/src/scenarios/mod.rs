@@ -10,6 +10,9 @@ mod host_sigterm;
 mod pg_restart;
 mod pg_terminate;
 mod rabbit_restart;
+mod timer_lease_kill;
+mod timer_overrun;
+mod timer_replicas;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use crate::mail::Pinger;
-use crate::oracle::Figures;
+use crate::oracle::{Check, Figures};
 use crate::run::{Run, Setup};
 
 /// How much load a scenario puts on the host.
@@ -38,6 +41,12 @@ pub trait Fault: Send {
         Ok(Setup::default())
     }
 
+    /// Once the first host is ready, before the first repetition: starts what the scenario
+    /// runs beside it (a second replica, say).
+    async fn begin(&mut self, _run: &mut Run) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// Applies the fault to the running scenario, at a random moment of each repetition
     /// (and clears it: a fault that lasts a while waits for its end here), recording the time
     /// to ready again with [`Run::record_ready_after`] or a restart.
@@ -46,6 +55,12 @@ pub trait Fault: Send {
     /// After the last repetition, before the loop settles: undoes anything left applied.
     async fn finish(&mut self, _run: &mut Run) -> anyhow::Result<()> {
         Ok(())
+    }
+
+    /// After the loop settled, while the hosts still run: reads what the scenario promises
+    /// beyond the common figures (from the database, `/metrics`), each a [`Check`].
+    async fn verify(&mut self, _run: &mut Run) -> anyhow::Result<Vec<Check>> {
+        Ok(Vec::new())
     }
 }
 
@@ -81,6 +96,9 @@ pub fn all() -> Vec<Scenario> {
         amqp_close::scenario(),
         pg_restart::scenario(),
         rabbit_restart::scenario(),
+        timer_overrun::scenario(),
+        timer_replicas::scenario(),
+        timer_lease_kill::scenario(),
     ]
 }
 
@@ -120,6 +138,9 @@ async fn run_inner(
         run.boxes.account,
         run.log_path().display()
     );
+    if let Some(fault) = fault.as_mut() {
+        fault.begin(&mut run).await?;
+    }
     let pinger = Pinger::new(&run.boxes, scenario.name)?;
     let mut pings = Vec::new();
     let mut send_errors = Vec::new();
@@ -157,5 +178,16 @@ async fn run_inner(
     }
     let settle = scenario.settle + Duration::from_secs(pings.len() as u64 / 20);
     run.settle(pings.len(), settle).await;
+    if let Some(fault) = fault.as_mut() {
+        figures.checks = fault.verify(&mut run).await?;
+        for check in &figures.checks {
+            eprintln!(
+                "faults: {}: {} ({})",
+                scenario.name,
+                check.what,
+                if check.passed { "holds" } else { "FAILS" }
+            );
+        }
+    }
     run.count(&pings, figures).await
 }
