@@ -9,7 +9,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 use worker_testkit::FaultProxy;
 
-use super::timer_replicas::replica_checks;
+use super::timer_replicas::{IMAP_DELAY, replica_checks};
 use super::{Fault, Load, Scenario};
 use crate::oracle::Check;
 use crate::run::{HostId, Run, Setup};
@@ -21,11 +21,6 @@ const INTERVAL: Duration = Duration::from_millis(200);
 /// How long a held lease's session may stay silent before its holder counts it as lost
 /// (`worker_store::lease::DEFAULT_CHECK_TIMEOUT`): the margin of the takeover's bound.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The wait the IMAP proxy puts on every chunk either way, for the whole run: a poll takes
-/// about a second, several intervals, so the poller's lease is held most of the time and the
-/// kill lands mid-tick.
-const DELAY: Duration = Duration::from_millis(50);
 
 /// The longest the harness looks for a holder of the poller's lease before the kill, and for
 /// the survivor taking it after.
@@ -47,7 +42,7 @@ pub fn scenario() -> Scenario {
                 holding the lease, sampled every 10 ms) must be within one interval plus the \
                 lease's 5 s check timeout. Checked beyond the common figures: that takeover \
                 bound, and no two poller (or other leased) ticks overlapping in the attempt log \
-                (50 ms slack; the killed process's last ticks may be missing, their rows not yet \
+                (100 ms slack; the killed process's last ticks may be missing, their rows not yet \
                 written). \"Ready again\" is from the kill until the lease was taken over and \
                 then the restarted process answered `/readyz` 200.",
         fault: Some(|| Box::new(TimerLeaseKill::default())),
@@ -78,7 +73,9 @@ struct TimerLeaseKill {
 impl Fault for TimerLeaseKill {
     async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
         let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
-        proxy.slow(DELAY);
+        // A poll lasts about a second, several intervals: the poller's lease is held most of
+        // the time, and the kill lands mid-tick.
+        proxy.slow(IMAP_DELAY);
         let setup = Setup {
             env: timers::replica_env(),
             imap_port: Some(proxy.port()),

@@ -4,12 +4,18 @@
 use std::path::Path;
 use std::time::Duration;
 
+use worker_testkit::FaultProxy;
+
 use super::timer_overrun::overlap_check;
 use super::{Fault, Load, Scenario};
 use crate::host::metric_sum;
 use crate::oracle::Check;
 use crate::run::{HostId, Run, Setup};
 use crate::timers::{self, HolderSamples};
+
+/// The wait the IMAP proxy puts on every chunk either way, for the whole run: a poll lasts
+/// about a second, so that the replicas' polls meet and overlapping ones would show.
+pub const IMAP_DELAY: Duration = Duration::from_millis(50);
 
 pub fn scenario() -> Scenario {
     Scenario {
@@ -18,11 +24,13 @@ pub fn scenario() -> Scenario {
                 with its own admin port and log, both started before the pings: their consumers \
                 share the queues and their timers compete for the leases (the poller every \
                 200 ms, draft expiry, dead-letter maintenance, retention and the reconciler \
-                every second). No fault is applied: for a stretch of each repetition the harness \
+                every second); IMAP is reached through a TCP proxy that makes every chunk wait \
+                50 ms, so that a poll lasts about a second, several intervals, and the two \
+                processes' polls contend for the lease. No fault is applied: for a stretch of each repetition the harness \
                 samples every 20 ms which process's session holds each leased job's advisory \
                 lock (`pg_locks`, the session's client port matched to the process's sockets in \
                 `/proc`). Checked beyond the common figures: no two ticks of one leased job \
-                overlapping in the attempt log (every tick written; 50 ms slack, since a tick's \
+                overlapping in the attempt log (every tick written; 100 ms slack, since a tick's \
                 recorded span starts before its lease request); ticks skipped on the lease above \
                 0 (the replicas really met); both processes settled deliveries (the consumers \
                 compete); never two holders of one lease in a sample. The unknown send outcomes \
@@ -45,16 +53,21 @@ pub fn scenario() -> Scenario {
 /// The fault (none, but the replica and the samples): see [`scenario`]'s description.
 #[derive(Default)]
 struct TimerReplicas {
+    imap: Option<FaultProxy>,
     holders: HolderSamples,
 }
 
 #[async_trait::async_trait]
 impl Fault for TimerReplicas {
     async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
-        Ok(Setup {
+        let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
+        proxy.slow(IMAP_DELAY);
+        let setup = Setup {
             env: timers::replica_env(),
-            ..Setup::default()
-        })
+            imap_port: Some(proxy.port()),
+        };
+        self.imap = Some(proxy);
+        Ok(setup)
     }
 
     async fn begin(&mut self, run: &mut Run) -> anyhow::Result<()> {
