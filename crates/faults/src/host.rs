@@ -107,14 +107,25 @@ impl HostProcess {
 
     /// The sum of `worker_email_unknown_outcomes_total` on `/metrics` (0 when not scraped).
     pub async fn unknown_outcomes(&self) -> anyhow::Result<u64> {
-        let text = reqwest::Client::new()
+        let text = self.metrics().await?;
+        Ok(metric_sum(&text, "worker_email_unknown_outcomes_total") as u64)
+    }
+
+    /// The whole `/metrics` scrape.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        Ok(reqwest::Client::new()
             .get(self.url("/metrics"))
             .timeout(Duration::from_secs(5))
             .send()
             .await?
+            .error_for_status()?
             .text()
-            .await?;
-        Ok(metric_sum(&text, "worker_email_unknown_outcomes_total") as u64)
+            .await?)
+    }
+
+    /// The operating system's id of the process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// SIGKILL, and reaps the process.
@@ -171,6 +182,36 @@ pub fn metric_sum(scrape: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// The sum of the samples of `name` whose labels include every `(key, value)` of `labels`.
+pub fn metric_sum_with(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, "}"));
+            if metric != name {
+                return None;
+            }
+            let body = rest.strip_suffix('}')?;
+            // Label values the host writes are job, queue and outcome names: no commas or
+            // quotes inside, so a plain split reads them.
+            let pairs: Vec<(&str, &str)> = body
+                .split(',')
+                .filter_map(|pair| {
+                    let (key, value) = pair.split_once('=')?;
+                    Some((key, value.trim_matches('"')))
+                })
+                .collect();
+            labels
+                .iter()
+                .all(|wanted| pairs.contains(wanted))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
 /// The last `lines` lines of a log file.
 pub fn log_tail(log: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -197,5 +238,19 @@ mod tests {
             metric_sum(scrape, "worker_email_unknown_outcomes_total"),
             3.0
         );
+    }
+
+    #[test]
+    fn metric_sum_with_keeps_the_series_whose_labels_match() {
+        let scrape = "# TYPE worker_ticks_total counter\n\
+                      worker_ticks_total{job=\"poller\",outcome=\"ran\"} 4\n\
+                      worker_ticks_total{job=\"poller\",outcome=\"skipped-busy\"} 7\n\
+                      worker_ticks_total{job=\"drafts\",outcome=\"skipped-busy\"} 2\n\
+                      worker_ticks_total 100\n";
+        let sum = |labels: &[(&str, &str)]| metric_sum_with(scrape, "worker_ticks_total", labels);
+        assert_eq!(sum(&[("job", "poller"), ("outcome", "skipped-busy")]), 7.0);
+        assert_eq!(sum(&[("outcome", "skipped-busy")]), 9.0);
+        assert_eq!(sum(&[("job", "poller")]), 11.0);
+        assert_eq!(sum(&[("job", "none")]), 0.0);
     }
 }

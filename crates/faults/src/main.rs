@@ -22,6 +22,7 @@ mod report;
 mod run;
 mod scenarios;
 mod services;
+mod timers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -73,8 +73,6 @@ pub struct Figures {
     pub duplicate_dead_letters: u64,
     /// Messages still in a `*.dead` queue at the end, not archived.
     pub left_in_dead_queues: u64,
-    /// What the scenario's fault itself found wrong (its own checks, after the settle).
-    pub fault_failures: Vec<String>,
     /// Messages left in the work queues and pending outbox rows at the end.
     pub left_in_queues: u64,
     pub left_in_outbox: u64,
@@ -88,6 +86,28 @@ pub struct Figures {
     pub duration_secs: f64,
     /// Something the harness itself could not do (set-up, a fault that could not be applied).
     pub harness_error: Option<String>,
+    /// What a scenario promises beyond the common figures (skipped ticks, no overlapping
+    /// ticks, a lease taken over in time), each read from outside and judged by the scenario.
+    pub checks: Vec<Check>,
+}
+
+/// One of a scenario's own promises, read from outside: what was measured, and whether it
+/// holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    /// The figure and its bound, for the table and the failure reasons, e.g.
+    /// "overlapping ticks: 0 (must be 0)".
+    pub what: String,
+    pub passed: bool,
+}
+
+impl Check {
+    pub fn new(what: impl Into<String>, passed: bool) -> Self {
+        Self {
+            what: what.into(),
+            passed,
+        }
+    }
 }
 
 impl Figures {
@@ -145,7 +165,6 @@ impl Figures {
                 self.left_in_dead_queues
             ));
         }
-        why.extend(self.fault_failures.iter().cloned());
         if self.unclean_exits > 0 {
             why.push(format!(
                 "{} SIGTERM stops without exit 0",
@@ -161,6 +180,9 @@ impl Figures {
             why.push(format!(
                 "ready again after {secs:.1} s, more than {ready_limit_secs:.0} s"
             ));
+        }
+        for check in self.checks.iter().filter(|c| !c.passed) {
+            why.push(check.what.clone());
         }
         why
     }
@@ -237,6 +259,22 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_check_is_a_reason_and_a_passed_one_is_not() {
+        let mut f = clean();
+        f.checks
+            .push(Check::new("skipped ticks: 12 (must be > 0)", true));
+        assert!(f.passed(20.0));
+        f.checks.push(Check::new(
+            "lease taken over after 9.0 s (limit 5.5 s)",
+            false,
+        ));
+        assert_eq!(
+            f.failures(20.0),
+            vec!["lease taken over after 9.0 s (limit 5.5 s)".to_string()]
+        );
+    }
+
+    #[test]
     fn duplicates_within_the_send_window_budget_pass_and_beyond_it_fail() {
         let mut f = clean();
         f.duplicate_mails = 2;
@@ -261,7 +299,10 @@ mod tests {
             |f| f.expected_dead_letters = Some(1),
             |f| f.duplicate_dead_letters = 1,
             |f| f.left_in_dead_queues = 1,
-            |f| f.fault_failures = vec!["429 server called 40 times".into()],
+            |f| {
+                f.checks
+                    .push(Check::new("overlapping ticks: 1 (must be 0)", false))
+            },
         ] {
             let mut f = clean();
             change(&mut f);

@@ -39,11 +39,21 @@ pub fn table(rows: &[Figures], ready_limit_secs: f64) -> String {
             f.messages.to_string()
         };
         let failures = f.failures(ready_limit_secs);
-        let result = if failures.is_empty() {
+        let mut result = if failures.is_empty() {
             "pass".to_string()
         } else {
             format!("**FAIL**: {}", failures.join("; "))
         };
+        // The scenario's own figures that held are shown too: they are what it measured.
+        let held: Vec<&str> = f
+            .checks
+            .iter()
+            .filter(|c| c.passed)
+            .map(|c| c.what.as_str())
+            .collect();
+        if !held.is_empty() {
+            result.push_str(&format!(" ({})", held.join("; ")));
+        }
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
@@ -108,6 +118,9 @@ send's window, no reply matches no ping, the work queues, the dead queues and th
 are empty at the end, no message is dead-lettered or archived twice, the dead letters are
 exactly those the scenario makes on purpose (where it says how many), and every fault was followed by `/readyz` 200 within two heartbeat intervals of the host under
 test ({ready_limit_secs:.0} s: `broker.heartbeat` is 10 s).
+A scenario may promise more (the timer scenarios: skipped ticks counted, no two ticks of one
+job overlapping, a lease taken over in time): each such figure is shown in brackets in the
+result column, and one that does not hold fails the scenario.
 
 ## How each figure is counted
 
@@ -206,6 +219,22 @@ mod tests {
             "{text}"
         );
         assert!(lines[3].ends_with("| **FAIL**: 3 lost |"), "{text}");
+    }
+
+    #[test]
+    fn a_scenarios_own_checks_show_in_the_result() {
+        let mut f = row("timer-overrun");
+        f.checks = vec![
+            crate::oracle::Check::new("skipped ticks: 12 (must be > 0)", true),
+            crate::oracle::Check::new("overlapping ticks: 1 (must be 0)", false),
+        ];
+        let text = table(&[f], 20.0);
+        assert!(
+            text.contains(
+                "| **FAIL**: overlapping ticks: 1 (must be 0) (skipped ticks: 12 (must be > 0)) |"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

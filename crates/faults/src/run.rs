@@ -42,6 +42,34 @@ pub struct Setup {
     /// variables, which override the settings file (for example the broker's port when a
     /// proxy stands in front of it).
     pub env: Vec<(String, String)>,
+    /// The port of the IMAP server the host polls, when not the shared one's (a proxy in
+    /// front of it, say): written into the settings file's account.
+    pub imap_port: Option<u16>,
+}
+
+/// Which host process of the scenario: the first, or the replica [`Run::start_replica`]
+/// started beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostId {
+    First,
+    Replica,
+}
+
+impl HostId {
+    /// The other one of the two.
+    pub fn other(self) -> Self {
+        match self {
+            Self::First => Self::Replica,
+            Self::Replica => Self::First,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Replica => "replica",
+        }
+    }
 }
 
 /// A scenario's resources and its host.
@@ -55,6 +83,10 @@ pub struct Run {
     pub direct: DirectCommands,
     pub command: HostCommand,
     host: Option<HostProcess>,
+    /// A second host process with the same settings (database, vhost, IMAP account) but its
+    /// own admin port and log, once [`Run::start_replica`] started it.
+    pub replica_command: Option<HostCommand>,
+    replica: Option<HostProcess>,
     /// `worker_email_unknown_outcomes_total` of the host processes already gone.
     unknown_before: u64,
     /// Seconds until ready again, one per fault.
@@ -89,7 +121,10 @@ impl Run {
         let automation = dir.join("automations.toml");
         std::fs::write(&automation, AUTOMATION)?;
         let config = dir.join("worker-host.toml");
-        std::fs::write(&config, settings(&db, &vhost, &boxes, port, &automation))?;
+        std::fs::write(
+            &config,
+            settings(&db, &vhost, &boxes, port, &automation, setup.imap_port),
+        )?;
         let command = HostCommand {
             binary: binary.to_path_buf(),
             config,
@@ -107,6 +142,8 @@ impl Run {
             direct,
             command,
             host: Some(host),
+            replica_command: None,
+            replica: None,
             unknown_before: 0,
             ready: Vec::new(),
             never_ready: false,
@@ -119,6 +156,82 @@ impl Run {
 
     pub fn log_path(&self) -> &PathBuf {
         &self.command.log
+    }
+
+    /// Starts a second host process beside the first (ready): the same settings file and
+    /// overrides, its own admin port and its own log (`host-replica.log` beside the first's).
+    /// Both consume the same queues (the broker shares the deliveries between them) and run
+    /// the same timers (the leased ones one at a time).
+    pub async fn start_replica(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.replica.is_none(), "a replica is running already");
+        let port = free_port()?;
+        let mut command = self.command.clone();
+        command.port = port;
+        command.log = self.command.log.with_file_name("host-replica.log");
+        command.env.push((
+            "WORKER_HOST__ADMIN__LISTEN".into(),
+            format!("127.0.0.1:{port}"),
+        ));
+        let mut replica = command.spawn()?;
+        let since = replica.started;
+        replica.wait_ready(since, &command.log).await?;
+        self.replica = Some(replica);
+        self.replica_command = Some(command);
+        Ok(())
+    }
+
+    /// The running process `which`, if it runs.
+    pub fn process(&self, which: HostId) -> Option<&HostProcess> {
+        match which {
+            HostId::First => self.host.as_ref(),
+            HostId::Replica => self.replica.as_ref(),
+        }
+    }
+
+    fn command_of(&self, which: HostId) -> anyhow::Result<&HostCommand> {
+        match which {
+            HostId::First => Ok(&self.command),
+            HostId::Replica => self
+                .replica_command
+                .as_ref()
+                .context("no replica was started"),
+        }
+    }
+
+    /// kill -9 of the process `which` (after reading its unknown-outcome count); returns the
+    /// moment of the kill. [`Run::respawn`] starts it again.
+    pub async fn kill9(&mut self, which: HostId) -> anyhow::Result<Instant> {
+        let host = match which {
+            HostId::First => self.host.take(),
+            HostId::Replica => self.replica.take(),
+        }
+        .with_context(|| format!("the {} host is not running", which.as_str()))?;
+        self.unknown_before += host.unknown_outcomes().await.unwrap_or(0);
+        let at = Instant::now();
+        host.kill9()?;
+        Ok(at)
+    }
+
+    /// Starts the process `which` again (after [`Run::kill9`]) and waits until it is ready;
+    /// returns the seconds from its start, or `None` (and marks the run never ready) when it
+    /// was not ready within the wait.
+    pub async fn respawn(&mut self, which: HostId) -> anyhow::Result<Option<f64>> {
+        let command = self.command_of(which)?.clone();
+        let mut host = command.spawn()?;
+        let since = host.started;
+        let secs = match host.wait_ready(since, &command.log).await {
+            Ok(secs) => Some(secs),
+            Err(err) => {
+                eprintln!("faults: {err:#}");
+                self.never_ready = true;
+                None
+            }
+        };
+        match which {
+            HostId::First => self.host = Some(host),
+            HostId::Replica => self.replica = Some(host),
+        }
+        Ok(secs)
     }
 
     /// Takes the running host out (to kill or stop it), after reading its unknown-outcome
@@ -320,6 +433,10 @@ impl Run {
         figures.duplicate_dead_letters = self.duplicate_dead_letters().await?;
         figures.expected_dead_letters = self.expected_dead_letters;
         let host = self.take_host().await?;
+        let replica = self.replica.take();
+        if let Some(replica) = &replica {
+            self.unknown_before += replica.unknown_outcomes().await.unwrap_or(0);
+        }
         figures.faults_in_send_window = self.unknown_before;
         figures.max_secs_to_ready = self.ready.iter().copied().reduce(f64::max);
         figures.never_ready = self.never_ready;
@@ -328,9 +445,19 @@ impl Run {
             eprintln!("faults: the final SIGTERM ended the host with {code:?}");
             self.unclean_exits += 1;
         }
+        if let Some(replica) = replica {
+            let code = replica.sigterm(STOP_WAIT).await?;
+            if code != Some(0) {
+                eprintln!("faults: the final SIGTERM ended the replica with {code:?}");
+                self.unclean_exits += 1;
+            }
+        }
         figures.unclean_exits = self.unclean_exits;
         if !figures.failures(f64::MAX).is_empty() {
             eprintln!("faults: the host's log: {}", self.command.log.display());
+            if let Some(replica) = &self.replica_command {
+                eprintln!("faults: the replica's log: {}", replica.log.display());
+            }
         }
         Ok(())
     }
@@ -343,7 +470,11 @@ fn settings(
     boxes: &Mailboxes,
     port: u16,
     automation: &Path,
+    imap_port: Option<u16>,
 ) -> String {
+    let imap_port = imap_port
+        .map(|port| format!("port = {port}\n"))
+        .unwrap_or_default();
     let tiers = r#"retry_tiers = ["2s", "5s", "10s"]"#;
     format!(
         r#"
@@ -374,7 +505,7 @@ claim_stale_after = "45s"
 name = "faults"
 username = {account:?}
 password = "secret"
-
+{imap_port}
 [jobs.inbound_email_poller]
 schedule = "every 500ms"
 

@@ -13,6 +13,9 @@ mod poison_429;
 mod poison_malformed;
 mod poison_panic;
 mod rabbit_restart;
+mod timer_lease_kill;
+mod timer_overrun;
+mod timer_replicas;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,7 +24,7 @@ use rand::Rng;
 
 use crate::direct::PINGS_PER_DIRECT;
 use crate::mail::Pinger;
-use crate::oracle::Figures;
+use crate::oracle::{Check, Figures};
 use crate::run::{Run, Setup};
 
 /// How much load a scenario puts on the host.
@@ -42,6 +45,12 @@ pub trait Fault: Send {
         Ok(Setup::default())
     }
 
+    /// Once the first host is ready, before the first repetition: starts what the scenario
+    /// runs beside it (a second replica, say).
+    async fn begin(&mut self, _run: &mut Run) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// Applies the fault to the running scenario, at a random moment of each repetition
     /// (and clears it: a fault that lasts a while waits for its end here), recording the time
     /// to ready again with [`Run::record_ready_after`] or a restart.
@@ -52,9 +61,9 @@ pub trait Fault: Send {
         Ok(())
     }
 
-    /// After the loop settled, before the oracle counts and the host stops: the fault's own
-    /// checks (what its messages became), each failure a sentence. None by default.
-    async fn verdict(&mut self, _run: &Run) -> anyhow::Result<Vec<String>> {
+    /// After the loop settled, while the hosts still run: reads what the scenario promises
+    /// beyond the common figures (from the database, `/metrics`), each a [`Check`].
+    async fn verify(&mut self, _run: &mut Run) -> anyhow::Result<Vec<Check>> {
         Ok(Vec::new())
     }
 }
@@ -98,6 +107,9 @@ pub fn all() -> Vec<Scenario> {
         poison_malformed::scenario(),
         poison_panic::scenario(),
         poison_429::scenario(),
+        timer_overrun::scenario(),
+        timer_replicas::scenario(),
+        timer_lease_kill::scenario(),
     ]
 }
 
@@ -138,6 +150,9 @@ async fn run_inner(
         run.boxes.account,
         run.log_path().display()
     );
+    if let Some(fault) = fault.as_mut() {
+        fault.begin(&mut run).await?;
+    }
     let pinger = Pinger::new(&run.boxes, scenario.name)?;
     let mut pings = Vec::new();
     let mut send_errors = Vec::new();
@@ -195,7 +210,15 @@ async fn run_inner(
     let settle = scenario.settle + Duration::from_secs(pings.len() as u64 / 20);
     run.settle(pings.len(), settle).await;
     if let Some(fault) = fault.as_mut() {
-        figures.fault_failures = fault.verdict(&run).await?;
+        figures.checks = fault.verify(&mut run).await?;
+        for check in &figures.checks {
+            eprintln!(
+                "faults: {}: {} ({})",
+                scenario.name,
+                check.what,
+                if check.passed { "holds" } else { "FAILS" }
+            );
+        }
     }
     run.count(&pings, figures).await
 }

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use uuid::Uuid;
 
 use super::{Fault, Load, Scenario};
+use crate::oracle::Check;
 use crate::run::{Run, Setup};
 
 /// The action executor's attempts in this scenario (instead of the suite's 30), so that the
@@ -87,6 +88,7 @@ impl Fault for Poison429 {
                 "WORKER_HOST__JOBS__AUTOMATION_ACTION__MAX_ATTEMPTS".into(),
                 MAX_ATTEMPTS.to_string(),
             )],
+            ..Setup::default()
         })
     }
 
@@ -103,7 +105,7 @@ impl Fault for Poison429 {
         run.record_ready_after(at).await
     }
 
-    async fn verdict(&mut self, run: &Run) -> anyhow::Result<Vec<String>> {
+    async fn verify(&mut self, run: &mut Run) -> anyhow::Result<Vec<Check>> {
         let mut why = Vec::new();
         let calls = self
             .calls
@@ -167,7 +169,10 @@ impl Fault for Poison429 {
                 self.executions.len()
             ));
         }
-        Ok(why)
+        Ok(why
+            .into_iter()
+            .map(|what| Check::new(what, false))
+            .collect())
     }
 }
 

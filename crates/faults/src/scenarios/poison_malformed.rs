@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::{Fault, Load, Scenario};
 use crate::direct::{ApiPublisher, COMMANDS_EXCHANGE, EVENTS_EXCHANGE};
+use crate::oracle::Check;
 use crate::run::Run;
 
 /// Malformed messages per ping of the repetition: 10,000 in full (2,000 pings), 300 quick
@@ -96,7 +97,7 @@ impl Fault for PoisonMalformed {
         run.record_ready_after(Instant::now()).await
     }
 
-    async fn verdict(&mut self, run: &Run) -> anyhow::Result<Vec<String>> {
+    async fn verify(&mut self, run: &mut Run) -> anyhow::Result<Vec<Check>> {
         let mut why = Vec::new();
         let malformed = run
             .query_scalar(
@@ -117,7 +118,10 @@ impl Fault for PoisonMalformed {
         if others > 0 {
             why.push(format!("{others} dead letters of healthy messages"));
         }
-        Ok(why)
+        Ok(why
+            .into_iter()
+            .map(|what| Check::new(what, false))
+            .collect())
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{Fault, Load, Scenario};
+use crate::oracle::Check;
 use crate::run::{Run, Setup};
 
 /// The email consumer's attempts in this scenario (instead of the suite's 30), so that the
@@ -62,6 +63,7 @@ impl Fault for PoisonPanic {
                 "WORKER_HOST__JOBS__EMAIL_SEND__MAX_ATTEMPTS".into(),
                 MAX_ATTEMPTS.to_string(),
             )],
+            ..Setup::default()
         })
     }
 
@@ -78,7 +80,7 @@ impl Fault for PoisonPanic {
         run.record_ready_after(at).await
     }
 
-    async fn verdict(&mut self, run: &Run) -> anyhow::Result<Vec<String>> {
+    async fn verify(&mut self, run: &mut Run) -> anyhow::Result<Vec<Check>> {
         let mut why = Vec::new();
         // Message-IDs are the harness's own (`direct-email-<hex>@faults.test`): safe to quote.
         let ids = self
@@ -109,6 +111,9 @@ impl Fault for PoisonPanic {
         if sent > 0 {
             why.push(format!("{sent} panicking commands' mails were sent"));
         }
-        Ok(why)
+        Ok(why
+            .into_iter()
+            .map(|what| Check::new(what, false))
+            .collect())
     }
 }
