@@ -41,6 +41,10 @@ pub struct Setup {
     /// variables, which override the settings file (for example the broker's port when a
     /// proxy stands in front of it).
     pub env: Vec<(String, String)>,
+    /// The PostgreSQL server the scenario's database is created on, as an admin URL
+    /// ([`TestDb::create_on`]); the shared one when `None`. A scenario that brings a private
+    /// cluster names it here and points the host at it through [`Setup::env`].
+    pub database_admin_url: Option<String>,
 }
 
 /// A scenario's resources and its host.
@@ -57,6 +61,8 @@ pub struct Run {
     pub ready: Vec<f64>,
     pub never_ready: bool,
     pub unclean_exits: u64,
+    /// Outages during which `/readyz` never left 200 (see [`Figures::ready_during_outage`]).
+    pub ready_during_outage: u64,
 }
 
 impl Run {
@@ -69,7 +75,11 @@ impl Run {
         setup: Setup,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let db = TestDb::create().await.context("creating the database")?;
+        let db = match &setup.database_admin_url {
+            Some(url) => TestDb::create_on(url).await,
+            None => TestDb::create().await,
+        }
+        .context("creating the database")?;
         let vhost = TestVhost::create().await.context("creating the vhost")?;
         let boxes = Mailboxes::new(name);
         let port = free_port()?;
@@ -97,6 +107,7 @@ impl Run {
             ready: Vec::new(),
             never_ready: false,
             unclean_exits: 0,
+            ready_during_outage: 0,
         })
     }
 
@@ -140,6 +151,12 @@ impl Run {
         }
         self.host = Some(host);
         Ok(())
+    }
+
+    /// `/readyz`'s status code of the running host, `None` when it does not answer (or no
+    /// host runs).
+    pub async fn readyz(&self) -> Option<u16> {
+        self.host.as_ref()?.readyz().await
     }
 
     /// After a fault applied at `at` to the running host: watches up to 2 s for `/readyz` to
@@ -269,6 +286,7 @@ impl Run {
         figures.faults_in_send_window = self.unknown_before;
         figures.max_secs_to_ready = self.ready.iter().copied().reduce(f64::max);
         figures.never_ready = self.never_ready;
+        figures.ready_during_outage = self.ready_during_outage;
         let code = host.sigterm(STOP_WAIT).await?;
         if code != Some(0) {
             eprintln!("faults: the final SIGTERM ended the host with {code:?}");

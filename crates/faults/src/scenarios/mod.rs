@@ -7,7 +7,9 @@ mod amqp_close;
 mod baseline;
 mod host_kill9;
 mod host_sigterm;
+mod pg_immediate;
 mod pg_restart;
+mod pg_stall;
 mod pg_terminate;
 mod rabbit_restart;
 
@@ -80,6 +82,8 @@ pub fn all() -> Vec<Scenario> {
         pg_terminate::scenario(),
         amqp_close::scenario(),
         pg_restart::scenario(),
+        pg_immediate::scenario(),
+        pg_stall::scenario(),
         rabbit_restart::scenario(),
     ]
 }
