@@ -29,6 +29,12 @@ const ROLE: &str = "worker_host";
 /// How long `pg_ctl` may wait for the server to start or stop.
 const PG_CTL_WAIT_SECS: &str = "60";
 
+/// The start of a private cluster's folder name in the temporary folder.
+const ROOT_PREFIX: &str = "wh-pg-";
+
+/// How old a cluster's folder must be before a later run treats it as left over.
+const LEFTOVER_AGE: Duration = Duration::from_secs(2 * 3600);
+
 /// Times a new cluster may try another port when the one it picked was taken meanwhile.
 const START_ATTEMPTS: u32 = 3;
 
@@ -55,8 +61,9 @@ impl PgCluster {
         let began = Instant::now();
         let bin = newest_bin_dir()?;
         let run_as = is_root().then(|| "postgres".to_string());
+        sweep_leftovers(&bin, run_as.as_deref());
         let root = std::env::temp_dir().join(format!(
-            "wh-pg-{}",
+            "{ROOT_PREFIX}{}",
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         ));
         std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
@@ -100,6 +107,18 @@ impl PgCluster {
     /// [`worker_testkit::TestDb::create_on`] takes it.
     pub fn admin_url(&self) -> String {
         format!("postgres://{ROLE}:{ROLE}@127.0.0.1:{}/{ROLE}", self.port)
+    }
+
+    /// A cluster found on disk, to be stopped and removed by its drop.
+    fn leftover(root: PathBuf, bin: &Path, run_as: Option<&str>) -> Self {
+        Self {
+            port: 0,
+            startup: Duration::ZERO,
+            root,
+            bin: bin.to_path_buf(),
+            run_as: run_as.map(str::to_string),
+            keep_log: None,
+        }
     }
 
     /// Starts a cluster for a scenario whose folder is `dir` (its server log is kept there as
@@ -294,6 +313,33 @@ impl Drop for PgCluster {
         if let Err(err) = std::fs::remove_dir_all(&self.root) {
             eprintln!("faults: removing {}: {err}", self.root.display());
         }
+    }
+}
+
+/// Stops and removes the clusters of harness runs that were killed before their drop ran
+/// (folders `wh-pg-*` in the temporary folder older than [`LEFTOVER_AGE`]; a scenario lasts
+/// minutes, so a younger one may belong to a scenario running in parallel).
+fn sweep_leftovers(bin: &Path, run_as: Option<&str>) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let is_ours = entry.file_name().to_string_lossy().starts_with(ROOT_PREFIX);
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > LEFTOVER_AGE);
+        if !(is_ours && old) {
+            continue;
+        }
+        let leftover = PgCluster::leftover(entry.path(), bin, run_as);
+        eprintln!(
+            "faults: removing a leftover private PostgreSQL in {}",
+            leftover.root.display()
+        );
+        drop(leftover);
     }
 }
 
