@@ -2,8 +2,9 @@
 //! on the real local services, one scenario at a time, each with a database, a vhost and
 //! mailboxes of its own; it sends a steady stream of ping mails through the whole loop (SMTP
 //! in, IMAP poll, trigger, action, SMTP out) while it applies the scenario's fault (kill -9 or
-//! SIGTERM of the host, its PostgreSQL sessions terminated, its AMQP connections closed;
-//! with `--disruptive`, the shared PostgreSQL and RabbitMQ restarted), and
+//! SIGTERM of the host, its PostgreSQL sessions terminated, a private PostgreSQL cluster
+//! restarted or crashed, its database traffic stalled, its AMQP connections closed; with
+//! `--disruptive`, the shared RabbitMQ restarted), and
 //! then counts from outside what the host promised: every ping answered exactly once, no
 //! database effect twice, the queues and the outbox drained, and ready again within two
 //! heartbeat intervals. It prints the table and writes it to `docs/RELIABILITY.md`; it exits 1
@@ -18,6 +19,7 @@ mod direct;
 mod host;
 mod mail;
 mod oracle;
+mod pg_cluster;
 mod report;
 mod run;
 mod scenarios;
@@ -57,7 +59,7 @@ struct Args {
     /// Repetitions of every fault scenario instead of its own.
     #[arg(long, value_name = "N")]
     repetitions: Option<u32>,
-    /// Also run the disruptive scenarios (they restart the shared PostgreSQL and RabbitMQ).
+    /// Also run the disruptive scenarios (they restart the shared RabbitMQ).
     #[arg(long)]
     disruptive: bool,
     /// The `worker-host` binary under test.

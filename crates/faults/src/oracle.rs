@@ -82,6 +82,9 @@ pub struct Figures {
     pub never_ready: bool,
     /// SIGTERM stops that did not end in exit code 0 within the wait.
     pub unclean_exits: u64,
+    /// Outages of a service (long enough that the host must notice) during which `/readyz`
+    /// kept answering 200: the host said it was ready while it could not work.
+    pub ready_during_outage: u64,
     /// The scenario's wall-clock duration, in seconds.
     pub duration_secs: f64,
     /// Something the harness itself could not do (set-up, a fault that could not be applied).
@@ -169,6 +172,12 @@ impl Figures {
             why.push(format!(
                 "{} SIGTERM stops without exit 0",
                 self.unclean_exits
+            ));
+        }
+        if self.ready_during_outage > 0 {
+            why.push(format!(
+                "ready (200) throughout {} outages it could not work through",
+                self.ready_during_outage
             ));
         }
         if self.never_ready {
@@ -294,6 +303,7 @@ mod tests {
             |f| f.max_secs_to_ready = Some(20.5),
             |f| f.never_ready = true,
             |f| f.unclean_exits = 1,
+            |f| f.ready_during_outage = 1,
             |f| f.harness_error = Some("boom".into()),
             |f| f.messages = 0,
             |f| f.expected_dead_letters = Some(1),

@@ -45,6 +45,10 @@ pub struct Setup {
     /// The port of the IMAP server the host polls, when not the shared one's (a proxy in
     /// front of it, say): written into the settings file's account.
     pub imap_port: Option<u16>,
+    /// The PostgreSQL server the scenario's database is created on, as an admin URL
+    /// ([`TestDb::create_on`]); the shared one when `None`. A scenario that brings a private
+    /// cluster names it here and points the host at it through [`Setup::env`].
+    pub database_admin_url: Option<String>,
 }
 
 /// Which host process of the scenario: the first, or the replica [`Run::start_replica`]
@@ -101,6 +105,8 @@ pub struct Run {
     pub expected_dead_letters: Option<u64>,
     /// Pings per repetition of this run's load (a fault may size its own share by it).
     pub per_repetition: u64,
+    /// Outages during which `/readyz` never left 200 (see [`Figures::ready_during_outage`]).
+    pub ready_during_outage: u64,
 }
 
 impl Run {
@@ -113,7 +119,11 @@ impl Run {
         setup: Setup,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let db = TestDb::create().await.context("creating the database")?;
+        let db = match &setup.database_admin_url {
+            Some(url) => TestDb::create_on(url).await,
+            None => TestDb::create().await,
+        }
+        .context("creating the database")?;
         let vhost = TestVhost::create().await.context("creating the vhost")?;
         let boxes = Mailboxes::new(name);
         let direct = DirectCommands::new(db.pool.clone(), &vhost.name, &boxes).await?;
@@ -151,6 +161,7 @@ impl Run {
             direct_expected: Vec::new(),
             expected_dead_letters: None,
             per_repetition: 0,
+            ready_during_outage: 0,
         })
     }
 
@@ -270,6 +281,12 @@ impl Run {
         }
         self.host = Some(host);
         Ok(())
+    }
+
+    /// `/readyz`'s status code of the running host, `None` when it does not answer (or no
+    /// host runs).
+    pub async fn readyz(&self) -> Option<u16> {
+        self.host.as_ref()?.readyz().await
     }
 
     /// After a fault applied at `at` to the running host: watches up to 2 s for `/readyz` to
@@ -440,6 +457,7 @@ impl Run {
         figures.faults_in_send_window = self.unknown_before;
         figures.max_secs_to_ready = self.ready.iter().copied().reduce(f64::max);
         figures.never_ready = self.never_ready;
+        figures.ready_during_outage = self.ready_during_outage;
         let code = host.sigterm(STOP_WAIT).await?;
         if code != Some(0) {
             eprintln!("faults: the final SIGTERM ended the host with {code:?}");

@@ -122,11 +122,28 @@ impl TestDb {
         Ok(db)
     }
 
+    /// Creates a fresh database and applies the project's migrations to it, on the server
+    /// `admin_url` names (a role that may create databases, as [`database_url`] is for the
+    /// shared server): for a test that brings a PostgreSQL of its own.
+    pub async fn create_on(admin_url: &str) -> anyhow::Result<Self> {
+        let db = Self::create_empty_on(admin_url).await?;
+        worker_store::migrate(&db.pool)
+            .await
+            .context("migrating the test database")?;
+        Ok(db)
+    }
+
     /// Creates a fresh database without applying migrations.
     pub async fn create_empty() -> anyhow::Result<Self> {
-        let admin_url = database_url();
-        let admin_options: PgConnectOptions =
-            admin_url.parse().context("parsing WH_TEST_DATABASE_URL")?;
+        Self::create_empty_on(&database_url()).await
+    }
+
+    /// Creates a fresh database without applying migrations, on the server `admin_url` names.
+    pub async fn create_empty_on(admin_url: &str) -> anyhow::Result<Self> {
+        let admin_url = admin_url.to_string();
+        let admin_options: PgConnectOptions = admin_url
+            .parse()
+            .context("parsing the admin URL of the test PostgreSQL")?;
         let mut admin = admin_options
             .clone()
             .connect()
@@ -139,7 +156,8 @@ impl TestDb {
             .await
             .with_context(|| format!("creating test database {name}"))?;
         let options = admin_options.database(&name);
-        let mut url = reqwest::Url::parse(&admin_url).context("parsing WH_TEST_DATABASE_URL")?;
+        let mut url = reqwest::Url::parse(&admin_url)
+            .context("parsing the admin URL of the test PostgreSQL")?;
         url.set_path(&name);
         let url = url.to_string();
         let pool = PgPoolOptions::new()

@@ -7,7 +7,9 @@ mod amqp_close;
 mod baseline;
 mod host_kill9;
 mod host_sigterm;
+mod pg_immediate;
 mod pg_restart;
+mod pg_stall;
 mod pg_terminate;
 mod poison_429;
 mod poison_malformed;
@@ -103,6 +105,8 @@ pub fn all() -> Vec<Scenario> {
         pg_terminate::scenario(),
         amqp_close::scenario(),
         pg_restart::scenario(),
+        pg_immediate::scenario(),
+        pg_stall::scenario(),
         rabbit_restart::scenario(),
         poison_malformed::scenario(),
         poison_panic::scenario(),

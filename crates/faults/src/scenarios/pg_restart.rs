@@ -1,21 +1,27 @@
-//! `pg-restart`: the shared PostgreSQL restarted in fast mode (disruptive).
+//! `pg-restart`: a private PostgreSQL cluster, the host's only database server, restarted in
+//! fast mode.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 use super::{Fault, Load, Scenario};
-use crate::run::Run;
-use crate::services;
+use crate::pg_cluster::PgCluster;
+use crate::run::{Run, Setup};
 
 pub fn scenario() -> Scenario {
     Scenario {
         name: "pg-restart",
-        about: "At a random moment of each repetition, `pg_ctlcluster <version> <name> restart -m \
-                fast` of the local cluster (found by its port in `pg_lsclusters`, as \
-                `scripts/services.sh` does): every session of every database ends, and \
-                PostgreSQL is down for the restart's length. Disruptive (the server is shared): \
-                run only when named or with `--disruptive`. \"Ready again\" is from the \
-                restart command's return.",
-        fault: Some(|| Box::new(PgRestart)),
+        about: "The scenario starts a PostgreSQL cluster of its own (`initdb` from Debian's \
+                binaries, its own port, data and socket folders under the temporary folder, \
+                127.0.0.1 only, the `worker_host` role; removed at the end): the scenario's \
+                database lives there and the host's `database.port` points at it. At a random \
+                moment of each repetition, `pg_ctl restart -m fast` of that cluster: every \
+                session ends, the server checkpoints, stops and starts again (well under a \
+                second here). Not disruptive: the shared PostgreSQL is untouched. \"Ready \
+                again\" is from `pg_ctl restart`'s return (the server accepting connections).",
+        fault: Some(|| Box::new(PgRestart::default())),
         full: Load {
             repetitions: 5,
             per_repetition: 30,
@@ -26,22 +32,28 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(180),
-        disruptive: true,
+        disruptive: false,
     }
 }
 
-/// The fault: see [`scenario`]'s description.
-struct PgRestart;
+/// The fault: see [`scenario`]'s description. Holds the private cluster (stopped and removed
+/// when the fault is dropped, at the scenario's end).
+#[derive(Default)]
+struct PgRestart {
+    cluster: Option<PgCluster>,
+}
 
 #[async_trait::async_trait]
 impl Fault for PgRestart {
-    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
-        apply(run).await
+    async fn prepare(&mut self, dir: &Path) -> anyhow::Result<Setup> {
+        let (cluster, setup) = PgCluster::for_scenario(dir).await?;
+        self.cluster = Some(cluster);
+        Ok(setup)
     }
-}
 
-async fn apply(run: &mut Run) -> anyhow::Result<()> {
-    let (version, name) = services::pg_cluster().await?;
-    services::command("pg_ctlcluster", &[&version, &name, "restart", "-m", "fast"]).await?;
-    run.record_ready_after(Instant::now()).await
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        let cluster = self.cluster.as_ref().context("no private cluster")?;
+        cluster.restart_fast().await?;
+        run.record_ready_after(Instant::now()).await
+    }
 }

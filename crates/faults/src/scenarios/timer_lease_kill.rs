@@ -79,6 +79,7 @@ impl Fault for TimerLeaseKill {
         let setup = Setup {
             env: timers::replica_env(),
             imap_port: Some(proxy.port()),
+            ..Setup::default()
         };
         self.imap = Some(proxy);
         Ok(setup)

@@ -81,6 +81,7 @@ impl Fault for TimerOverrun {
         let setup = Setup {
             env,
             imap_port: Some(proxy.port()),
+            ..Setup::default()
         };
         self.imap = Some(proxy);
         Ok(setup)

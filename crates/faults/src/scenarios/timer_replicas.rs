@@ -65,6 +65,7 @@ impl Fault for TimerReplicas {
         let setup = Setup {
             env: timers::replica_env(),
             imap_port: Some(proxy.port()),
+            ..Setup::default()
         };
         self.imap = Some(proxy);
         Ok(setup)
