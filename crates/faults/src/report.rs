@@ -101,7 +101,8 @@ scenarios are still to come (see the issue).
 A scenario passes when lost = 0, duplicate DB effects = 0, duplicate mails ≤ faults in a
 send's window, no reply matches no ping, the work queues and the outbox are empty at the end,
 and every fault was followed by `/readyz` 200 within two heartbeat intervals of the host under
-test ({ready_limit_secs:.0} s: `broker.heartbeat` is 10 s).
+test ({ready_limit_secs:.0} s: `broker.heartbeat` is 10 s, unless the scenario's description
+says it sets a shorter one).
 
 ## How each figure is counted
 

@@ -41,6 +41,18 @@ pub struct Setup {
     /// variables, which override the settings file (for example the broker's port when a
     /// proxy stands in front of it).
     pub env: Vec<(String, String)>,
+    /// The broker the scenario's vhost is made on, when not the shared one (a private node
+    /// the fault started); the host is pointed at it through [`Setup::env`].
+    pub broker: Option<BrokerEndpoints>,
+}
+
+/// Where a broker other than the shared one answers.
+#[derive(Debug, Clone)]
+pub struct BrokerEndpoints {
+    /// The management API, `http://user:password@host:port`.
+    pub api: String,
+    /// The AMQP listener, `host:port`.
+    pub amqp: String,
 }
 
 /// A scenario's resources and its host.
@@ -57,6 +69,9 @@ pub struct Run {
     pub ready: Vec<f64>,
     pub never_ready: bool,
     pub unclean_exits: u64,
+    /// Faults that should have made the host not ready (a silent broker) but during which
+    /// `/readyz` stayed 200.
+    pub unnoticed_faults: u64,
 }
 
 impl Run {
@@ -70,7 +85,12 @@ impl Run {
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let db = TestDb::create().await.context("creating the database")?;
-        let vhost = TestVhost::create().await.context("creating the vhost")?;
+        let vhost = match &setup.broker {
+            Some(broker) => TestVhost::create_on(&broker.api, &broker.amqp)
+                .await
+                .with_context(|| format!("creating the vhost on the broker at {}", broker.amqp))?,
+            None => TestVhost::create().await.context("creating the vhost")?,
+        };
         let boxes = Mailboxes::new(name);
         let port = free_port()?;
         let automation = dir.join("automations.toml");
@@ -97,6 +117,7 @@ impl Run {
             ready: Vec::new(),
             never_ready: false,
             unclean_exits: 0,
+            unnoticed_faults: 0,
         })
     }
 
@@ -161,6 +182,19 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// Watches `/readyz` for `span` (a fault that lasts that long) and says whether it left
+    /// 200 at any time in it: whether the host noticed the fault.
+    pub async fn left_ready_within(&self, span: Duration) -> anyhow::Result<bool> {
+        let host = self.host.as_ref().context("no host is running")?;
+        let until = Instant::now() + span;
+        let mut left = false;
+        while Instant::now() < until {
+            left |= host.readyz().await != Some(200);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(left)
     }
 
     /// Waits, at most `bound`, until the sender has a mail for every ping and the work queues
@@ -275,6 +309,7 @@ impl Run {
             self.unclean_exits += 1;
         }
         figures.unclean_exits = self.unclean_exits;
+        figures.unnoticed_faults = self.unnoticed_faults;
         if !figures.failures(f64::MAX).is_empty() {
             eprintln!("faults: the host's log: {}", self.command.log.display());
         }

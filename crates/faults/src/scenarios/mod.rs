@@ -3,13 +3,18 @@
 //! world, then per repetition send a steady stream of pings and apply the fault at a random
 //! moment of it, then settle and count.
 
+mod amqp_blackhole;
 mod amqp_close;
+mod amqp_cut;
 mod baseline;
 mod host_kill9;
 mod host_sigterm;
+mod memory_alarm;
 mod pg_restart;
 mod pg_terminate;
+mod rabbit_kill9;
 mod rabbit_restart;
+mod rabbit_sigstop;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -66,10 +71,16 @@ pub struct Scenario {
     pub rate_per_sec: f64,
     /// The longest wait, after the last repetition, for the loop to finish its work.
     pub settle: Duration,
+    /// The host's `broker.heartbeat` (given to every host process of the scenario): a dead
+    /// connection is noticed within two of them, and "ready again" must come within two.
+    pub heartbeat: Duration,
     /// It restarts a service every test on the machine shares: run only when named or with
     /// `--disruptive`.
     pub disruptive: bool,
 }
+
+/// The host's own default `broker.heartbeat`, which most scenarios keep.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// Every scenario built so far, in the order a run takes them.
 pub fn all() -> Vec<Scenario> {
@@ -79,8 +90,13 @@ pub fn all() -> Vec<Scenario> {
         host_sigterm::scenario(),
         pg_terminate::scenario(),
         amqp_close::scenario(),
-        pg_restart::scenario(),
+        amqp_cut::scenario(),
+        amqp_blackhole::scenario(),
         rabbit_restart::scenario(),
+        rabbit_kill9::scenario(),
+        rabbit_sigstop::scenario(),
+        memory_alarm::scenario(),
+        pg_restart::scenario(),
     ]
 }
 
@@ -90,6 +106,7 @@ pub async fn run(scenario: &Scenario, load: Load, binary: &Path, dir: &Path) -> 
     let mut figures = Figures {
         scenario: scenario.name.to_string(),
         repetitions: load.repetitions,
+        ready_limit_secs: Some(2.0 * scenario.heartbeat.as_secs_f64()),
         ..Figures::default()
     };
     if let Err(err) = run_inner(scenario, load, binary, dir, &mut figures).await {
@@ -107,10 +124,14 @@ async fn run_inner(
     figures: &mut Figures,
 ) -> anyhow::Result<()> {
     let mut fault = scenario.fault.map(|make| make());
-    let setup = match fault.as_mut() {
+    let mut setup = match fault.as_mut() {
         Some(fault) => fault.prepare(dir).await?,
         None => Setup::default(),
     };
+    setup.env.push((
+        "WORKER_HOST__BROKER__HEARTBEAT".into(),
+        format!("{}ms", scenario.heartbeat.as_millis()),
+    ));
     let mut run = Run::start(scenario.name, binary, dir, setup).await?;
     eprintln!(
         "faults: {}: database {}, vhost {}, account {}, log {}",

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Fault, Load, Scenario};
+use super::{DEFAULT_HEARTBEAT, Fault, Load, Scenario};
 use crate::run::Run;
 use crate::services;
 
@@ -26,6 +26,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(180),
+        heartbeat: DEFAULT_HEARTBEAT,
         disruptive: true,
     }
 }
