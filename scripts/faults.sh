@@ -7,8 +7,9 @@
 #   scripts/faults.sh --quick                  each once with a small load
 #   scripts/faults.sh --scenario host-kill9    only that one (repeatable)
 #   scripts/faults.sh --baseline-messages 1000 --repetitions 5   smaller full run
-#   scripts/faults.sh --disruptive             also pg-restart and rabbit-restart (they restart
-#                                              the shared PostgreSQL and RabbitMQ)
+#   scripts/faults.sh --disruptive             also pg-restart (it restarts the shared
+#                                              PostgreSQL; the broker's process faults run on a
+#                                              private RabbitMQ node the scenarios start)
 #   scripts/faults.sh --output -               print only, write no document
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

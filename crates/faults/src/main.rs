@@ -2,8 +2,9 @@
 //! on the real local services, one scenario at a time, each with a database, a vhost and
 //! mailboxes of its own; it sends a steady stream of ping mails through the whole loop (SMTP
 //! in, IMAP poll, trigger, action, SMTP out) while it applies the scenario's fault (kill -9 or
-//! SIGTERM of the host, its PostgreSQL sessions terminated, its AMQP connections closed;
-//! with `--disruptive`, the shared PostgreSQL and RabbitMQ restarted), and
+//! SIGTERM of the host, its PostgreSQL sessions terminated, its AMQP connections closed, cut
+//! or blackholed through a proxy; a private RabbitMQ node restarted, killed, frozen or
+//! alarmed; with `--disruptive`, the shared PostgreSQL restarted), and
 //! then counts from outside what the host promised: every ping answered exactly once, no
 //! database effect twice, the queues and the outbox drained, and ready again within two
 //! heartbeat intervals. It prints the table and writes it to `docs/RELIABILITY.md`; it exits 1
@@ -12,7 +13,8 @@
 //! Start it with `scripts/faults.sh` (which starts the services and builds both binaries).
 //! The code: `scenarios/` (one file a scenario), `run.rs` (a scenario's world and the readings),
 //! `oracle.rs` (the counting and the verdict), `report.rs` (the table and the document),
-//! `host.rs` (the host process), `mail.rs` (the pings and the replies).
+//! `host.rs` (the host process), `mail.rs` (the pings and the replies), `rabbit_node.rs` (a
+//! private RabbitMQ node for the broker's process faults).
 
 mod host;
 mod mail;
@@ -53,7 +55,7 @@ struct Args {
     /// Repetitions of every fault scenario instead of its own.
     #[arg(long, value_name = "N")]
     repetitions: Option<u32>,
-    /// Also run the disruptive scenarios (they restart the shared PostgreSQL and RabbitMQ).
+    /// Also run the disruptive scenarios (they restart the shared PostgreSQL).
     #[arg(long)]
     disruptive: bool,
     /// The `worker-host` binary under test.

@@ -1,6 +1,7 @@
 //! Process control of the shared local services (the disruptive scenarios): PostgreSQL's
-//! cluster found as `scripts/services.sh` finds it, and RabbitMQ through `rabbitmqctl`. Run as
-//! root (or a user these commands accept), as the services were started.
+//! cluster found as `scripts/services.sh` finds it. Run as root (or a user these commands
+//! accept), as the services were started. (The broker's process faults are applied to a
+//! private node instead: `rabbit_node.rs`.)
 
 use std::time::Duration;
 
