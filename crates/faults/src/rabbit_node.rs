@@ -6,8 +6,9 @@
 //! cookie (`home/.erlang.cookie`, shared with the `rabbitmqctl` calls through `HOME`) under
 //! the scenario's folder, the management plugin enabled, and guest allowed from loopback (the
 //! broker's default). It runs in the foreground as a child process in a process group of its
-//! own (`rabbitmq-server`, the unwrapped script, which runs `beam.smp` under a shell), so the
-//! harness knows the node's OS process (the pid file the node writes) and can kill, stop and
+//! own (`rabbitmq-server`, the unwrapped script, which runs `beam.smp` under a shell; a
+//! watchdog shell around it ends the group when the harness dies without its Drop, killed or
+//! interrupted), so the harness knows the node's OS process (the pid file the node writes) and can kill, stop and
 //! continue it, and start it again on the same data. Dropping the value kills the whole
 //! process group and removes the data (the logs stay, for reading after a failure).
 
@@ -29,6 +30,11 @@ const START_WAIT: Duration = Duration::from_secs(120);
 /// How long one `rabbitmqctl` call may take.
 const CTL_WAIT: Duration = Duration::from_secs(60);
 
+/// `sh -c` script: runs `$2` (`rabbitmq-server`) in the background and, once the process
+/// `$1` (the harness) or the node's script is gone, SIGKILLs its own process group (the node
+/// with it, and itself: a node that fails to boot shows as this shell's exit).
+const WATCHDOG: &str = r#"harness=$1; "$2" & node=$!; while kill -0 "$harness" 2>/dev/null && kill -0 "$node" 2>/dev/null; do sleep 1; done; kill -KILL 0"#;
+
 /// Where RabbitMQ's own scripts are (Debian's package): the unwrapped ones, which run as the
 /// calling user with its `HOME` (the `/usr/sbin` wrappers switch to the `rabbitmq` user and
 /// its cookie). `WH_RABBITMQ_BIN` names another folder.
@@ -47,7 +53,8 @@ pub struct RabbitNode {
     pub management_port: u16,
     pub dist_port: u16,
     dir: PathBuf,
-    /// The `rabbitmq-server` script, leader of the node's process group; `None` once killed.
+    /// The watchdog shell around `rabbitmq-server`, leader of the node's process group;
+    /// `None` once killed.
     child: Option<Child>,
 }
 
@@ -138,7 +145,15 @@ impl RabbitNode {
             .open(&log_path)
             .with_context(|| format!("opening {}", log_path.display()))?;
         let script = scripts_dir().join("rabbitmq-server");
-        let child = Command::new(&script)
+        // The node runs under a small watchdog shell that kills the whole group once the
+        // harness is gone, so that a harness killed with SIGKILL or SIGINT (no Drop) does not
+        // leave the node behind.
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .arg(std::process::id().to_string())
+            .arg(&script)
             .envs(self.environment())
             .env("RABBITMQ_NODENAME", &self.name)
             .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
@@ -270,10 +285,10 @@ impl RabbitNode {
         self.wait_ready().await
     }
 
-    /// SIGKILL to the node's whole process group, then reaps the script.
+    /// SIGKILL to the node's whole process group, then reaps the watchdog.
     fn kill_group(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // The group's id is the script's pid (`process_group(0)`).
+            // The group's id is the watchdog's pid (`process_group(0)`).
             let _ = Command::new("kill")
                 .arg("-KILL")
                 .arg("--")
