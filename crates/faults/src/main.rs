@@ -3,8 +3,9 @@
 //! mailboxes of its own; it sends a steady stream of ping mails through the whole loop (SMTP
 //! in, IMAP poll, trigger, action, SMTP out) while it applies the scenario's fault (kill -9 or
 //! SIGTERM of the host, its PostgreSQL sessions terminated, a private PostgreSQL cluster
-//! restarted or crashed, its database traffic stalled, its AMQP connections closed; with
-//! `--disruptive`, the shared RabbitMQ restarted), and
+//! restarted or crashed, its database traffic stalled, its AMQP connections closed, cut or
+//! blackholed through a proxy, a private RabbitMQ node restarted, killed, frozen or alarmed,
+//! poison messages, timers overrunning and replicas competing for leases), and
 //! then counts from outside what the host promised: every ping answered exactly once, no
 //! database effect twice, the queues and the outbox drained, and ready again within two
 //! heartbeat intervals. It prints the table and writes it to `docs/RELIABILITY.md`; it exits 1
@@ -13,17 +14,18 @@
 //! Start it with `scripts/faults.sh` (which starts the services and builds both binaries).
 //! The code: `scenarios/` (one file a scenario), `run.rs` (a scenario's world and the readings),
 //! `oracle.rs` (the counting and the verdict), `report.rs` (the table and the document),
-//! `host.rs` (the host process), `mail.rs` (the pings and the replies).
+//! `host.rs` (the host process), `mail.rs` (the pings and the replies), `rabbit_node.rs` (a
+//! private RabbitMQ node for the broker's process faults).
 
 mod direct;
 mod host;
 mod mail;
 mod oracle;
 mod pg_cluster;
+mod rabbit_node;
 mod report;
 mod run;
 mod scenarios;
-mod services;
 mod timers;
 
 use std::path::PathBuf;
@@ -34,8 +36,10 @@ use anyhow::Context;
 use clap::Parser;
 use futures::StreamExt;
 
-/// The host's broker heartbeat (`broker.heartbeat`, not set by the scenarios' settings).
-const HEARTBEAT_SECS: f64 = 10.0;
+/// The host's broker heartbeat (`broker.heartbeat`) in the scenarios that keep the default;
+/// a scenario with its own ([`scenarios::Scenario::heartbeat`]) carries its own limit in its
+/// figures.
+const HEARTBEAT_SECS: f64 = scenarios::DEFAULT_HEARTBEAT.as_secs_f64();
 
 #[derive(Debug, Parser)]
 #[command(
@@ -46,7 +50,7 @@ struct Args {
     /// One repetition of each scenario with a small load.
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (repeatable); all but the disruptive ones by default.
+    /// Run only these scenarios (repeatable); all by default.
     #[arg(long = "scenario", value_name = "NAME")]
     scenarios: Vec<String>,
     /// Pings of the baseline (default: 10,000 full, 100 quick).
@@ -59,9 +63,6 @@ struct Args {
     /// Repetitions of every fault scenario instead of its own.
     #[arg(long, value_name = "N")]
     repetitions: Option<u32>,
-    /// Also run the disruptive scenarios (they restart the shared RabbitMQ).
-    #[arg(long)]
-    disruptive: bool,
     /// The `worker-host` binary under test.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/worker-host"))]
     host_bin: PathBuf,
@@ -119,13 +120,7 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
     }
     let chosen: Vec<_> = all
         .iter()
-        .filter(|s| {
-            if args.scenarios.is_empty() {
-                args.disruptive || !s.disruptive
-            } else {
-                args.scenarios.iter().any(|n| n == s.name)
-            }
-        })
+        .filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|n| n == s.name))
         .cloned()
         .collect();
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
@@ -182,9 +177,6 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
         }
         for name in &args.scenarios {
             command.push_str(&format!(" --scenario {name}"));
-        }
-        if args.disruptive {
-            command.push_str(" --disruptive");
         }
         if let Some(n) = args.baseline_messages {
             command.push_str(&format!(" --baseline-messages {n}"));

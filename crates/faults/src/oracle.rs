@@ -82,9 +82,12 @@ pub struct Figures {
     pub never_ready: bool,
     /// SIGTERM stops that did not end in exit code 0 within the wait.
     pub unclean_exits: u64,
-    /// Outages of a service (long enough that the host must notice) during which `/readyz`
-    /// kept answering 200: the host said it was ready while it could not work.
-    pub ready_during_outage: u64,
+    /// Outages the host should have noticed (`/readyz` not 200 while its broker was silent or
+    /// its database stalled) and did not: it said it was ready while it could not work.
+    pub unnoticed_faults: u64,
+    /// The longest time to ready again this scenario allows (two of its host's heartbeat
+    /// intervals); `None`: the limit the caller of [`Figures::failures`] gives.
+    pub ready_limit_secs: Option<f64>,
     /// The scenario's wall-clock duration, in seconds.
     pub duration_secs: f64,
     /// Something the harness itself could not do (set-up, a fault that could not be applied).
@@ -115,8 +118,9 @@ impl Check {
 
 impl Figures {
     /// Why the scenario fails; empty when it passes. `ready_limit_secs` is two heartbeat
-    /// intervals of the host under test.
+    /// intervals of the host under test, unless the figures carry their own limit.
     pub fn failures(&self, ready_limit_secs: f64) -> Vec<String> {
+        let ready_limit_secs = self.ready_limit_secs.unwrap_or(ready_limit_secs);
         let mut why = Vec::new();
         if let Some(err) = &self.harness_error {
             why.push(format!("harness: {err}"));
@@ -174,10 +178,10 @@ impl Figures {
                 self.unclean_exits
             ));
         }
-        if self.ready_during_outage > 0 {
+        if self.unnoticed_faults > 0 {
             why.push(format!(
-                "ready (200) throughout {} outages it could not work through",
-                self.ready_during_outage
+                "{} faults unnoticed (/readyz stayed 200 through an outage the host could not work through)",
+                self.unnoticed_faults
             ));
         }
         if self.never_ready {
@@ -263,6 +267,15 @@ mod tests {
     }
 
     #[test]
+    fn a_scenario_s_own_ready_limit_overrides_the_callers() {
+        let mut f = clean();
+        f.max_secs_to_ready = Some(12.0);
+        assert!(f.passed(20.0));
+        f.ready_limit_secs = Some(10.0);
+        assert!(!f.passed(20.0));
+    }
+
+    #[test]
     fn clean_figures_pass() {
         assert!(clean().passed(20.0));
     }
@@ -303,7 +316,7 @@ mod tests {
             |f| f.max_secs_to_ready = Some(20.5),
             |f| f.never_ready = true,
             |f| f.unclean_exits = 1,
-            |f| f.ready_during_outage = 1,
+            |f| f.unnoticed_faults = 1,
             |f| f.harness_error = Some("boom".into()),
             |f| f.messages = 0,
             |f| f.expected_dead_letters = Some(1),

@@ -117,7 +117,8 @@ A scenario passes when lost = 0, duplicate DB effects = 0, duplicate mails ≤ f
 send's window, no reply matches no ping, the work queues, the dead queues and the outbox
 are empty at the end, no message is dead-lettered or archived twice, the dead letters are
 exactly those the scenario makes on purpose (where it says how many), and every fault was followed by `/readyz` 200 within two heartbeat intervals of the host under
-test ({ready_limit_secs:.0} s: `broker.heartbeat` is 10 s).
+test ({ready_limit_secs:.0} s: `broker.heartbeat` is 10 s, unless the scenario's description
+says it sets a shorter one).
 A scenario may promise more (the timer scenarios: skipped ticks counted, no two ticks of one
 job overlapping, a lease taken over in time): each such figure is shown in brackets in the
 result column, and one that does not hold fails the scenario.

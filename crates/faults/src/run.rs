@@ -49,6 +49,10 @@ pub struct Setup {
     /// ([`TestDb::create_on`]); the shared one when `None`. A scenario that brings a private
     /// cluster names it here and points the host at it through [`Setup::env`].
     pub database_admin_url: Option<String>,
+    /// The RabbitMQ node the scenario's vhost is made on; the shared one when `None`. A
+    /// scenario that brings a private node names it here and points the host at it through
+    /// [`Setup::env`].
+    pub broker: Option<BrokerEndpoints>,
 }
 
 /// Which host process of the scenario: the first, or the replica [`Run::start_replica`]
@@ -74,6 +78,15 @@ impl HostId {
             Self::Replica => "replica",
         }
     }
+}
+
+/// Where a broker other than the shared one answers.
+#[derive(Debug, Clone)]
+pub struct BrokerEndpoints {
+    /// The management API, `http://user:password@host:port`.
+    pub api: String,
+    /// The AMQP listener, `host:port`.
+    pub amqp: String,
 }
 
 /// A scenario's resources and its host.
@@ -105,8 +118,9 @@ pub struct Run {
     pub expected_dead_letters: Option<u64>,
     /// Pings per repetition of this run's load (a fault may size its own share by it).
     pub per_repetition: u64,
-    /// Outages during which `/readyz` never left 200 (see [`Figures::ready_during_outage`]).
-    pub ready_during_outage: u64,
+    /// Faults that should have made the host not ready (a silent broker, a stalled database)
+    /// but during which `/readyz` stayed 200.
+    pub unnoticed_faults: u64,
 }
 
 impl Run {
@@ -124,7 +138,12 @@ impl Run {
             None => TestDb::create().await,
         }
         .context("creating the database")?;
-        let vhost = TestVhost::create().await.context("creating the vhost")?;
+        let vhost = match &setup.broker {
+            Some(broker) => TestVhost::create_on(&broker.api, &broker.amqp)
+                .await
+                .with_context(|| format!("creating the vhost on the broker at {}", broker.amqp))?,
+            None => TestVhost::create().await.context("creating the vhost")?,
+        };
         let boxes = Mailboxes::new(name);
         let direct = DirectCommands::new(db.pool.clone(), &vhost.name, &boxes).await?;
         let port = free_port()?;
@@ -161,7 +180,7 @@ impl Run {
             direct_expected: Vec::new(),
             expected_dead_letters: None,
             per_repetition: 0,
-            ready_during_outage: 0,
+            unnoticed_faults: 0,
         })
     }
 
@@ -308,6 +327,19 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// Watches `/readyz` for `span` (a fault that lasts that long) and says whether it left
+    /// 200 at any time in it: whether the host noticed the fault.
+    pub async fn left_ready_within(&self, span: Duration) -> anyhow::Result<bool> {
+        let host = self.host.as_ref().context("no host is running")?;
+        let until = Instant::now() + span;
+        let mut left = false;
+        while Instant::now() < until {
+            left |= host.readyz().await != Some(200);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(left)
     }
 
     /// Waits, at most `bound`, until the sender has a mail for every ping, the direct mailbox
@@ -457,7 +489,6 @@ impl Run {
         figures.faults_in_send_window = self.unknown_before;
         figures.max_secs_to_ready = self.ready.iter().copied().reduce(f64::max);
         figures.never_ready = self.never_ready;
-        figures.ready_during_outage = self.ready_during_outage;
         let code = host.sigterm(STOP_WAIT).await?;
         if code != Some(0) {
             eprintln!("faults: the final SIGTERM ended the host with {code:?}");
@@ -471,6 +502,7 @@ impl Run {
             }
         }
         figures.unclean_exits = self.unclean_exits;
+        figures.unnoticed_faults = self.unnoticed_faults;
         if !figures.failures(f64::MAX).is_empty() {
             eprintln!("faults: the host's log: {}", self.command.log.display());
             if let Some(replica) = &self.replica_command {

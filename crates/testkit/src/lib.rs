@@ -218,13 +218,32 @@ impl Drop for TestDb {
 pub struct TestVhost {
     pub name: String,
     api: String,
+    /// `host:port` of the AMQP listener, when not the shared broker's (`WH_TEST_AMQP_HOST`).
+    amqp_host: Option<String>,
 }
 
 impl TestVhost {
+    /// A vhost on the shared local broker (`WH_TEST_RABBIT_API`, `WH_TEST_AMQP_HOST`).
     pub async fn create() -> anyhow::Result<Self> {
         let api = rabbit_api();
         let client = reqwest::Client::new();
         sweep_leftover_vhosts(&client, &api).await;
+        Self::create_with(&client, api, None).await
+    }
+
+    /// A vhost on another broker: a private node a test started itself, whose management API
+    /// is `api` (`http://user:password@host:port`) and AMQP listener `amqp_host`
+    /// (`host:port`). Leftovers are not swept there: such a node lives no longer than its test.
+    pub async fn create_on(api: &str, amqp_host: &str) -> anyhow::Result<Self> {
+        let client = reqwest::Client::new();
+        Self::create_with(&client, api.to_string(), Some(amqp_host.to_string())).await
+    }
+
+    async fn create_with(
+        client: &reqwest::Client,
+        api: String,
+        amqp_host: Option<String>,
+    ) -> anyhow::Result<Self> {
         let name = unique_name();
         let (base, user, password) = split_credentials(&api)?;
         let response = client
@@ -249,12 +268,18 @@ impl TestVhost {
                 response.status()
             );
         }
-        Ok(Self { name, api })
+        Ok(Self {
+            name,
+            api,
+            amqp_host,
+        })
     }
 
     /// The AMQP URL of this vhost for the management user (guest by default).
     pub fn amqp_url(&self) -> String {
-        let host = std::env::var("WH_TEST_AMQP_HOST").unwrap_or_else(|_| "127.0.0.1:5672".into());
+        let host = self.amqp_host.clone().unwrap_or_else(|| {
+            std::env::var("WH_TEST_AMQP_HOST").unwrap_or_else(|_| "127.0.0.1:5672".into())
+        });
         let (user, password) = split_credentials(&self.api)
             .map(|(_, u, p)| (u, p))
             .unwrap_or_else(|_| ("guest".into(), "guest".into()));

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use super::{Fault, Load, Scenario};
+use super::{DEFAULT_HEARTBEAT, Fault, Load, Scenario};
 use crate::run::Run;
 
 pub fn scenario() -> Scenario {
@@ -25,7 +25,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(180),
-        disruptive: false,
+        heartbeat: DEFAULT_HEARTBEAT,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Load, Scenario};
+use super::{DEFAULT_HEARTBEAT, Load, Scenario};
 
 pub fn scenario() -> Scenario {
     Scenario {
@@ -21,6 +21,6 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 20.0,
         settle: Duration::from_secs(120),
-        disruptive: false,
+        heartbeat: DEFAULT_HEARTBEAT,
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Fault, Load, Scenario};
+use super::{DEFAULT_HEARTBEAT, Fault, Load, Scenario};
 use crate::run::Run;
 
 pub fn scenario() -> Scenario {
@@ -26,7 +26,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(300),
-        disruptive: false,
+        heartbeat: DEFAULT_HEARTBEAT,
     }
 }
 

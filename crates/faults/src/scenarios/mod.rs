@@ -3,10 +3,13 @@
 //! world, then per repetition send a steady stream of pings and apply the fault at a random
 //! moment of it, then settle and count.
 
+mod amqp_blackhole;
 mod amqp_close;
+mod amqp_cut;
 mod baseline;
 mod host_kill9;
 mod host_sigterm;
+mod memory_alarm;
 mod pg_immediate;
 mod pg_restart;
 mod pg_stall;
@@ -14,7 +17,9 @@ mod pg_terminate;
 mod poison_429;
 mod poison_malformed;
 mod poison_panic;
+mod rabbit_kill9;
 mod rabbit_restart;
+mod rabbit_sigstop;
 mod timer_lease_kill;
 mod timer_overrun;
 mod timer_replicas;
@@ -87,30 +92,43 @@ pub struct Scenario {
     pub rate_per_sec: f64,
     /// The longest wait, after the last repetition, for the loop to finish its work.
     pub settle: Duration,
-    /// It restarts a service every test on the machine shares: run only when named or with
-    /// `--disruptive`.
-    pub disruptive: bool,
+    /// The host's `broker.heartbeat` (given to every host process of the scenario): a dead
+    /// connection is noticed within two of them, and "ready again" must come within two.
+    pub heartbeat: Duration,
 }
 
 /// The scenarios that need a host built with `--features fault-injection` (given by
 /// `--fault-injection-host-bin`).
 pub const NEEDS_FAULT_INJECTION: &[&str] = &["poison-panic"];
 
+/// The host's own default `broker.heartbeat`, which most scenarios keep.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
 /// Every scenario built so far, in the order a run takes them.
 pub fn all() -> Vec<Scenario> {
     vec![
         baseline::scenario(),
-        host_kill9::scenario(),
-        host_sigterm::scenario(),
-        pg_terminate::scenario(),
+        // The broker.
+        rabbit_restart::scenario(),
+        rabbit_kill9::scenario(),
+        rabbit_sigstop::scenario(),
         amqp_close::scenario(),
+        amqp_cut::scenario(),
+        amqp_blackhole::scenario(),
+        memory_alarm::scenario(),
+        // The database.
         pg_restart::scenario(),
         pg_immediate::scenario(),
+        pg_terminate::scenario(),
         pg_stall::scenario(),
-        rabbit_restart::scenario(),
+        // The host itself.
+        host_kill9::scenario(),
+        host_sigterm::scenario(),
+        // Poison.
         poison_malformed::scenario(),
         poison_panic::scenario(),
         poison_429::scenario(),
+        // Timers and replicas.
         timer_overrun::scenario(),
         timer_replicas::scenario(),
         timer_lease_kill::scenario(),
@@ -123,6 +141,7 @@ pub async fn run(scenario: &Scenario, load: Load, binary: &Path, dir: &Path) -> 
     let mut figures = Figures {
         scenario: scenario.name.to_string(),
         repetitions: load.repetitions,
+        ready_limit_secs: Some(2.0 * scenario.heartbeat.as_secs_f64()),
         ..Figures::default()
     };
     if let Err(err) = run_inner(scenario, load, binary, dir, &mut figures).await {
@@ -140,10 +159,14 @@ async fn run_inner(
     figures: &mut Figures,
 ) -> anyhow::Result<()> {
     let mut fault = scenario.fault.map(|make| make());
-    let setup = match fault.as_mut() {
+    let mut setup = match fault.as_mut() {
         Some(fault) => fault.prepare(dir).await?,
         None => Setup::default(),
     };
+    setup.env.push((
+        "WORKER_HOST__BROKER__HEARTBEAT".into(),
+        format!("{}ms", scenario.heartbeat.as_millis()),
+    ));
     let mut run = Run::start(scenario.name, binary, dir, setup).await?;
     run.per_repetition = load.per_repetition;
     eprintln!(

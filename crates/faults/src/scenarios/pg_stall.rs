@@ -42,7 +42,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(180),
-        disruptive: false,
+        heartbeat: super::DEFAULT_HEARTBEAT,
     }
 }
 
@@ -91,7 +91,7 @@ impl Fault for PgStall {
         let healed = Instant::now();
         if !left_ready {
             eprintln!("faults: pg-stall: /readyz stayed 200 through the {STALL:?} stall");
-            run.ready_during_outage += 1;
+            run.unnoticed_faults += 1;
         }
         run.record_ready_after(healed).await
     }

@@ -53,7 +53,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(120),
-        disruptive: false,
+        heartbeat: super::DEFAULT_HEARTBEAT,
     }
 }
 

@@ -53,7 +53,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 20.0,
         settle: Duration::from_secs(180),
-        disruptive: false,
+        heartbeat: super::DEFAULT_HEARTBEAT,
     }
 }
 

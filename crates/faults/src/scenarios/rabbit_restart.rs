@@ -1,10 +1,13 @@
-//! `rabbit-restart`: the shared RabbitMQ's application stopped and started (disruptive).
+//! `rabbit-restart`: the scenario's private RabbitMQ node's application stopped and started.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{Fault, Load, Scenario};
-use crate::run::Run;
-use crate::services;
+use anyhow::Context;
+
+use super::{DEFAULT_HEARTBEAT, Fault, Load, Scenario};
+use crate::rabbit_node::RabbitNode;
+use crate::run::{Run, Setup};
 
 /// How long the broker's application stays stopped.
 const DOWN: Duration = Duration::from_secs(5);
@@ -12,11 +15,13 @@ const DOWN: Duration = Duration::from_secs(5);
 pub fn scenario() -> Scenario {
     Scenario {
         name: "rabbit-restart",
-        about: "At a random moment of each repetition, `rabbitmqctl stop_app`, 5 s down, then \
-                `rabbitmqctl start_app`: a graceful restart of the broker (every connection \
-                closed; quorum queues kept). Disruptive (the broker is shared): run only when \
-                named or with `--disruptive`. \"Ready again\" is from `start_app`'s return.",
-        fault: Some(|| Box::new(RabbitRestart)),
+        about: "The host runs against a private RabbitMQ node the scenario starts (its own node \
+                name, ports and data under the scenario's folder). At a random moment of each \
+                repetition, `rabbitmqctl -n <node> stop_app`, 5 s down, then `rabbitmqctl -n \
+                <node> start_app`: a graceful restart of the broker (every connection closed; \
+                quorum queues and durable state kept). \"Ready again\" is from `start_app`'s \
+                return.",
+        fault: Some(|| Box::new(RabbitRestart::default())),
         full: Load {
             repetitions: 5,
             per_repetition: 30,
@@ -27,23 +32,33 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 10.0,
         settle: Duration::from_secs(180),
-        disruptive: true,
+        heartbeat: DEFAULT_HEARTBEAT,
     }
 }
 
 /// The fault: see [`scenario`]'s description.
-struct RabbitRestart;
+#[derive(Default)]
+struct RabbitRestart {
+    node: Option<RabbitNode>,
+}
 
 #[async_trait::async_trait]
 impl Fault for RabbitRestart {
-    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
-        apply(run).await
+    async fn prepare(&mut self, dir: &Path) -> anyhow::Result<Setup> {
+        let node = RabbitNode::start(dir).await?;
+        let setup = node.setup();
+        self.node = Some(node);
+        Ok(setup)
     }
-}
 
-async fn apply(run: &mut Run) -> anyhow::Result<()> {
-    services::command("rabbitmqctl", &["stop_app"]).await?;
-    tokio::time::sleep(DOWN).await;
-    services::command("rabbitmqctl", &["start_app"]).await?;
-    run.record_ready_after(Instant::now()).await
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        let node = self
+            .node
+            .as_ref()
+            .context("the private node is not started")?;
+        node.ctl(&["stop_app"]).await?;
+        tokio::time::sleep(DOWN).await;
+        node.ctl(&["start_app"]).await?;
+        run.record_ready_after(Instant::now()).await
+    }
 }

@@ -56,7 +56,7 @@ pub fn scenario() -> Scenario {
         },
         rate_per_sec: 5.0,
         settle: Duration::from_secs(240),
-        disruptive: false,
+        heartbeat: super::DEFAULT_HEARTBEAT,
     }
 }
 
