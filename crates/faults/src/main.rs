@@ -2,7 +2,9 @@
 //! on the real local services, one scenario at a time, each with a database, a vhost and
 //! mailboxes of its own; it sends a steady stream of ping mails through the whole loop (SMTP
 //! in, IMAP poll, trigger, action, SMTP out) while it applies the scenario's fault (kill -9 or
-//! SIGTERM of the host, its PostgreSQL sessions terminated, its AMQP connections closed;
+//! SIGTERM of the host, its PostgreSQL sessions terminated, its AMQP connections closed,
+//! its SMTP server silent, late, refusing or cut after the final ".", its IMAP connection
+//! dropped in a FETCH, its IMAP server restarted, its mailbox's UIDVALIDITY changed;
 //! with `--disruptive`, the shared PostgreSQL and RabbitMQ restarted), and
 //! then counts from outside what the host promised: every ping answered exactly once, no
 //! database effect twice, the queues and the outbox drained, and ready again within two

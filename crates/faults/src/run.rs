@@ -41,6 +41,9 @@ pub struct Setup {
     /// variables, which override the settings file (for example the broker's port when a
     /// proxy stands in front of it).
     pub env: Vec<(String, String)>,
+    /// The port of the polled IMAP account, in the settings file (an array entry, which
+    /// the `WORKER_HOST__…` variables cannot reach); `None`: the shared Dovecot's.
+    pub imap_port: Option<u16>,
 }
 
 /// A scenario's resources and its host.
@@ -76,7 +79,10 @@ impl Run {
         let automation = dir.join("automations.toml");
         std::fs::write(&automation, AUTOMATION)?;
         let config = dir.join("worker-host.toml");
-        std::fs::write(&config, settings(&db, &vhost, &boxes, port, &automation))?;
+        std::fs::write(
+            &config,
+            settings(&db, &vhost, &boxes, port, &automation, setup.imap_port),
+        )?;
         let command = HostCommand {
             binary: binary.to_path_buf(),
             config,
@@ -110,6 +116,16 @@ impl Run {
         let host = self.host.take().context("no host is running")?;
         self.unknown_before += host.unknown_outcomes().await.unwrap_or(0);
         Ok(host)
+    }
+
+    /// `worker_email_unknown_outcomes_total` so far, over every host process of the scenario
+    /// (the running one's read from its `/metrics`; 0 for it when that cannot be read).
+    pub async fn unknown_outcomes(&self) -> u64 {
+        let running = match &self.host {
+            Some(host) => host.unknown_outcomes().await.unwrap_or(0),
+            None => 0,
+        };
+        self.unknown_before + running
     }
 
     /// kill -9 of the host, then a new one; records the seconds from its start to ready.
@@ -289,8 +305,12 @@ fn settings(
     boxes: &Mailboxes,
     port: u16,
     automation: &Path,
+    imap_port: Option<u16>,
 ) -> String {
     let tiers = r#"retry_tiers = ["2s", "5s", "10s"]"#;
+    let imap_port = imap_port
+        .map(|p| format!("port = {p}\n"))
+        .unwrap_or_default();
     format!(
         r#"
 installation = "faults"
@@ -317,7 +337,7 @@ email_send = "10s"
 name = "faults"
 username = {account:?}
 password = "secret"
-
+{imap_port}
 [jobs.inbound_email_poller]
 schedule = "every 500ms"
 

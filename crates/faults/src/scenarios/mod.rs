@@ -7,9 +7,17 @@ mod amqp_close;
 mod baseline;
 mod host_kill9;
 mod host_sigterm;
+mod imap_drop_fetch;
+mod imap_restart;
+mod imap_uidvalidity;
 mod pg_restart;
 mod pg_terminate;
 mod rabbit_restart;
+mod sink_switch;
+mod smtp_4xx_then_accept;
+mod smtp_drop_after_dot;
+mod smtp_no_greeting;
+mod smtp_stall_after_data;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -79,9 +87,34 @@ pub fn all() -> Vec<Scenario> {
         host_sigterm::scenario(),
         pg_terminate::scenario(),
         amqp_close::scenario(),
+        smtp_no_greeting::scenario(),
+        smtp_stall_after_data::scenario(),
+        smtp_4xx_then_accept::scenario(),
+        smtp_drop_after_dot::scenario(),
+        imap_drop_fetch::scenario(),
+        imap_restart::scenario(),
+        imap_uidvalidity::scenario(),
         pg_restart::scenario(),
         rabbit_restart::scenario(),
     ]
+}
+
+/// For the faults aimed at a send's window: waits (up to the send timeout and a margin, for
+/// the sends still waiting when the fault ended) until the host has counted an unknown
+/// outcome, and fails as a harness error when none came: then the fault never met a send
+/// where it was meant to, and the run proves nothing.
+pub async fn expect_unknown_outcomes(run: &Run, fault: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if run.unknown_outcomes().await > 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no send met {fault} (no unknown outcome was counted): the fault was not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Runs one scenario with `load` and returns its figures (a harness failure is one of them).
