@@ -5,6 +5,8 @@
 //! SIGTERM of the host, its PostgreSQL sessions terminated, a private PostgreSQL cluster
 //! restarted or crashed, its database traffic stalled, its AMQP connections closed, cut or
 //! blackholed through a proxy, a private RabbitMQ node restarted, killed, frozen or alarmed,
+//! its SMTP server silent, late, refusing or cut after the final ".", its IMAP connection
+//! dropped in a FETCH, a private IMAP server restarted, its mailbox's UIDVALIDITY changed,
 //! poison messages, timers overrunning and replicas competing for leases), and
 //! then counts from outside what the host promised: every ping answered exactly once, no
 //! database effect twice, the queues and the outbox drained, and ready again within two
@@ -17,6 +19,7 @@
 //! `host.rs` (the host process), `mail.rs` (the pings and the replies), `rabbit_node.rs` (a
 //! private RabbitMQ node for the broker's process faults).
 
+mod command;
 mod direct;
 mod host;
 mod mail;

@@ -87,10 +87,12 @@ pub fn document(
 
 The host's promises (lose nothing; do nothing twice that must not happen twice; be ready
 again soon after a fault) measured from outside, with the real release `worker-host` binary
-on the real local services. Rerun it with `scripts/faults.sh` (`--quick` for a small load,
-`--scenario NAME` for some scenarios only); the suite is built by issue 11 and is **not yet
-complete**: the scenarios that need a TCP proxy, the mail servers' faults, poison and timer
-scenarios are still to come (see the issue).
+on the real local services. Rerun it with `scripts/faults.sh` (`--quick` for one repetition
+of each with a small load, which CI runs after the test suite; `--scenario NAME` for some
+scenarios only; `--parallel N` to run N scenarios at once). No scenario stops, kills or
+reconfigures the shared services: process faults of RabbitMQ and PostgreSQL are applied to a
+private node or cluster the scenario starts, and traffic faults through a TCP proxy
+(`worker_testkit::FaultProxy`) in front of the shared ones.
 
 ## The run
 

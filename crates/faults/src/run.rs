@@ -272,6 +272,16 @@ impl Run {
         Ok(host)
     }
 
+    /// `worker_email_unknown_outcomes_total` so far, over every host process of the scenario
+    /// (the running one's read from its `/metrics`; 0 for it when that cannot be read).
+    pub async fn unknown_outcomes(&self) -> u64 {
+        let running = match &self.host {
+            Some(host) => host.unknown_outcomes().await.unwrap_or(0),
+            None => 0,
+        };
+        self.unknown_before + running
+    }
+
     /// kill -9 of the host, then a new one; records the seconds from its start to ready.
     pub async fn kill9_and_restart(&mut self) -> anyhow::Result<()> {
         self.take_host().await?.kill9()?;

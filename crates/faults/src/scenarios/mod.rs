@@ -9,6 +9,9 @@ mod amqp_cut;
 mod baseline;
 mod host_kill9;
 mod host_sigterm;
+mod imap_drop_fetch;
+mod imap_restart;
+mod imap_uidvalidity;
 mod memory_alarm;
 mod pg_immediate;
 mod pg_restart;
@@ -20,6 +23,11 @@ mod poison_panic;
 mod rabbit_kill9;
 mod rabbit_restart;
 mod rabbit_sigstop;
+mod sink_switch;
+mod smtp_4xx_then_accept;
+mod smtp_drop_after_dot;
+mod smtp_no_greeting;
+mod smtp_stall_after_data;
 mod timer_lease_kill;
 mod timer_overrun;
 mod timer_replicas;
@@ -132,7 +140,33 @@ pub fn all() -> Vec<Scenario> {
         timer_overrun::scenario(),
         timer_replicas::scenario(),
         timer_lease_kill::scenario(),
+        // The mail servers.
+        smtp_no_greeting::scenario(),
+        smtp_stall_after_data::scenario(),
+        smtp_4xx_then_accept::scenario(),
+        smtp_drop_after_dot::scenario(),
+        imap_drop_fetch::scenario(),
+        imap_restart::scenario(),
+        imap_uidvalidity::scenario(),
     ]
+}
+
+/// For the faults aimed at a send's window: waits (up to the send timeout and a margin, for
+/// the sends still waiting when the fault ended) until the host has counted an unknown
+/// outcome, and fails as a harness error when none came: then the fault never met a send
+/// where it was meant to, and the run proves nothing.
+pub async fn expect_unknown_outcomes(run: &Run, fault: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if run.unknown_outcomes().await > 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no send met {fault} (no unknown outcome was counted): the fault was not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Runs one scenario with `load` and returns its figures (a harness failure is one of them).

@@ -40,6 +40,11 @@
 //!
 //! ## Failures
 //!
+//! A FETCH that comes back without what it asked for (a size, a body) is taken as "the
+//! message is gone" only once a NOOP's tagged OK was read after it: async-imap ends a
+//! FETCH's answer alike at the server's tagged reply and at a dropped connection, and a
+//! message taken as gone is skipped past for good.
+//!
 //! IMAP errors are classified once, in [`classify_imap`]: connection trouble and timeouts are
 //! transient, a refused login or a missing mailbox permanent. Either way the account is
 //! logged, counted in [`PollerStats`] and listed in the tick's report, and the other accounts
@@ -1039,10 +1044,25 @@ async fn fetch_sizes(
         .await?
         .try_collect()
         .await?;
-    Ok(fetches
+    let sizes: HashMap<u32, u32> = fetches
         .iter()
         .filter_map(|f| Some((f.uid?, f.size?)))
-        .collect())
+        .collect();
+    if sizes.len() < uids.len() {
+        // A message without its size is taken as gone (and skipped past): make sure the
+        // answer was the server's, not a connection that closed in the middle of it.
+        confirm_answered(session).await?;
+    }
+    Ok(sizes)
+}
+
+/// After a FETCH that came back without what was asked: async-imap ends a FETCH's stream
+/// alike at the server's tagged answer and at the connection's end (EOF, a BYE before it),
+/// so a dropped connection reads as "no such message", and the poller would skip past mail
+/// it never read. A NOOP whose tagged OK must be read tells the two apart: on a connection
+/// that is gone it fails (`ConnectionLost` or an I/O error, not held against the message).
+async fn confirm_answered(session: &mut Session) -> Result<(), async_imap::error::Error> {
+    session.run_command_and_check_ok("NOOP").await
 }
 
 #[derive(Clone, Copy)]
@@ -1063,14 +1083,18 @@ async fn fetch_one(
         .await?
         .try_collect()
         .await?;
-    Ok(fetches
+    let found = fetches
         .iter()
         .filter(|f| f.uid == Some(uid))
         .find_map(|f| match part {
             Part::Header => f.header(),
             Part::Body => f.body(),
         })
-        .map(<[u8]>::to_vec))
+        .map(<[u8]>::to_vec);
+    if found.is_none() {
+        confirm_answered(session).await?;
+    }
+    Ok(found)
 }
 
 impl TimerJob for InboundEmailPoller {

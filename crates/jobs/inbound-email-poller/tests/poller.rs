@@ -591,3 +591,85 @@ async fn a_message_that_keeps_timing_out_is_skipped_after_its_attempts() -> anyh
     server.abort();
     Ok(())
 }
+
+/// A minimal IMAP server with one message (UID 7) that closes the connection (FIN) right
+/// after the `UID FETCH` it is told to drop, before any answer: the sizes fetch
+/// (`RFC822.SIZE`) or the body fetch.
+async fn closing_fetch_server(
+    drop_sizes_fetch: bool,
+) -> anyhow::Result<(u16, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let task = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut lines = BufReader::new(read).lines();
+                let _ = write
+                    .write_all(b"* OK [CAPABILITY IMAP4rev1] fake ready\r\n")
+                    .await;
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let (tag, rest) = line.split_once(' ').unwrap_or((&line, ""));
+                    let upper = rest.to_ascii_uppercase();
+                    let sizes = upper.contains("RFC822.SIZE");
+                    let reply = if upper.starts_with("LOGIN") {
+                        format!("{tag} OK logged in\r\n")
+                    } else if upper.starts_with("SELECT") {
+                        format!(
+                            "* 1 EXISTS\r\n* 0 RECENT\r\n* OK [UIDVALIDITY 42] ok\r\n* OK [UIDNEXT 8] ok\r\n\
+                             * FLAGS (\\Seen)\r\n{tag} OK [READ-WRITE] selected\r\n"
+                        )
+                    } else if upper.starts_with("UID SEARCH") {
+                        format!("* SEARCH 7\r\n{tag} OK searched\r\n")
+                    } else if upper.starts_with("UID FETCH") && sizes == drop_sizes_fetch {
+                        // The connection drops with the command sent and no byte answered.
+                        break;
+                    } else if upper.starts_with("UID FETCH") {
+                        format!("* 1 FETCH (UID 7 RFC822.SIZE 120)\r\n{tag} OK fetched\r\n")
+                    } else if upper.starts_with("LOGOUT") {
+                        format!("* BYE bye\r\n{tag} OK bye\r\n")
+                    } else {
+                        format!("{tag} BAD unknown\r\n")
+                    };
+                    if write.write_all(reply.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Ok((port, task))
+}
+
+#[tokio::test]
+async fn a_connection_dropped_during_a_fetch_is_a_failure_not_a_vanished_message()
+-> anyhow::Result<()> {
+    for drop_sizes_fetch in [true, false] {
+        let db = TestDb::create().await?;
+        let (port, server) = closing_fetch_server(drop_sizes_fetch).await?;
+        let mut dropping = account("dropping", "someone", "secret");
+        dropping.port = port;
+        let poller = poller(&db.pool, config(vec![dropping]));
+        let what = if drop_sizes_fetch { "sizes" } else { "body" };
+
+        for _ in 0..4 {
+            let report = poll(&poller).await;
+            let failure = report.accounts[0]
+                .failure
+                .clone()
+                .unwrap_or_else(|| panic!("a dropped {what} fetch must fail the poll: {report:?}"));
+            assert_eq!(failure.class(), FailureClass::Transient, "{failure}");
+            assert_eq!(report.accounts[0].counts.vanished, 0, "{report:?}");
+            // The message is neither skipped past nor given up on: the next tick tries it.
+            let last: Option<i64> = sqlx::query_scalar(
+                "SELECT last_uid FROM imap_poll_state WHERE account = 'dropping'",
+            )
+            .fetch_optional(&db.pool)
+            .await?;
+            assert_eq!(last.unwrap_or(0), 0, "after a dropped {what} fetch");
+            assert!(rows(&db.pool, "dropping").await?.is_empty());
+        }
+        server.abort();
+    }
+    Ok(())
+}
