@@ -266,6 +266,15 @@ impl fmt::Display for TickOutcome {
     }
 }
 
+/// One tick's outcome from [`tick_once_timed`], with the moment its work began: after the
+/// busy guard and, for a leased job, once the lease was held. `None` when no work began
+/// (skipped, cancelled, or the lease could not be asked for).
+#[derive(Debug)]
+pub struct TimedTick {
+    pub outcome: TickOutcome,
+    pub began: Option<tokio::time::Instant>,
+}
+
 /// Runs one tick of `job`: busy guard, then the lease if there is one, then the tick under
 /// [`run_unit`] with `timeout` and a child of `ctx.cancel`.
 ///
@@ -283,7 +292,24 @@ pub async fn tick_once<J: TimerJob, L: SingletonLease>(
     timeout: Duration,
     ctx: &WorkContext,
 ) -> TickOutcome {
+    tick_once_timed(job, busy, lease, timeout, ctx)
+        .await
+        .outcome
+}
+
+/// [`tick_once`], also saying when the tick's work began ([`TimedTick::began`]): a record of
+/// the tick's span that starts there shows when the job really ran, not the wait for a
+/// connection to ask for its lease (so two replicas' records of a leased job never seem to
+/// overlap).
+pub async fn tick_once_timed<J: TimerJob, L: SingletonLease>(
+    job: &J,
+    busy: &SkipIfBusy,
+    lease: Option<&L>,
+    timeout: Duration,
+    ctx: &WorkContext,
+) -> TimedTick {
     let name = job.name();
+    let mut began = None;
     let guarded = busy.try_run(async {
         if ctx.cancel.is_cancelled() {
             return TickOutcome::Cancelled;
@@ -295,6 +321,7 @@ pub async fn tick_once<J: TimerJob, L: SingletonLease>(
             })
         };
         let Some(lease) = lease else {
+            began = Some(tokio::time::Instant::now());
             return outcome(run().await);
         };
         let mut guard = match acquire(lease, name, timeout, &ctx.cancel).await {
@@ -309,6 +336,7 @@ pub async fn tick_once<J: TimerJob, L: SingletonLease>(
             Err(None) => return TickOutcome::Cancelled,
             Err(Some(failure)) => return TickOutcome::Failed(failure),
         };
+        began = Some(tokio::time::Instant::now());
         let watched = tokio::select! {
             biased;
             ran = run() => Ok(ran),
@@ -327,10 +355,11 @@ pub async fn tick_once<J: TimerJob, L: SingletonLease>(
             }
         }
     });
-    match guarded.await {
+    let outcome = match guarded.await {
         Busy::Ran(outcome) => outcome,
         Busy::Skipped => TickOutcome::SkippedBusy,
-    }
+    };
+    TimedTick { outcome, began }
 }
 
 fn outcome(ran: Result<TickReport, UnitError>) -> TickOutcome {
@@ -593,6 +622,8 @@ mod tests {
         lose_after: Option<Duration>,
         /// Guards given back through `release` (not merely dropped).
         released: AtomicU64,
+        /// How long asking for the lease takes (a pooled connection to wait for, say).
+        acquire_delay: Duration,
     }
 
     #[derive(Debug)]
@@ -611,6 +642,7 @@ mod tests {
         type Guard = FakeGuard;
 
         async fn try_acquire(&self, job: &str) -> Result<Option<FakeGuard>, Failure> {
+            tokio::time::sleep(self.acquire_delay).await;
             if self.down {
                 return Err(Failure::transient("database unreachable"));
             }
@@ -695,6 +727,33 @@ mod tests {
         assert_eq!(begin.elapsed(), Duration::from_secs(10));
         assert_eq!(job.runs.load(Ordering::SeqCst), 1);
         assert_eq!(busy.skipped(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_tick_began_once_its_lease_was_held_not_when_it_asked() {
+        let lease = Arc::new(FakeLease {
+            acquire_delay: Duration::from_millis(300),
+            ..FakeLease::default()
+        });
+        let mut job = Drain::new(Duration::from_millis(100));
+        job.lease = Some(Arc::clone(&lease));
+        let busy = SkipIfBusy::new("outbox-drain");
+        let c = ctx("outbox-drain");
+        let asked = Instant::now();
+        let tick = tick_once_timed(&job, &busy, Some(&lease), Duration::from_secs(5), &c).await;
+        assert!(
+            matches!(tick.outcome, TickOutcome::Ran(_)),
+            "{:?}",
+            tick.outcome
+        );
+        let began = tick.began.expect("the tick ran");
+        assert_eq!(began - asked, Duration::from_millis(300));
+
+        let other_replica = lease.try_acquire("outbox-drain").await.unwrap().unwrap();
+        let skipped = tick_once_timed(&job, &busy, Some(&lease), Duration::from_secs(5), &c).await;
+        assert!(matches!(skipped.outcome, TickOutcome::SkippedLease));
+        assert!(skipped.began.is_none(), "a skipped tick did no work");
+        drop(other_replica);
     }
 
     #[tokio::test(start_paused = true)]

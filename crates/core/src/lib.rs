@@ -98,8 +98,8 @@ pub use busy::{Busy, SkipIfBusy};
 pub use dedup::ProcessedGuard;
 pub use failure::{Failure, FailureClass, error_chain};
 pub use job::{
-    ConsumerJob, DecodeError, ExecuteError, Handled, TickOutcome, TickReport, TimerJob,
-    WorkContext, decode, execute_once, tick_once,
+    ConsumerJob, DecodeError, ExecuteError, Handled, TickOutcome, TickReport, TimedTick, TimerJob,
+    WorkContext, decode, execute_once, tick_once, tick_once_timed,
 };
 pub use lease::{NoLease, SingletonLease};
 pub use retry::{

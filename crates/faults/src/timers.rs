@@ -70,12 +70,11 @@ pub struct JobTicks {
 }
 
 /// The ticks of `jobs` that ran, over every host process of the scenario, laid out in time
-/// from the attempt log (each tick's row: its end `at` and its `duration_ms`, measured by the
-/// host from the moment the tick was due, so it spans the busy check and the lease request
-/// too): how many began before an earlier tick of the same job had ended, by more than
-/// `slack` (the clocks of one machine, and the lease request at a tick's start, which may wait
-/// for a pooled connection). A tick that failed while asking for its lease never ran and is
-/// left out.
+/// from the attempt log (each tick's row: its end `at`, stamped after the lease was given
+/// back, and its `duration_ms`, measured by the host from the moment its work began with the
+/// lease held): how many began before an earlier tick of the same job had ended, by more than
+/// `slack` (a task paused between giving the lease back and stamping its end, on a loaded
+/// machine). A tick that failed while asking for its lease never ran and is left out.
 pub async fn tick_overlaps(
     pool: &PgPool,
     jobs: &[&str],

@@ -19,7 +19,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use worker_core::{SingletonLease, SkipIfBusy, TickOutcome, TimerJob, WorkContext, tick_once};
+use worker_core::{
+    SingletonLease, SkipIfBusy, TickOutcome, TimedTick, TimerJob, WorkContext, tick_once_timed,
+};
 
 use crate::metrics::Metrics;
 use crate::settings::Schedule;
@@ -143,12 +145,15 @@ async fn tick<J: TimerJob, L: SingletonLease>(
     let job_label = [opentelemetry::KeyValue::new("job", job.name().to_string())];
     task.metrics.in_flight.add(1, &job_label);
     let started = Instant::now();
-    let outcome = {
+    let TimedTick { outcome, began } = {
         use tracing::Instrument;
-        tick_once(job, &busy, task.lease.as_deref(), task.timeout, &ctx)
+        tick_once_timed(job, &busy, task.lease.as_deref(), task.timeout, &ctx)
             .instrument(span.clone())
             .await
     };
+    // What the job ran for: from its work's start (the lease held), not from the tick's
+    // wake-up, so that the attempt log shows when it really ran.
+    let ran_for = began.unwrap_or(started).elapsed();
     task.metrics.in_flight.add(-1, &job_label);
     if rerun.swap(false, Ordering::Relaxed)
         && let Some(wake) = &task.wake
@@ -156,15 +161,11 @@ async fn tick<J: TimerJob, L: SingletonLease>(
         wake.notify_one();
     }
     span.record("outcome", outcome.as_str());
-    task.attempt_log.record_tick(
-        job.name(),
-        ctx.tick.unwrap_or_default(),
-        &outcome,
-        started.elapsed(),
-    );
+    task.attempt_log
+        .record_tick(job.name(), ctx.tick.unwrap_or_default(), &outcome, ran_for);
     let ran = matches!(outcome, TickOutcome::Ran(_) | TickOutcome::Failed(_));
     task.metrics
-        .tick(job.name(), outcome.as_str(), ran.then(|| started.elapsed()));
+        .tick(job.name(), outcome.as_str(), ran.then_some(ran_for));
     match outcome {
         TickOutcome::Ran(report) => {
             stats.record_success();

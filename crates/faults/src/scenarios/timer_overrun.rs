@@ -24,9 +24,10 @@ const DELAY: Duration = Duration::from_millis(150);
 const HOLD: Duration = Duration::from_secs(6);
 
 /// How much two ticks' recorded spans may overlap without counting: a tick's span, as the
-/// host records it, begins before its busy check and its lease request (which may wait for a
-/// pooled connection, or a new one, on a loaded machine: up to 49 ms seen in these scenarios
-/// with two replicas), and its end and length are read from two clocks. Ticks that really ran
+/// host records it, begins once its work began with the lease held (before that fix it began
+/// at the lease request, which may wait for a pooled connection: up to 178 ms seen with four
+/// scenarios at once), and its end is stamped just after the lease is given back, so a task
+/// paused in between on a loaded machine makes a small false overlap. Ticks that really ran
 /// side by side would overlap by most of a tick: the poller's last about a second here (a
 /// slow IMAP link), the other leased jobs' only milliseconds, so for those the check is weak.
 pub const SLACK: Duration = Duration::from_millis(100);

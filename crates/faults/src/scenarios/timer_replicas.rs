@@ -30,8 +30,8 @@ pub fn scenario() -> Scenario {
                 samples every 20 ms which process's session holds each leased job's advisory \
                 lock (`pg_locks`, the session's client port matched to the process's sockets in \
                 `/proc`). Checked beyond the common figures: no two ticks of one leased job \
-                overlapping in the attempt log (every tick written; 100 ms slack, since a tick's \
-                recorded span starts before its lease request); ticks skipped on the lease above \
+                overlapping in the attempt log (every tick written, its span from the moment its \
+                work began with the lease held; 100 ms slack for the end's stamp); ticks skipped on the lease above \
                 0 (the replicas really met); both processes settled deliveries (the consumers \
                 compete); never two holders of one lease in a sample. The unknown send outcomes \
                 of both processes are counted. No fault, so no \"ready again\".",
