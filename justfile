@@ -25,7 +25,7 @@ config-check:
 migrate:
     cargo run -q -p worker-host -- migrate
 
-# The fault suite (issue 11; not in CI yet): `just faults --quick`, `just faults --scenario host-kill9`.
+# The fault suite (its quick run is part of `just test`): `just faults --quick`, `just faults --scenario host-kill9`.
 faults *ARGS:
     scripts/faults.sh {{ARGS}}
 
