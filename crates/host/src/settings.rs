@@ -129,8 +129,10 @@ impl Default for BrokerSettings {
         Self {
             host: "127.0.0.1".into(),
             port: 5672,
-            vhost: "/".into(),
-            username: "guest".into(),
+            // The host's own user on its own vhost (`scripts/services.sh` creates both), not
+            // guest: guest is an administrator of every vhost.
+            vhost: "worker_host".into(),
+            username: "worker_host".into(),
             password: None,
             password_file: None,
             heartbeat: Duration::from_secs(10),

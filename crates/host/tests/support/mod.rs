@@ -70,6 +70,7 @@ password = "worker_host"
 
 [broker]
 vhost = {vhost:?}
+username = "guest"
 password = "guest"
 
 [admin]
