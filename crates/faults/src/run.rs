@@ -547,6 +547,7 @@ password = "worker_host"
 
 [broker]
 vhost = {vhost:?}
+username = "guest"
 password = "guest"
 
 [admin]

@@ -41,9 +41,50 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Any scalar is taken as the secret's text: a password of digits only (`98765432123`) is
+/// still a password, whether it came from an unquoted TOML value or from an environment
+/// variable. A value of the wrong shape (a list, a table) is refused by its shape alone, so
+/// that the error cannot quote it.
 impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(Secret::new)
+        struct AnyScalar;
+
+        impl serde::de::Visitor<'_> for AnyScalar {
+            type Value = Secret;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a secret as text")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Secret, E> {
+                Ok(Secret::new(v))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Secret, E> {
+                Ok(Secret::new(v))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Secret, E> {
+                Ok(Secret::new(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Secret, E> {
+                Ok(Secret::new(v.to_string()))
+            }
+            fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Secret, E> {
+                Ok(Secret::new(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Secret, E> {
+                Ok(Secret::new(v.to_string()))
+            }
+            fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Secret, E> {
+                Ok(Secret::new(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Secret, E> {
+                Ok(Secret::new(v.to_string()))
+            }
+            fn visit_char<E: serde::de::Error>(self, v: char) -> Result<Secret, E> {
+                Ok(Secret::new(v.to_string()))
+            }
+        }
+
+        deserializer.deserialize_any(AnyScalar)
     }
 }
 

@@ -129,8 +129,10 @@ impl Default for BrokerSettings {
         Self {
             host: "127.0.0.1".into(),
             port: 5672,
-            vhost: "/".into(),
-            username: "guest".into(),
+            // The host's own user on its own vhost (`scripts/services.sh` creates both), not
+            // guest: guest is an administrator of every vhost.
+            vhost: "worker_host".into(),
+            username: "worker_host".into(),
             password: None,
             password_file: None,
             heartbeat: Duration::from_secs(10),
@@ -739,6 +741,9 @@ impl Settings {
                     problem: format!("cannot be read: {e}"),
                 }]);
             }
+            if let Err(error) = check_toml_syntax(&source.path, &path_text) {
+                return Err(vec![error]);
+            }
             figment = figment.merge(Toml::file_exact(&source.path));
         } else if source.explicit {
             return Err(vec![SettingsError {
@@ -752,8 +757,12 @@ impl Settings {
         let mut overridden = Vec::new();
         for (var, value) in env {
             if let Some(key) = env_key(var) {
-                let value: figment::value::Value =
-                    value.parse().unwrap_or_else(|_| value.clone().into());
+                // A secret is text as given: parsed, `007` would become the number 7.
+                let value: figment::value::Value = if is_secret_key(&key) {
+                    value.clone().into()
+                } else {
+                    value.parse().unwrap_or_else(|_| value.clone().into())
+                };
                 figment = figment.merge(Serialized::default(&key, value));
                 overridden.push(key);
             }
@@ -1272,7 +1281,11 @@ fn from_figment(error: figment::Error, file: &str, overridden: &[String]) -> Vec
                 _ => file.to_string(),
             };
             let source = Some(source);
-            let problem = describe_kind(&e.kind, &key);
+            let problem = if is_secret_key(&key) {
+                describe_secret_kind(&e.kind)
+            } else {
+                describe_kind(&e.kind, &key)
+            };
             SettingsError {
                 source,
                 key,
@@ -1280,6 +1293,88 @@ fn from_figment(error: figment::Error, file: &str, overridden: &[String]) -> Vec
             }
         })
         .collect()
+}
+
+/// True for a key that holds a secret (`database.password`, `imap.accounts.0.password`):
+/// its value is never parsed as anything but text and never quoted in an error.
+fn is_secret_key(key: &str) -> bool {
+    key.rsplit('.').next() == Some("password")
+}
+
+/// What is wrong with a secret's value, by its shape only: never the value itself.
+fn describe_secret_kind(kind: &figment::error::Kind) -> String {
+    use figment::error::{Actual, Kind};
+    let shape = |actual: &Actual| match actual {
+        Actual::Seq => "a list",
+        Actual::Map | Actual::StructVariant => "a table",
+        _ => "a value of another kind",
+    };
+    match kind {
+        Kind::InvalidType(actual, _) | Kind::InvalidValue(actual, _) => format!(
+            "expected the secret as text (a string), found {}; its value is not shown",
+            shape(actual)
+        ),
+        _ => "expected the secret as text (a string); its value is not shown".into(),
+    }
+}
+
+/// Parses the file as TOML before figment does, to report a syntax error by file, line and
+/// key. The parser's own report quotes the offending line, which may hold a password: only
+/// its message (what was expected) is kept, never the line's text.
+fn check_toml_syntax(path: &Path, path_text: &str) -> Result<(), SettingsError> {
+    let text = std::fs::read_to_string(path).map_err(|e| SettingsError {
+        source: Some(path_text.to_string()),
+        key: String::new(),
+        problem: format!("cannot be read: {e}"),
+    })?;
+    let Err(error) = toml::from_str::<toml::Table>(&text) else {
+        return Ok(());
+    };
+    let offset = error.span().map_or(text.len(), |span| span.start);
+    let before = text.get(..offset).unwrap_or(&text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    let key = key_at_line(&text, line);
+    let message = error.message().trim().replace('\n', "; ");
+    Err(SettingsError {
+        source: Some(path_text.to_string()),
+        key,
+        problem: format!("not valid TOML at line {line}, column {column}: {message}"),
+    })
+}
+
+/// The dotted key a TOML line sets (`imap.accounts[1].password`), from the table headers
+/// above it and the key at the start of the line; empty when the line sets none (a header).
+fn key_at_line(text: &str, line: usize) -> String {
+    let mut table = String::new();
+    let mut arrays: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut key = String::new();
+    for (index, current) in text.lines().take(line).enumerate() {
+        let current = current.trim();
+        let is_last = index + 1 == line;
+        if let Some(name) = current
+            .strip_prefix("[[")
+            .and_then(|r| r.split("]]").next())
+        {
+            let name = name.trim().to_string();
+            let n = arrays.entry(name.clone()).or_insert(0);
+            table = format!("{name}[{n}]");
+            *n += 1;
+        } else if let Some(name) = current.strip_prefix('[').and_then(|r| r.split(']').next()) {
+            table = name.trim().to_string();
+        } else if is_last && let Some((name, _)) = current.split_once('=') {
+            let name = name.trim().trim_matches(|c| c == '"' || c == '\'');
+            key = if table.is_empty() {
+                name.to_string()
+            } else {
+                format!("{table}.{name}")
+            };
+        }
+        if is_last && key.is_empty() {
+            key = table.clone();
+        }
+    }
+    key
 }
 
 fn describe_kind(kind: &figment::error::Kind, key: &str) -> String {

@@ -1,6 +1,9 @@
 //! Logs and traces: tracing with a human or JSON format, and OpenTelemetry traces over
 //! OTLP/HTTP (protobuf) when an endpoint is set.
 //!
+//! Some libraries log secrets at their most verbose levels; their targets
+//! ([`SECRET_BEARING_TARGETS`]) are dropped before any level filter is consulted.
+//!
 //! Set up before the async runtime starts and shut down after it ends: the OTLP exporter
 //! runs its own blocking HTTP client on a thread of its own, which must not be created or
 //! dropped inside the runtime.
@@ -46,6 +49,19 @@ impl Telemetry {
             eprintln!("worker-host: flushing metrics at exit failed: {e}");
         }
     }
+}
+
+/// Log targets never written, whatever the level or `RUST_LOG` asks: the IMAP client's
+/// protocol trace logs each command it sends, `LOGIN user "password"` among them.
+pub const SECRET_BEARING_TARGETS: &[&str] = &["async_imap::imap_stream"];
+
+/// True for an event of a target in [`SECRET_BEARING_TARGETS`] (or below one).
+pub fn is_secret_bearing(target: &str) -> bool {
+    SECRET_BEARING_TARGETS.iter().any(|t| {
+        target
+            .strip_prefix(t)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
 }
 
 /// Installs the global subscriber. `RUST_LOG` wins over the settings' level when set.
@@ -123,6 +139,9 @@ pub fn init(settings: &TelemetrySettings, installation: &str) -> anyhow::Result<
 
     tracing_subscriber::registry()
         .with(filter)
+        .with(tracing_subscriber::filter::filter_fn(|meta| {
+            !is_secret_bearing(meta.target())
+        }))
         .with(fmt_layer)
         .with(otel_layer)
         .try_init()?;

@@ -26,6 +26,9 @@ fn host(db: &TestDb, vhost: &TestVhost, admin_port: u16, args: &[&str]) -> Comma
         .env_remove("WORKER_HOST_CONFIG")
         .env("WORKER_HOST__DATABASE__NAME", &db.name)
         .env("WORKER_HOST__BROKER__VHOST", &vhost.name)
+        // The test's vhost grants guest, who created it; the default file's user is the host's.
+        .env("WORKER_HOST__BROKER__USERNAME", "guest")
+        .env("WORKER_HOST__BROKER__PASSWORD", "guest")
         .env(
             "WORKER_HOST__ADMIN__LISTEN",
             format!("127.0.0.1:{admin_port}"),

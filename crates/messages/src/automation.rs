@@ -60,7 +60,11 @@ pub struct SendEmailAction {
 }
 
 /// `type = "webhook"`: an HTTP POST of the event and the action as JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Its URL often carries a token (in the query string or the user info) and its headers an
+/// authorization: `Debug` shows neither, and every text meant for people goes through
+/// [`WebhookAction::redacted_url`] or [`WebhookAction::scrub`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookAction {
     /// `http://` or `https://` URL.
@@ -68,6 +72,127 @@ pub struct WebhookAction {
     /// Extra request headers (an authorization token, say). Not templates.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+}
+
+/// What stands in for a secret part of a webhook URL.
+pub const REDACTED: &str = "[redacted]";
+
+/// Shorter pieces of a URL are not searched for on their own in free text: a one-letter user
+/// name would blot out every such letter of an error. The whole URL, which holds them, still
+/// is.
+const MIN_SCRUBBED_LEN: usize = 4;
+
+impl WebhookAction {
+    /// The URL with its user info, query string and fragment replaced by [`REDACTED`]:
+    /// `https://[redacted]@hooks.example/x?[redacted]`. The scheme, host, port and path stay,
+    /// which is what an operator needs to tell webhooks apart.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// `text` (an error, an answer's excerpt) with every appearance of the URL, and of its
+    /// user info, query string and fragment, replaced by the redacted forms. The client
+    /// library writes the URL as it parsed it, which may differ from the text given; both
+    /// are searched for.
+    pub fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        let parsed = url::Url::parse(&self.url).ok();
+        let redacted = self.redacted_url();
+        let mut whole = vec![self.url.clone()];
+        if let Some(parsed) = &parsed {
+            whole.push(parsed.as_str().to_string());
+        }
+        // Longest first, so that a URL is replaced whole before a part of it is.
+        whole.sort_by_key(|u| std::cmp::Reverse(u.len()));
+        for url in whole {
+            out = out.replace(&url, &redacted);
+        }
+        let mut parts = secret_parts_raw(&self.url);
+        if let Some(parsed) = &parsed {
+            parts.extend(
+                [
+                    Some(parsed.username()),
+                    parsed.password(),
+                    parsed.query(),
+                    parsed.fragment(),
+                ]
+                .into_iter()
+                .flatten()
+                .map(str::to_string),
+            );
+        }
+        parts.retain(|p| p.len() >= MIN_SCRUBBED_LEN);
+        parts.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for part in parts {
+            out = out.replace(&part, REDACTED);
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for WebhookAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookAction")
+            .field("url", &self.redacted_url())
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// `url` with its user info, query string and fragment replaced by [`REDACTED`]. Works on
+/// the text as given, so that even a URL that does not parse loses them.
+pub fn redact_url(url: &str) -> String {
+    let (before_fragment, fragment) = match url.split_once('#') {
+        Some((before, _)) => (before, true),
+        None => (url, false),
+    };
+    let (before_query, query) = match before_fragment.split_once('?') {
+        Some((before, _)) => (before, true),
+        None => (before_fragment, false),
+    };
+    let (scheme, rest) = match before_query.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), before_query),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{REDACTED}@{host}"),
+        None => authority.to_string(),
+    };
+    let mut out = format!("{scheme}{authority}{path}");
+    if query {
+        out.push('?');
+        out.push_str(REDACTED);
+    }
+    if fragment {
+        out.push('#');
+        out.push_str(REDACTED);
+    }
+    out
+}
+
+/// The user info, query string and fragment of `url` as written.
+fn secret_parts_raw(url: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let (before_fragment, fragment) = url.split_once('#').unwrap_or((url, ""));
+    parts.push(fragment.to_string());
+    let (before_query, query) = before_fragment
+        .split_once('?')
+        .unwrap_or((before_fragment, ""));
+    parts.push(query.to_string());
+    let rest = before_query
+        .split_once("://")
+        .map_or(before_query, |(_, r)| r);
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        parts.push(userinfo.to_string());
+        if let Some((user, password)) = userinfo.split_once(':') {
+            parts.push(user.to_string());
+            parts.push(password.to_string());
+        }
+    }
+    parts
 }
 
 const fn yes() -> bool {
@@ -96,6 +221,33 @@ mod tests {
         assert_eq!(
             serde_json::from_value::<Vec<AutomationAction>>(back).unwrap(),
             actions
+        );
+    }
+
+    #[test]
+    fn a_webhook_url_loses_its_user_info_query_and_fragment() {
+        let hook = WebhookAction {
+            url: "https://user:pass-word@hooks.example:8443/in/x?token=abcd1234#frag-ment".into(),
+            headers: BTreeMap::from([("authorization".into(), "Bearer tok-3141".into())]),
+        };
+        assert_eq!(
+            hook.redacted_url(),
+            "https://[redacted]@hooks.example:8443/in/x?[redacted]#[redacted]"
+        );
+        assert_eq!(redact_url("http://h/x"), "http://h/x");
+        assert_eq!(redact_url("not a url?k=v"), "not a url?[redacted]");
+        let debug = format!("{hook:?}");
+        for secret in ["pass-word", "abcd1234", "tok-3141", "frag-ment"] {
+            assert!(!debug.contains(secret), "{debug}");
+        }
+        let scrubbed = hook.scrub(&format!(
+            "error sending request for url ({}): the server echoed token=abcd1234 and pass-word",
+            hook.url
+        ));
+        assert_eq!(
+            scrubbed,
+            "error sending request for url (https://[redacted]@hooks.example:8443/in/x?[redacted]#[redacted]): \
+             the server echoed [redacted] and [redacted]"
         );
     }
 

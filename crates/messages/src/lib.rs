@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 pub mod automation;
 
-pub use automation::{AutomationAction, SendEmailAction, WebhookAction};
+pub use automation::{AutomationAction, SendEmailAction, WebhookAction, redact_url};
 
 /// The AMQP `type` property and routing key of the event the inbound poller emits.
 pub const EMAIL_RECEIVED: &str = "email.received";

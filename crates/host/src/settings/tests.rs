@@ -398,3 +398,66 @@ fn relative_automation_files_are_found_beside_the_settings_file() {
     let errors = Settings::load(&missing, &[]).unwrap_err();
     assert_eq!(errors[0].key, "automations_files[0]", "{errors:?}");
 }
+
+#[test]
+fn an_all_digit_password_from_the_environment_is_taken_as_text() {
+    let env = vec![
+        (
+            "WORKER_HOST__DATABASE__PASSWORD".to_string(),
+            "98765432123".to_string(),
+        ),
+        (
+            "WORKER_HOST__BROKER__PASSWORD".to_string(),
+            "007".to_string(),
+        ),
+        (
+            "WORKER_HOST__SMTP__PASSWORD".to_string(),
+            "true".to_string(),
+        ),
+    ];
+    let source = SettingsSource {
+        path: PathBuf::from("/nonexistent/worker-host.toml"),
+        explicit: false,
+    };
+    let settings = Settings::load(&source, &env).unwrap();
+    assert_eq!(settings.database.password.unwrap().expose(), "98765432123");
+    assert_eq!(settings.broker.password.unwrap().expose(), "007");
+    assert_eq!(settings.smtp.password.unwrap().expose(), "true");
+}
+
+#[test]
+fn a_number_as_a_password_in_the_file_is_taken_as_text() {
+    let settings =
+        load_text("[database]\npassword = 98765432123\n[broker]\npassword = 1.5\n").unwrap();
+    assert_eq!(settings.database.password.unwrap().expose(), "98765432123");
+    assert_eq!(settings.broker.password.unwrap().expose(), "1.5");
+}
+
+#[test]
+fn a_password_of_the_wrong_shape_is_refused_without_its_value() {
+    let error =
+        only_error("[database]\npassword = [\"canary-5150\"]\n[broker]\npassword = \"guest\"\n");
+    assert_eq!(error.key, "database.password", "{error}");
+    assert!(!error.to_string().contains("canary-5150"), "{error}");
+}
+
+#[test]
+fn a_toml_error_on_a_password_line_names_the_line_and_key_but_not_the_text() {
+    let error = only_error(
+        "installation = \"x\"\n[database]\npassword = \"wh\\q-canary-5150\"\n[broker]\npassword = \"guest\"\n",
+    );
+    let text = error.to_string();
+    assert!(!text.contains("canary-5150"), "{text}");
+    assert!(text.contains("worker-host.toml"), "{text}");
+    assert!(text.contains("line 3"), "{text}");
+    assert_eq!(error.key, "database.password", "{error}");
+}
+
+#[test]
+fn a_toml_error_elsewhere_still_says_what_is_wrong() {
+    let error = only_error(&format!("{SECRETS}[smtp]\nport = 25 25\n"));
+    let text = error.to_string();
+    assert!(text.contains("line 6"), "{text}");
+    assert_eq!(error.key, "smtp.port", "{error}");
+    assert!(text.contains("expected"), "{text}");
+}

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -70,6 +70,7 @@ password = "worker_host"
 
 [broker]
 vhost = {vhost:?}
+username = "guest"
 password = "guest"
 
 [admin]
@@ -176,14 +177,25 @@ impl Host {
         show_log_var: &'static str,
         settings: impl FnOnce(&Path, u16) -> anyhow::Result<String>,
     ) -> anyhow::Result<Self> {
+        Self::launch_with(show_log_var, &[], settings).await
+    }
+
+    /// [`Host::launch`] with environment variables `env` set (overrides, `RUST_LOG`).
+    pub async fn launch_with(
+        show_log_var: &'static str,
+        env: &[(&str, &str)],
+        settings: impl FnOnce(&Path, u16) -> anyhow::Result<String>,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port();
         let config = dir.path().join("worker-host.toml");
         std::fs::write(&config, settings(dir.path(), port)?)?;
         let log = dir.path().join("host.log");
-        let child = host_command(&config)
+        let mut command = host_command(&config);
+        command.envs(env.iter().copied());
+        let child = command
             .arg("run")
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(dir.path().join("host.out"))?)
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("starting worker-host")?;
@@ -218,6 +230,16 @@ impl Host {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// What the host wrote to stdout.
+    pub fn stdout_text(&self) -> String {
+        std::fs::read_to_string(self.log.with_file_name("host.out")).unwrap_or_default()
+    }
+
+    /// The settings file the host runs with.
+    pub fn config_path(&self) -> &Path {
+        &self.config
     }
 
     pub fn log_text(&self) -> String {

@@ -9,6 +9,9 @@
 //! | any other 4xx, a 3xx (redirects are not followed: a POST must not turn into a GET) | permanent (`webhook-4xx`, `webhook-3xx`) |
 //! | a request that cannot even be built (bad URL or header) | permanent (`webhook-invalid`) |
 //!
+//! The URL in every failure is [redacted](WebhookAction::redacted_url) (no user info, no
+//! query string), and header values are never part of one: both often carry a token.
+//!
 //! Every request carries `Idempotency-Key: <action execution id>`: delivery is at least once
 //! (see the crate docs), so a receiver that must not act twice can deduplicate on it.
 
@@ -146,8 +149,8 @@ impl WebhookClient {
         body: &Value,
         idempotency_key: &str,
     ) -> Result<(), Failure> {
-        let result = self.send(action, body, idempotency_key).await;
-        classify(&action.url, &result, Utc::now())
+        let result = scrub(action, self.send(action, body, idempotency_key).await);
+        classify(&action.redacted_url(), &result, Utc::now())
     }
 
     async fn send(&self, action: &WebhookAction, body: &Value, key: &str) -> CallResult {
@@ -206,6 +209,26 @@ impl WebhookClient {
             Ok(Err(err)) if err.is_builder() => CallResult::Invalid(error_chain(&err)),
             Ok(Err(err)) => CallResult::Unreachable(error_chain(&err)),
         }
+    }
+}
+
+/// The result with the URL's secrets (user info, query string) taken out of every text in
+/// it: the client library's errors quote the URL, and a receiver may echo it in its answer.
+/// What comes out ends up in logs, `/status`, the attempt log and dead letters.
+fn scrub(action: &WebhookAction, result: CallResult) -> CallResult {
+    match result {
+        CallResult::Answered {
+            status,
+            retry_after,
+            excerpt,
+        } => CallResult::Answered {
+            status,
+            retry_after,
+            excerpt: action.scrub(&excerpt),
+        },
+        CallResult::Unreachable(why) => CallResult::Unreachable(action.scrub(&why)),
+        CallResult::Invalid(why) => CallResult::Invalid(action.scrub(&why)),
+        timed_out @ CallResult::TimedOut(_) => timed_out,
     }
 }
 

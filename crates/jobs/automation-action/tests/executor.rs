@@ -765,3 +765,33 @@ async fn a_success_that_cannot_be_recorded_in_time_is_an_unknown_outcome_not_a_f
     );
     Ok(())
 }
+
+/// Every place a failed webhook's URL can end up: the failure itself and the execution row.
+async fn failure_texts(pool: &PgPool, url: &str) -> Vec<String> {
+    let command = execution(pool, &ping_event(), webhook(url)).await;
+    let err = executor(pool).handle(&ctx(), &command).await.unwrap_err();
+    let (_, _, last_error) = execution_state(pool, command.action_execution_id).await;
+    vec![
+        err.to_string(),
+        err.detail().to_string(),
+        last_error.unwrap_or_default(),
+    ]
+}
+
+#[tokio::test]
+async fn a_failing_webhook_never_shows_the_token_in_its_url() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let (url, _hook) = serve(vec![reply(500)]).await;
+    let answered = url.replace("http://", "http://hookuser:pw-canary-17@") + "?token=tok-canary-17";
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await?
+        .local_addr()?;
+    let unreachable = format!("http://tok-canary-17@{closed}/hook?token=tok-canary-17&x=1");
+    for url in [answered, unreachable] {
+        for text in failure_texts(&db.pool, &url).await {
+            assert!(!text.contains("canary-17"), "{text}");
+            assert!(text.contains("/hook"), "the path is kept: {text}");
+        }
+    }
+    Ok(())
+}

@@ -327,9 +327,10 @@ fn check_webhook(hook: &WebhookAction) -> Result<(), String> {
                 && !rest.starts_with('/')
                 && !hook.url.contains(char::is_whitespace) => {}
         _ => {
+            // Redacted: a mistyped URL may still carry a token.
             return Err(format!(
                 "`url` must be an http:// or https:// URL, not `{}`",
-                hook.url
+                hook.redacted_url()
             ));
         }
     }
