@@ -82,7 +82,7 @@ pub fn render_email(action: &SendEmailAction, data: &Value) -> Result<RenderedEm
             .template_from_named_str(field, source)
             .map_err(|err| template_error(field, &err))?;
         let mut out = Bounded::new(MAX_BODY_BYTES);
-        if let Err(err) = template.render_to_write(&context, &mut out) {
+        if let Err(err) = template.render_captured_to(&context, &mut out) {
             return Err(if out.over {
                 Failure::permanent(
                     "too-large",
