@@ -339,6 +339,12 @@ pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerCon
         message_timeout: settings.workers.timeouts.imap_message,
         max_message_size: section.max_message_bytes,
         max_body_chars: section.max_body_chars,
+        mail_limits: job_inbound_email_poller::MailLimits {
+            max_parts: section.max_mime_parts,
+            max_depth: section.max_mime_depth,
+            max_header_fields: section.max_header_fields,
+            max_header_bytes: section.max_header_bytes,
+        },
         max_messages_per_account: section.max_messages_per_account,
         max_message_attempts: section.max_message_attempts,
         account_concurrency: section.account_concurrency,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
+use job_inbound_email_poller::MailLimits;
 use serde::{Deserialize, Serialize};
 use worker_core::RetryPolicy;
 
@@ -476,6 +477,15 @@ pub struct InboundPollerJobSettings {
     pub max_message_bytes: u64,
     /// The text and the HTML body are each cut at this many characters.
     pub max_body_chars: usize,
+    /// Mail past any of these four is recorded as skipped without being parsed (a cheap
+    /// pre-scan, before the parser): MIME parts at all levels together,
+    pub max_mime_parts: usize,
+    /// multiparts and attached messages inside one another,
+    pub max_mime_depth: usize,
+    /// header fields in all header sections together,
+    pub max_header_fields: usize,
+    /// and bytes of one header section.
+    pub max_header_bytes: usize,
     /// Messages handled per account per tick; the rest waits for the next tick.
     pub max_messages_per_account: u32,
     /// A message that fails this many ticks in a row is recorded as skipped.
@@ -491,6 +501,10 @@ impl Default for InboundPollerJobSettings {
             timeout: Duration::from_secs(300),
             max_message_bytes: 25 * 1024 * 1024,
             max_body_chars: 100_000,
+            max_mime_parts: MailLimits::default().max_parts,
+            max_mime_depth: MailLimits::default().max_depth,
+            max_header_fields: MailLimits::default().max_header_fields,
+            max_header_bytes: MailLimits::default().max_header_bytes,
             max_messages_per_account: 100,
             max_message_attempts: 3,
             account_concurrency: 4,
@@ -1039,6 +1053,22 @@ impl Settings {
             (
                 "jobs.inbound_email_poller.max_body_chars",
                 jobs.inbound_email_poller.max_body_chars as u64,
+            ),
+            (
+                "jobs.inbound_email_poller.max_mime_parts",
+                jobs.inbound_email_poller.max_mime_parts as u64,
+            ),
+            (
+                "jobs.inbound_email_poller.max_mime_depth",
+                jobs.inbound_email_poller.max_mime_depth as u64,
+            ),
+            (
+                "jobs.inbound_email_poller.max_header_fields",
+                jobs.inbound_email_poller.max_header_fields as u64,
+            ),
+            (
+                "jobs.inbound_email_poller.max_header_bytes",
+                jobs.inbound_email_poller.max_header_bytes as u64,
             ),
             (
                 "jobs.inbound_email_poller.max_messages_per_account",

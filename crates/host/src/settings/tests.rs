@@ -99,6 +99,29 @@ fn a_zero_duration_is_rejected() {
 }
 
 #[test]
+fn a_zero_mail_limit_is_rejected_by_its_key() {
+    for key in [
+        "max_mime_parts",
+        "max_mime_depth",
+        "max_header_fields",
+        "max_header_bytes",
+    ] {
+        let error = only_error(&format!(
+            "{SECRETS}[jobs.inbound_email_poller]\n{key} = 0\n"
+        ));
+        assert_eq!(error.key, format!("jobs.inbound_email_poller.{key}"));
+        assert!(error.problem.contains("positive number"), "{error}");
+    }
+    let settings = load_text(&format!(
+        "{SECRETS}[jobs.inbound_email_poller]\nmax_mime_parts = 50\nmax_header_bytes = 4096\n"
+    ))
+    .unwrap();
+    let limits = crate::jobs::poller_config(&settings).mail_limits;
+    assert_eq!((limits.max_parts, limits.max_header_bytes), (50, 4096));
+    assert_eq!(limits.max_depth, 30);
+}
+
+#[test]
 fn a_negative_duration_is_rejected() {
     let error = only_error(&format!("{SECRETS}[workers]\nshutdown_grace = \"-5s\"\n"));
     assert_eq!(error.key, "workers.shutdown_grace", "{error}");

@@ -2,7 +2,10 @@
 //!
 //! The template context is the event's `data` object and nothing else: no environment, no
 //! files, no settings (MiniJinja has no loader here, so `include` and `import` find nothing).
-//! Each render is bounded by fuel (instructions) and its output by [`MAX_BODY_BYTES`].
+//! Each render is bounded by fuel (instructions), its recursion by [`MAX_RECURSION`], and
+//! its output by [`MAX_BODY_BYTES`] *while it renders*: the output goes to a writer that
+//! refuses the write that would pass the limit, which stops the render there. (Checked
+//! after the render, a loop printing a large field would first build hundreds of MB.)
 //!
 //! * A field the event does not have is an error when printed or iterated (`{{ frm }}`: a
 //!   typo), but may be tested (`{% if from_name %}`) or defaulted (`{{ x | default("") }}`).
@@ -22,6 +25,9 @@ pub const FUEL: u64 = 100_000;
 
 /// The largest rendered body, in bytes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Nested macro calls, includes and loops in one render (MiniJinja's default is 500).
+pub const MAX_RECURSION: usize = 100;
 
 /// The most ids kept in References: the first (the thread's root) and the latest ones.
 pub const MAX_REFERENCES: usize = 20;
@@ -45,6 +51,7 @@ fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
     env.set_fuel(Some(FUEL));
+    env.set_recursion_limit(MAX_RECURSION);
     env.set_auto_escape_callback(|name| {
         if name == "html" {
             AutoEscape::Html
@@ -74,19 +81,24 @@ pub fn render_email(action: &SendEmailAction, data: &Value) -> Result<RenderedEm
         let template = env
             .template_from_named_str(field, source)
             .map_err(|err| template_error(field, &err))?;
-        let out = template
-            .render(&context)
-            .map_err(|err| template_error(field, &err))?;
-        if out.len() > MAX_BODY_BYTES {
-            return Err(Failure::permanent(
-                "too-large",
-                format!(
-                    "`{field}` rendered to {} bytes, over {MAX_BODY_BYTES}",
-                    out.len()
-                ),
-            ));
+        let mut out = Bounded::new(MAX_BODY_BYTES);
+        if let Err(err) = template.render_captured_to(&context, &mut out) {
+            return Err(if out.over {
+                Failure::permanent(
+                    "too-large",
+                    format!("`{field}` rendered past {MAX_BODY_BYTES} bytes; stopped there"),
+                )
+            } else {
+                template_error(field, &err)
+            });
         }
-        Ok(out)
+        // MiniJinja writes whole `str` pieces: the bytes are UTF-8.
+        String::from_utf8(out.bytes).map_err(|_| {
+            Failure::permanent(
+                "template-error",
+                format!("`{field}` rendered invalid UTF-8"),
+            )
+        })
     };
     let recipients = |field: &str, templates: &[String]| -> Result<Vec<String>, Failure> {
         let mut out = Vec::new();
@@ -153,6 +165,41 @@ pub fn render_email(action: &SendEmailAction, data: &Value) -> Result<RenderedEm
         in_reply_to,
         references,
     })
+}
+
+/// The render's output, refusing the write that would take it past `limit` bytes (which
+/// ends the render with an error).
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: usize,
+    over: bool,
+}
+
+impl Bounded {
+    fn new(limit: usize) -> Self {
+        Self {
+            bytes: Vec::new(),
+            limit,
+            over: false,
+        }
+    }
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > self.limit {
+            self.over = true;
+            return Err(std::io::Error::other(
+                "the rendered output is over its limit",
+            ));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn template_error(field: &str, err: &minijinja::Error) -> Failure {
@@ -325,6 +372,34 @@ mod tests {
             render_email(&endless, &mail()).unwrap_err().reason(),
             "template-error",
             "out of fuel"
+        );
+    }
+
+    #[test]
+    fn endless_recursion_is_a_template_error_within_a_small_stack() {
+        let mut recursive = reply();
+        recursive.text = Some("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".into());
+        // A tokio worker's stack is 2 MiB: an overflow there aborts the whole host.
+        let err = std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || render_email(&recursive, &mail()))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.reason(), "template-error", "{err}");
+    }
+
+    #[test]
+    fn output_just_under_the_limit_renders_whole() {
+        let mut big = reply();
+        big.text = Some(format!("{{{{ '{}' }}}}", "x".repeat(1000)).repeat(MAX_BODY_BYTES / 1000));
+        let text = render_email(&big, &mail()).unwrap().text.unwrap();
+        assert_eq!(text.len(), MAX_BODY_BYTES / 1000 * 1000);
+        big.text = Some(format!("{}{{{{ 'x' }}}}", big.text.unwrap_or_default()).repeat(2));
+        assert_eq!(
+            render_email(&big, &mail()).unwrap_err().reason(),
+            "too-large"
         );
     }
 

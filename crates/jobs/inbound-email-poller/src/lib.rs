@@ -25,9 +25,12 @@
 //!    then
 //!    * over [`PollerConfig::max_message_size`]: only its header (`BODY.PEEK[HEADER]`, at most
 //!      64 KiB) is fetched, and it is recorded `skipped` with the reason; no event;
-//!    * otherwise `BODY.PEEK[]` (the mail is not marked seen), parsed with mail-parser, bodies
-//!      cut at [`PollerConfig::max_body_chars`], stored and announced. A mail that does not
-//!      parse is stored with its parse error and announced all the same;
+//!    * otherwise `BODY.PEEK[]` (the mail is not marked seen), pre-scanned against
+//!      [`PollerConfig::mail_limits`] (MIME parts, nesting, header fields and bytes; past
+//!      one, it is recorded `skipped` unparsed with the reason, no event: see [`limits`]),
+//!      parsed with mail-parser, bodies cut at [`PollerConfig::max_body_chars`], stored and
+//!      announced. A mail that does not parse is stored with its parse error and announced
+//!      all the same;
 //! 6. `LOGOUT`.
 //!
 //! Messages are handled in UID order and the last UID only moves with a committed row, so the
@@ -79,6 +82,7 @@
 //! slow account's batch is cut short at every tick (nothing is lost: it resumes at the next).
 
 pub mod imap;
+pub mod limits;
 pub mod parse;
 pub mod stats;
 mod store;
@@ -100,6 +104,7 @@ use worker_messages::{DomainEvent, EMAIL_RECEIVED, EmailReceived};
 use worker_store::outbox::OutboxMessage;
 
 pub use imap::{ImapError, Stage, classify_imap};
+pub use limits::{MailLimits, OverLimit};
 pub use parse::{ParsedEmail, parse_email};
 pub use stats::{AccountStatus, PollerStats};
 
@@ -164,6 +169,9 @@ pub struct PollerConfig {
     pub max_message_size: u64,
     /// The text and the HTML body are each cut at this many characters.
     pub max_body_chars: usize,
+    /// Mail past any of these (parts, nesting, header fields, header bytes) is recorded as
+    /// skipped without being parsed; see [`limits`].
+    pub mail_limits: MailLimits,
     /// Messages handled per account per tick; the rest waits for the next tick.
     pub max_messages_per_account: u32,
     /// A message that fails this many times in a row is recorded as skipped.
@@ -182,6 +190,7 @@ impl Default for PollerConfig {
             message_timeout: Duration::from_secs(30),
             max_message_size: 25 * 1024 * 1024,
             max_body_chars: 100_000,
+            mail_limits: MailLimits::default(),
             max_messages_per_account: 100,
             max_message_attempts: 3,
             account_concurrency: 4,
@@ -242,6 +251,16 @@ impl PollerConfig {
         for (field, zero) in [
             ("max_message_size", self.max_message_size == 0),
             ("max_body_chars", self.max_body_chars == 0),
+            ("mail_limits.max_parts", self.mail_limits.max_parts == 0),
+            ("mail_limits.max_depth", self.mail_limits.max_depth == 0),
+            (
+                "mail_limits.max_header_fields",
+                self.mail_limits.max_header_fields == 0,
+            ),
+            (
+                "mail_limits.max_header_bytes",
+                self.mail_limits.max_header_bytes == 0,
+            ),
             (
                 "max_messages_per_account",
                 self.max_messages_per_account == 0,
@@ -269,6 +288,8 @@ pub struct MessageCounts {
     pub parse_errors: u64,
     /// Recorded as skipped because of their size.
     pub too_large: u64,
+    /// Recorded as skipped, unparsed, because their structure passed a [`MailLimits`] bound.
+    pub too_complex: u64,
     /// Recorded as skipped after failing `max_message_attempts` times.
     pub gave_up: u64,
     /// Already stored under their UID, or (after a UIDVALIDITY change) their Message-ID.
@@ -280,7 +301,7 @@ pub struct MessageCounts {
 impl MessageCounts {
     /// Messages that got a row this tick.
     pub fn recorded(&self) -> u64 {
-        self.stored + self.too_large + self.gave_up
+        self.stored + self.too_large + self.too_complex + self.gave_up
     }
 }
 
@@ -321,6 +342,7 @@ impl PollReport {
                 t.stored += a.counts.stored;
                 t.parse_errors += a.counts.parse_errors;
                 t.too_large += a.counts.too_large;
+                t.too_complex += a.counts.too_complex;
                 t.gave_up += a.counts.gave_up;
                 t.duplicates += a.counts.duplicates;
                 t.vanished += a.counts.vanished;
@@ -336,11 +358,12 @@ impl PollReport {
             .map(|(name, f)| format!("{name} ({}: {f})", f.class()))
             .collect();
         let mut line = format!(
-            "{} accounts: stored {} ({} unparsed), skipped {} too large and {} failing, {} duplicates",
+            "{} accounts: stored {} ({} unparsed), skipped {} too large, {} too complex and {} failing, {} duplicates",
             self.accounts.len(),
             t.stored,
             t.parse_errors,
             t.too_large,
+            t.too_complex,
             t.gave_up,
             t.duplicates
         );
@@ -355,6 +378,7 @@ impl PollReport {
 enum Handled {
     Stored { parse_error: bool },
     TooLarge,
+    TooComplex,
     GaveUp,
     Duplicate,
     Vanished,
@@ -366,6 +390,7 @@ impl Handled {
         match self {
             Self::Stored { .. } => "stored",
             Self::TooLarge => "too-large",
+            Self::TooComplex => "too-complex",
             Self::GaveUp => "gave-up",
             Self::Duplicate => "duplicate",
             Self::Vanished => "vanished",
@@ -738,6 +763,7 @@ impl InboundEmailPoller {
                             report.counts.parse_errors += u64::from(parse_error);
                         }
                         Handled::TooLarge => report.counts.too_large += 1,
+                        Handled::TooComplex => report.counts.too_complex += 1,
                         Handled::GaveUp => report.counts.gave_up += 1,
                         Handled::Duplicate => report.counts.duplicates += 1,
                         Handled::Vanished => report.counts.vanished += 1,
@@ -908,7 +934,15 @@ impl InboundEmailPoller {
                 .map_err(MessageFailure::db)?;
             return Ok(Handled::Vanished);
         };
-        let parsed = parse::parse_email(&raw, self.config.max_body_chars);
+        let parsed =
+            match parse::parse_within(&raw, self.config.max_body_chars, &self.config.mail_limits) {
+                Ok(parsed) => parsed,
+                Err(set_aside) => {
+                    return self
+                        .set_aside(account, uidvalidity, uid, size, *set_aside)
+                        .await;
+                }
+            };
         record_message_id(&parsed);
         if self
             .stored_before(account, uidvalidity, uid, &parsed)
@@ -954,6 +988,46 @@ impl InboundEmailPoller {
         } else {
             Ok(Handled::Duplicate)
         }
+    }
+
+    /// Records a mail the pre-scan set aside: `skipped` with the limit it passed, the fields
+    /// of its own header section when those could be read, no event.
+    async fn set_aside(
+        &self,
+        account: &ImapAccount,
+        uidvalidity: u32,
+        uid: u32,
+        size: u32,
+        set_aside: parse::SetAside,
+    ) -> Result<Handled, MessageFailure> {
+        let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
+        let pool = &self.pool;
+        let id = inbound_email_id(name, mailbox, uidvalidity, uid);
+        let parsed = set_aside.headers;
+        let refused = set_aside.refused;
+        record_message_id(&parsed);
+        if self
+            .stored_before(account, uidvalidity, uid, &parsed)
+            .await?
+        {
+            return Ok(Handled::Duplicate);
+        }
+        let reason = format!("{refused}, over the poller's mail limits; not parsed");
+        tracing::warn!(job = JOB_NAME, account = name, uid, size, %reason, "a message past the mail limits is recorded as skipped");
+        let row = NewInbound {
+            id,
+            account: name,
+            mailbox,
+            uidvalidity,
+            uid,
+            skip_reason: Some(reason),
+            parsed: &parsed,
+            raw_size: u64::from(size),
+        };
+        store::record(pool, &row, None)
+            .await
+            .map_err(MessageFailure::db)?;
+        Ok(Handled::TooComplex)
     }
 
     /// After a UIDVALIDITY change: whether this mail's Message-ID was stored from this

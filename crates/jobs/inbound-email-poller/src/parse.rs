@@ -9,6 +9,8 @@
 use chrono::{DateTime, Utc};
 use mail_parser::{Address, HeaderValue, Message, MessageParser};
 
+use crate::limits::{MailLimits, Refused, prescan};
+
 /// The fields read from one mail, each already bounded and safe to store in PostgreSQL text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ParsedEmail {
@@ -37,7 +39,28 @@ const MAX_HEADER_CHARS: usize = 2_000;
 const MAX_LIST_ITEMS: usize = 200;
 
 /// Parses a whole mail; the text and HTML bodies are cut at `max_body_chars` characters each.
+///
+/// mail-parser 0.11 has a `debug_assert!` that fires on some malformed nesting (a
+/// multipart's `message/rfc822` part holding an empty `message/rfc822`): a build with debug
+/// assertions panics there. The panic is caught and the mail reads as not parsed (its header
+/// fields are still read), so that it is stored with that reason rather than failing its
+/// tick until it is given up on.
 pub fn parse_email(raw: &[u8], max_body_chars: usize) -> ParsedEmail {
+    std::panic::catch_unwind(|| parse_unguarded(raw, max_body_chars)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        ParsedEmail {
+            parse_error: Some(format!("the mail parser failed on it: {why}")),
+            // The header fields alone do not go where the assertion is.
+            ..std::panic::catch_unwind(|| parse_headers(raw)).unwrap_or_default()
+        }
+    })
+}
+
+fn parse_unguarded(raw: &[u8], max_body_chars: usize) -> ParsedEmail {
     match MessageParser::default().parse(raw) {
         None => ParsedEmail {
             parse_error: Some(format!(
@@ -74,6 +97,35 @@ pub fn parse_email(raw: &[u8], max_body_chars: usize) -> ParsedEmail {
             }
             parsed
         }
+    }
+}
+
+/// A mail the pre-scan set aside: why, and the fields of its own header section (when that
+/// section was within the limits; empty otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAside {
+    pub refused: Refused,
+    pub headers: ParsedEmail,
+}
+
+/// The poller's path for a fetched mail: [`prescan`] against `limits`, then
+/// [`parse_email`]. A mail past a limit is not parsed; only its own header section is, when
+/// that section was within the limits.
+pub fn parse_within(
+    raw: &[u8],
+    max_body_chars: usize,
+    limits: &MailLimits,
+) -> Result<ParsedEmail, Box<SetAside>> {
+    match prescan(raw, limits) {
+        Ok(_) => Ok(parse_email(raw, max_body_chars)),
+        Err(refused) => Err(Box::new(SetAside {
+            refused,
+            headers: refused
+                .top_header_len
+                .and_then(|len| raw.get(..len))
+                .map(parse_headers)
+                .unwrap_or_default(),
+        })),
     }
 }
 
@@ -244,6 +296,20 @@ Content-Type: text/html; charset=utf-8\r\n\
             if let Some(text) = &p.text_body {
                 assert!(!text.contains('\0'));
             }
+        }
+    }
+
+    #[test]
+    fn a_nesting_that_trips_the_parser_is_a_parse_error_not_a_panic() {
+        let raw = b"Content-Type: multipart/mixed; boundary=\"b\"\r\n\r\n--b\r\n\
+Content-Type: message/rfc822\r\n\r\nContent-Type: message/rfc822\r\n\r\n\r\n--b--\r\n";
+        let p = parse_email(raw, 100);
+        if cfg!(debug_assertions) {
+            let error = p.parse_error.unwrap_or_default();
+            assert!(
+                error.starts_with("the mail parser failed on it: "),
+                "{error}"
+            );
         }
     }
 

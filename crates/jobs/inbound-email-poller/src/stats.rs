@@ -60,7 +60,8 @@ impl PollerStats {
         status.polls += 1;
         status.stored += report.counts.stored;
         status.parse_errors += report.counts.parse_errors;
-        status.skipped += report.counts.too_large + report.counts.gave_up;
+        status.skipped +=
+            report.counts.too_large + report.counts.too_complex + report.counts.gave_up;
         match &report.failure {
             Some(failure) => {
                 status.failures += 1;

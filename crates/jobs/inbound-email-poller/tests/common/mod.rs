@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+pub mod hostile;
+
 use std::time::Duration;
 
 use futures::TryStreamExt;
