@@ -570,6 +570,10 @@ password = "secret"
 [jobs.inbound_email_poller]
 schedule = "every 500ms"
 
+# Every ping comes from one sender: the reply limit must not count it as a mail cannon.
+[auto_replies]
+per_recipient = 1000000
+
 [jobs.dead_letter_archive]
 maintenance_schedule = "every 2s"
 

@@ -68,7 +68,12 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
 
     let executor =
         job_automation_action::ActionExecutor::new(ctx.pool.clone(), commands, timeouts.webhook)
-            .map_err(|e| job_error("automation_action", e))?;
+            .map_err(|e| job_error("automation_action", e))?
+            .with_own_addresses([settings.smtp.from.as_str()])
+            .with_reply_limit(
+                settings.auto_replies.per_recipient,
+                settings.auto_replies.window,
+            );
     entries.push(
         start_consumer(ctx, "automation_action", executor, timeouts.automation)
             .map_err(|e| job_error("automation_action", e))?,
@@ -333,6 +338,7 @@ pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerCon
                     .map(|p| p.expose().to_string())
                     .unwrap_or_default(),
                 mailbox: account.mailbox.clone(),
+                backfill: account.backfill,
             })
             .collect(),
         connect_timeout: settings.workers.timeouts.imap_connect,

@@ -42,6 +42,7 @@ pub struct Settings {
     pub workers: WorkersSettings,
     pub jobs: JobsSettings,
     pub alerts: AlertSettings,
+    pub auto_replies: AutoReplySettings,
 }
 
 impl Default for Settings {
@@ -58,6 +59,7 @@ impl Default for Settings {
             workers: WorkersSettings::default(),
             jobs: JobsSettings::default(),
             alerts: AlertSettings::default(),
+            auto_replies: AutoReplySettings::default(),
         }
     }
 }
@@ -223,6 +225,11 @@ pub struct ImapAccount {
     pub password_file: Option<PathBuf>,
     #[serde(default = "default_mailbox")]
     pub mailbox: String,
+    /// Announce the mail already in the mailbox at the account's first poll. Off (the
+    /// default), the first poll starts after the mail that arrived before the host first
+    /// watched the account, so that a new installation does not answer years of mail.
+    #[serde(default)]
+    pub backfill: bool,
 }
 
 fn default_imap_host() -> String {
@@ -689,6 +696,27 @@ impl Default for AlertSettings {
     }
 }
 
+/// `[auto_replies]`: the reply limit of `send_email` actions. One automation sends one address
+/// at most `per_recipient` mails within `window`; past it the address is left out of the
+/// mail (the execution is `skipped` when no `to` is left), so that a sender who forges
+/// someone else's address cannot turn an automation into a mail cannon.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AutoReplySettings {
+    pub per_recipient: u32,
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+}
+
+impl Default for AutoReplySettings {
+    fn default() -> Self {
+        Self {
+            per_recipient: job_automation_action::DEFAULT_REPLY_LIMIT,
+            window: job_automation_action::DEFAULT_REPLY_WINDOW,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct JobsSettings {
@@ -872,6 +900,10 @@ impl Settings {
             ("database.connect_attempts", self.database.connect_attempts),
             ("broker.connect_attempts", self.broker.connect_attempts),
             ("smtp.pool_size", self.smtp.pool_size),
+            (
+                "auto_replies.per_recipient",
+                self.auto_replies.per_recipient,
+            ),
         ] {
             if value == 0 {
                 fail(key, "expected a positive number, found 0".into());
@@ -974,6 +1006,7 @@ impl Settings {
             fail("jobs.dead_letter_archive.archiver", problem);
         }
         durations.push(("alerts.interval".into(), self.alerts.interval));
+        durations.push(("auto_replies.window".into(), self.auto_replies.window));
         durations.push((
             "alerts.outbox_oldest_pending".into(),
             self.alerts.outbox_oldest_pending,

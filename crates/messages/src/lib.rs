@@ -66,6 +66,23 @@ pub struct EmailReceived {
     /// Whether the text body was cut at the poller's limit.
     #[serde(default)]
     pub text_truncated: bool,
+    /// The Auto-Submitted header (RFC 3834), as sent: anything but `no` means a machine sent
+    /// it, and it must not be answered automatically.
+    #[serde(default)]
+    pub auto_submitted: Option<String>,
+    /// The Precedence header (`bulk`, `junk`, `list` mark mail not to answer).
+    #[serde(default)]
+    pub precedence: Option<String>,
+    /// The List-Id header: the mail came through a mailing list.
+    #[serde(default)]
+    pub list_id: Option<String>,
+    /// The envelope sender, from the Return-Path header the delivering server added, without
+    /// angle brackets: empty for the null sender (`<>`, a bounce or another notice).
+    #[serde(default)]
+    pub return_path: Option<String>,
+    /// The envelope sender was null (`Return-Path: <>`).
+    #[serde(default)]
+    pub null_sender: bool,
 }
 
 /// Run one action of one automation for one event (queue `automation.action`).

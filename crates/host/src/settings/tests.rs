@@ -222,6 +222,28 @@ fn an_imap_account_needs_its_password() {
 }
 
 #[test]
+fn an_imap_account_backfills_only_when_it_says_so() {
+    let account = "[[imap.accounts]]\nname = \"a\"\nusername = \"alice\"\npassword = \"p\"\n";
+    let settings = load_text(&format!("{SECRETS}{account}")).unwrap();
+    assert!(!settings.imap.accounts[0].backfill);
+    let settings = load_text(&format!("{SECRETS}{account}backfill = true\n")).unwrap();
+    assert!(settings.imap.accounts[0].backfill);
+    let error = only_error(&format!("{SECRETS}{account}backfill = \"yes\"\n"));
+    assert_eq!(error.key, "imap.accounts.0.backfill", "{error}");
+}
+
+#[test]
+fn the_reply_limit_has_a_default_and_refuses_zero() {
+    let settings = load_text(SECRETS).unwrap();
+    assert_eq!(settings.auto_replies.per_recipient, 10);
+    assert_eq!(settings.auto_replies.window, Duration::from_secs(3600));
+    let text = format!("{SECRETS}[auto_replies]\nper_recipient = 0\n");
+    assert_eq!(only_error(&text).key, "auto_replies.per_recipient");
+    let text = format!("{SECRETS}[auto_replies]\nwindow = \"0s\"\n");
+    assert_eq!(only_error(&text).key, "auto_replies.window");
+}
+
+#[test]
 fn the_environment_overrides_any_key() {
     let env = vec![
         (

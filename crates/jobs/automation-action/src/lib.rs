@@ -19,7 +19,10 @@
 //!   execution id) and an outbox row for the [`EmailSendCommand`] (routing key `email.send`)
 //!   written, the mark taken and the row set `succeeded`, all committed together: exactly
 //!   once. A concurrent duplicate waits on the row's lock, then finds it `succeeded`. A
-//!   template that does not render is a permanent failure.
+//!   template that does not render is a permanent failure. Mail that must not be answered
+//!   ([`loops`], RFC 3834), and recipients past the reply limit ([`ReplyLimit`]; the
+//!   execution when no `to` is left) are not mailed: the execution is recorded `skipped`
+//!   with its `skip_reason`, the mark taken, in the same transaction.
 //! * **`webhook`** POSTs `{"event": …, "action": …}` ([`webhook`]) with its own timeout, and
 //!   **holds no database connection while it calls**:
 //!   1. *claim*, in a short transaction: the guard is checked and the row locked; a `pending`
@@ -52,6 +55,7 @@
 //! | ends | execution row | the command |
 //! |---|---|---|
 //! | done | `succeeded`, `attempts + 1`, `finished_at`; the guard's mark | acked |
+//! | skipped (a `send_email` not to answer) | `skipped`, `skip_reason`, `finished_at`; the guard's mark | acked |
 //! | duplicate (the mark, or a `succeeded` row) | unchanged | acked |
 //! | backed off: a fresh `running` claim of another try | unchanged | retried in process, then parked |
 //! | transient or throttled | back to (or still) `pending`; `attempts + 1`, `last_error` | retried in process, then parked in the broker's retry tiers |
@@ -77,6 +81,7 @@
 //! The unit's timeout (`workers.timeouts.automation`) should exceed the webhook timeout plus
 //! the record budget, so that the unit is not cancelled while it records a success.
 
+pub mod loops;
 pub mod render;
 pub mod webhook;
 
@@ -90,8 +95,8 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 use worker_core::{ConsumerJob, Failure, Handled, RetryPolicy, WorkContext};
 use worker_messages::{
-    ActionCommand, AutomationAction, DomainEvent, EMAIL_SEND, EmailSendCommand, SendEmailAction,
-    WebhookAction, email_message_id,
+    ActionCommand, AutomationAction, DomainEvent, EMAIL_SEND, EmailSendCommand, WebhookAction,
+    email_message_id,
 };
 use worker_store::outbox::{self, OutboxMessage};
 use worker_store::{ProcessedMessages, classify};
@@ -117,6 +122,28 @@ pub const DEFAULT_RECORD_BUDGET: Duration = Duration::from_secs(10);
 /// Added to the webhook timeout and the record budget to make the stale limit of a claim.
 pub const STALE_CLAIM_MARGIN: Duration = Duration::from_secs(30);
 
+/// The default reply limit: one automation sends one address at most this many mails ...
+pub const DEFAULT_REPLY_LIMIT: u32 = 10;
+/// ... within this window.
+pub const DEFAULT_REPLY_WINDOW: Duration = Duration::from_secs(3600);
+
+/// At most `max` mails from one automation to one address within `window`: a sender that
+/// forges its address cannot make an automation a mail cannon aimed at someone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyLimit {
+    pub max: u32,
+    pub window: Duration,
+}
+
+impl Default for ReplyLimit {
+    fn default() -> Self {
+        Self {
+            max: DEFAULT_REPLY_LIMIT,
+            window: DEFAULT_REPLY_WINDOW,
+        }
+    }
+}
+
 /// Why an executor could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -140,10 +167,14 @@ pub struct ActionExecutor {
     stale_after: Duration,
     record_budget: Duration,
     record_backoff: RetryPolicy,
+    /// The host's own sender addresses, bare and lower-case: mail from them is not answered.
+    own_addresses: Vec<String>,
+    reply_limit: ReplyLimit,
 }
 
 /// The execution row, locked.
 struct Execution {
+    automation_id: Uuid,
     event_id: Uuid,
     action: AutomationAction,
     event: DomainEvent,
@@ -243,7 +274,25 @@ impl ActionExecutor {
                 max_delay: Duration::from_secs(2),
                 jitter: true,
             },
+            own_addresses: Vec::new(),
+            reply_limit: ReplyLimit::default(),
         })
+    }
+
+    /// The host's own sender addresses (`Name <a@b>` or `a@b`; the host passes `smtp.from`):
+    /// mail from them is never answered, or the host would answer itself.
+    #[must_use]
+    pub fn with_own_addresses<'a>(mut self, addresses: impl IntoIterator<Item = &'a str>) -> Self {
+        self.own_addresses = addresses.into_iter().map(loops::bare_address).collect();
+        self
+    }
+
+    /// At most `max` mails from one automation to one address within `window` (by default
+    /// [`DEFAULT_REPLY_LIMIT`] in [`DEFAULT_REPLY_WINDOW`]).
+    #[must_use]
+    pub fn with_reply_limit(mut self, max: u32, window: Duration) -> Self {
+        self.reply_limit = ReplyLimit { max, window };
+        self
     }
 
     /// Routes the email-send commands with `routing_key` instead (when the email queue was
@@ -319,9 +368,9 @@ impl ActionExecutor {
             return Ok(Started::Finished(Handled::Duplicate));
         }
         let execution = load(tx, command, self.stale_after).await?;
-        if execution.status == "succeeded" {
+        if execution.status == "succeeded" || execution.status == "skipped" {
             // The mark was swept by retention but the row remembers: still a duplicate.
-            tracing::info!("duplicate command: the action execution already succeeded");
+            tracing::info!("duplicate command: the action execution is already done");
             return Ok(Started::Finished(Handled::Duplicate));
         }
         match &execution.action {
@@ -330,7 +379,29 @@ impl ActionExecutor {
                     tracing::info!("duplicate command: the guard has seen this action execution");
                     return Ok(Started::Finished(Handled::Duplicate));
                 }
-                self.queue_email(tx, id, &execution, action).await?;
+                if let Some(reason) =
+                    loops::reason_not_to_answer(&execution.event.data, &self.own_addresses)
+                {
+                    skip(tx, id, &reason).await?;
+                    return Ok(Started::Finished(Handled::Done));
+                }
+                let mut email = render_email(action, &execution.event.data)?;
+                // The action's own sender is the host's too, for this mail.
+                let sender = email.from.as_deref().map(loops::bare_address);
+                if let Some(reason) = sender.and_then(|sender| {
+                    loops::reason_not_to_answer(&execution.event.data, &[sender])
+                }) {
+                    skip(tx, id, &reason).await?;
+                    return Ok(Started::Finished(Handled::Done));
+                }
+                if let Some(reason) = self
+                    .apply_reply_limit(tx, execution.automation_id, &mut email)
+                    .await?
+                {
+                    skip(tx, id, &reason).await?;
+                    return Ok(Started::Finished(Handled::Done));
+                }
+                self.queue_email(tx, id, &execution, &email).await?;
                 sqlx::query(
                     "UPDATE action_executions SET status = 'succeeded', attempts = attempts + 1, \
                          last_error = NULL, updated_at = now(), finished_at = now() \
@@ -479,14 +550,86 @@ impl ActionExecutor {
         tx.commit().await.map_err(classify)
     }
 
+    /// Drops from `email` the recipients this automation has sent [`ReplyLimit::max`] mails
+    /// to within the window; when no `to` is left, the reason to skip the execution. Each
+    /// recipient's count is taken under a transaction-scoped advisory lock of (automation,
+    /// address), so that parallel executions cannot all pass the same last slot. Only the
+    /// executions created within the window count (the index on (automation, created_at)
+    /// bounds the look-up).
+    async fn apply_reply_limit(
+        &self,
+        tx: &mut PgConnection,
+        automation_id: Uuid,
+        email: &mut RenderedEmail,
+    ) -> Result<Option<String>, Failure> {
+        let ReplyLimit { max, window } = self.reply_limit;
+        let mut recipients: Vec<String> = email
+            .to
+            .iter()
+            .chain(&email.cc)
+            .map(|a| loops::bare_address(a))
+            .collect();
+        // One lock order for every transaction: no deadlock between two of them.
+        recipients.sort();
+        recipients.dedup();
+        let mut over = Vec::new();
+        for address in recipients {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(format!("reply-limit {automation_id} {address}"))
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+            let sent: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbound_emails e \
+                 JOIN action_executions x ON x.id = e.action_execution_id \
+                 WHERE x.automation_id = $1 \
+                   AND x.created_at > now() - make_interval(secs => $2) \
+                   AND e.created_at > now() - make_interval(secs => $2) \
+                   AND EXISTS (SELECT 1 FROM unnest(e.to_addresses || e.cc_addresses) AS r(a) \
+                               WHERE lower(r.a) = $3)",
+            )
+            .bind(automation_id)
+            .bind(window.as_secs_f64())
+            .bind(&address)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(classify)?;
+            if sent >= i64::from(max) {
+                over.push((address, sent));
+            }
+        }
+        if over.is_empty() {
+            return Ok(None);
+        }
+        let listed: Vec<String> = over
+            .iter()
+            .map(|(address, sent)| format!("{address} ({sent})"))
+            .collect();
+        let reason = format!(
+            "the reply limit: within {} this automation already mailed {}; at most {max} mails \
+             per address",
+            humantime::format_duration(window),
+            listed.join(", ")
+        );
+        let kept = |list: &mut Vec<String>| {
+            list.retain(|a| !over.iter().any(|(o, _)| *o == loops::bare_address(a)));
+        };
+        kept(&mut email.to);
+        kept(&mut email.cc);
+        if email.to.is_empty() {
+            return Ok(Some(reason));
+        }
+        tracing::warn!(%reason, "recipients over the reply limit are left out of this mail");
+        Ok(None)
+    }
+
     async fn queue_email(
         &self,
         tx: &mut PgConnection,
         execution_id: Uuid,
         execution: &Execution,
-        action: &SendEmailAction,
+        email: &RenderedEmail,
     ) -> Result<(), Failure> {
-        let email = render_email(action, &execution.event.data)?;
         let email_id = email_message_id(execution_id);
         sqlx::query(
             "INSERT INTO outbound_emails (id, action_execution_id, message_id, from_address, \
@@ -584,6 +727,23 @@ impl ActionExecutor {
     }
 }
 
+/// Records the locked execution `skipped` with `reason`: done, without an effect. The guard's
+/// mark is already taken in the same transaction.
+async fn skip(tx: &mut PgConnection, id: Uuid, reason: &str) -> Result<(), Failure> {
+    tracing::warn!(%reason, "send_email skipped: the mail is not answered");
+    sqlx::query(
+        "UPDATE action_executions SET status = 'skipped', skip_reason = $2, \
+             attempts = attempts + 1, last_error = NULL, updated_at = now(), finished_at = now() \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(truncate(reason, LAST_ERROR_MAX))
+    .execute(&mut *tx)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
 fn last_error(failure: &Failure) -> String {
     truncate(&failure.to_string(), LAST_ERROR_MAX).to_string()
 }
@@ -659,6 +819,7 @@ async fn load(
     let event = serde_json::from_value(event)
         .map_err(|err| Failure::permanent("bad-event", format!("the stored event: {err}")))?;
     Ok(Execution {
+        automation_id,
         event_id,
         action,
         event,

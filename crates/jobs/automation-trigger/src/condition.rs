@@ -405,3 +405,130 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Arbitrary JSON, a few levels deep.
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            ".{0,16}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(".{0,8}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn any_op() -> impl Strategy<Value = Op> {
+        prop_oneof![Just(Op::Equals), Just(Op::Contains), Just(Op::Matches)]
+    }
+
+    /// A path segment as written in a dotted path: no dot, not empty.
+    fn segment() -> impl Strategy<Value = String> {
+        "[^.]{1,8}"
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any condition an import file could hold either compiles or is refused with a
+        /// reason, and a compiled one evaluates any event's data without a panic.
+        #[test]
+        fn any_condition_compiles_or_is_refused_and_never_panics(
+            path in ".{0,24}",
+            op in any_op(),
+            value in prop_oneof![any_json(), ".{0,24}".prop_map(Value::String)],
+            ignore_case in any::<bool>(),
+            data in any_json(),
+        ) {
+            let spec = ConditionSpec { path, op, value, ignore_case };
+            match spec.compile() {
+                Ok(condition) => {
+                    let _ = condition.holds(&data);
+                }
+                Err(err) => prop_assert!(!err.to_string().is_empty()),
+            }
+        }
+
+        /// A dotted path reaches the field it names, whatever its segments hold (`~`, `/`
+        /// included): `equals` with the field's own value holds, with another does not.
+        #[test]
+        fn a_dotted_path_reaches_its_field(
+            segments in proptest::collection::vec(segment(), 1..5),
+            field in any_json(),
+        ) {
+            let mut data = field.clone();
+            for segment in segments.iter().rev() {
+                data = Value::Object([(segment.clone(), data)].into_iter().collect());
+            }
+            let path = segments.join(".");
+            prop_assume!(!path.starts_with('/'));
+            let equals = |value: Value| ConditionSpec {
+                path: path.clone(),
+                op: Op::Equals,
+                value,
+                ignore_case: false,
+            };
+            let holds = equals(field.clone()).compile().unwrap().holds(&data);
+            prop_assert_eq!(holds, !field.is_null(), "null never holds");
+            let other = json!({"not": field.clone()});
+            prop_assert!(!equals(other).compile().unwrap().holds(&data));
+        }
+
+        /// `contains` with `ignore_case` finds any piece of a string, in any case.
+        #[test]
+        fn contains_ignoring_case_finds_any_piece(
+            text in "[a-zA-Z0-9 ]{0,30}",
+            start in 0usize..30,
+            len in 0usize..30,
+        ) {
+            let start = start.min(text.len());
+            let end = (start + len).min(text.len());
+            let needle = text[start..end].to_uppercase();
+            let spec = ConditionSpec {
+                path: "subject".into(),
+                op: Op::Contains,
+                value: Value::String(needle),
+                ignore_case: true,
+            };
+            prop_assert!(spec.compile().unwrap().holds(&json!({"subject": text})));
+        }
+
+        /// Any pattern text: a regular expression or a refusal that quotes it, never a panic;
+        /// a pattern that is a literal (escaped) matches its own text.
+        #[test]
+        fn any_pattern_compiles_or_is_refused_with_the_pattern(pattern in ".{0,24}") {
+            let spec = ConditionSpec {
+                path: "subject".into(),
+                op: Op::Matches,
+                value: Value::String(pattern.clone()),
+                ignore_case: false,
+            };
+            match spec.compile() {
+                Ok(condition) => {
+                    let _ = condition.holds(&json!({"subject": pattern.clone()}));
+                }
+                Err(ConditionError::InvalidRegex { pattern: quoted, .. }) => {
+                    prop_assert_eq!(quoted, pattern.clone());
+                }
+                Err(other) => prop_assert!(false, "unexpected refusal {other}"),
+            }
+            let literal = ConditionSpec {
+                value: Value::String(regex::escape(&pattern)),
+                ..spec
+            };
+            prop_assert!(literal.compile().unwrap().holds(&json!({"subject": pattern})));
+        }
+    }
+}

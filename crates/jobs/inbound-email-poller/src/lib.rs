@@ -14,8 +14,9 @@
 //! 1. connect, secure (plain, STARTTLS or TLS), read the greeting and log in, all within
 //!    [`PollerConfig::connect_timeout`];
 //! 2. `SELECT` the mailbox and read its UIDVALIDITY. If it differs from the stored one the
-//!    mailbox has been rebuilt: start it over from UID 1, skipping mail whose Message-ID was
-//!    stored from this mailbox under an earlier UIDVALIDITY;
+//!    mailbox has been rebuilt: start it over from UID 1 (mail recorded before is found by
+//!    its identity, below). At the account's first selection, start after its history (see
+//!    "The first poll");
 //! 3. `UID SEARCH UID <last+1>:*`, keeping only UIDs above the last one (`n:*` matches the
 //!    last message even when it is older than `n`), at most
 //!    [`PollerConfig::max_messages_per_account`] of them, in UID order;
@@ -54,19 +55,39 @@
 //! go on; the account is tried again at the next tick. The tick itself fails only when every
 //! account failed (permanent only when every failure was).
 //!
-//! ## Idempotency
+//! ## Idempotency: one mail, one event
 //!
 //! The row's key is (account, mailbox, UIDVALIDITY, UID): checked before anything is fetched,
 //! and enforced by a unique constraint that the insert respects (`ON CONFLICT DO NOTHING`, the
 //! event is written only with a new row). A restart, or a tick re-run after a crash, fetches
 //! nothing twice. Row and event ids are derived from that key (UUID v5), so they are stable.
 //!
+//! A UID is not a mail, though: a mail moved out of the folder and back, or a mailbox rebuilt
+//! under a new UIDVALIDITY, comes back under a new one. So once read, a mail is looked up by
+//! its **identity**: its Message-ID where it has one, else the SHA-256 of its bytes (of its
+//! header, for a mail over the size limit); both are recorded on every row. A mail whose
+//! identity was recorded before from this mailbox, under any UIDVALIDITY, gets a row of its
+//! own, `skipped`, naming the row it duplicates (`duplicate_of`), and no event. A new mail
+//! that reuses an older Message-ID is such a duplicate too, and its row says so.
+//!
+//! ## The first poll
+//!
+//! Before its first connection to an account the poller writes the account's poll state row
+//! with `watching_since`, the time its process started (a later process keeps the earliest,
+//! so a host that could not reach the server at first does not lose what arrived since). At
+//! the first selection the mailbox starts after the mail that arrived (INTERNALDATE) before
+//! `watching_since` less [`HISTORY_MARGIN`]: a new installation does not answer years of mail,
+//! and mail sent once the host was up is answered even if it landed before the first poll.
+//! An empty or not yet existing mailbox starts at its beginning. [`ImapAccount::backfill`]
+//! announces the history instead.
+//!
 //! ## What the host wires
 //!
 //! ```text
 //! let config = PollerConfig {
 //!     accounts: settings.imap.accounts.iter().map(|a| ImapAccount {
-//!         name, host, port, security, username, password: resolved_secret, mailbox }).collect(),
+//!         name, host, port, security, username, password: resolved_secret, mailbox,
+//!         backfill }).collect(),
 //!     connect_timeout: workers.timeouts.imap_connect,
 //!     message_timeout: workers.timeouts.imap_message,
 //!     events_exchange: broker.topology.events_exchange.clone(),
@@ -87,12 +108,12 @@ pub mod parse;
 pub mod stats;
 mod store;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use sqlx::PgPool;
 use tokio_rustls::rustls;
@@ -109,10 +130,15 @@ pub use parse::{ParsedEmail, parse_email};
 pub use stats::{AccountStatus, PollerStats};
 
 use crate::imap::{Session, timed};
-use crate::store::{NewInbound, PollState};
+use crate::store::{Identity, NewInbound, PollState};
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "inbound-email-poller";
+
+/// At the first poll of an account, mail that arrived up to this long before the poller
+/// started watching it is still announced: the IMAP server's clock and ours may differ, and
+/// mail sent to a host that is just starting must not be taken for history.
+pub const HISTORY_MARGIN: Duration = Duration::from_secs(5 * 60);
 
 /// The most header bytes fetched of a mail over the size limit.
 const MAX_HEADER_BYTES: u32 = 64 * 1024;
@@ -140,6 +166,10 @@ pub struct ImapAccount {
     /// Resolved by the host (from the environment or a file); never printed.
     pub password: String,
     pub mailbox: String,
+    /// Announce the mail already in the mailbox at the first poll. Off: the first poll
+    /// starts after the mail that arrived before the poller started watching the account
+    /// (see the crate docs, "The first poll").
+    pub backfill: bool,
 }
 
 impl fmt::Debug for ImapAccount {
@@ -152,6 +182,7 @@ impl fmt::Debug for ImapAccount {
             .field("username", &self.username)
             .field("password", &"[redacted]")
             .field("mailbox", &self.mailbox)
+            .field("backfill", &self.backfill)
             .finish()
     }
 }
@@ -481,6 +512,10 @@ pub struct InboundEmailPoller {
     tls: Arc<rustls::ClientConfig>,
     stats: PollerStats,
     strikes: Mutex<HashMap<StrikeKey, Strikes>>,
+    /// When this poller was made: the `watching_since` of an account it is the first to poll.
+    started_at: DateTime<Utc>,
+    /// The accounts whose poll state row this process has made sure of.
+    watched: Mutex<HashSet<String>>,
 }
 
 impl fmt::Debug for InboundEmailPoller {
@@ -525,6 +560,8 @@ impl InboundEmailPoller {
             tls,
             stats,
             strikes: Mutex::new(HashMap::new()),
+            started_at: Utc::now(),
+            watched: Mutex::new(HashSet::new()),
         })
     }
 
@@ -622,6 +659,10 @@ impl InboundEmailPoller {
         cancel: &CancellationToken,
         report: &mut AccountReport,
     ) {
+        if let Err(failure) = self.watch(account).await {
+            report.failure = Some(failure);
+            return;
+        }
         let limit = self.config.connect_timeout;
         let connected = match tokio::time::timeout(limit, imap::connect(account, &self.tls)).await {
             Err(_) => Err(ImapError::Timeout {
@@ -672,23 +713,16 @@ impl InboundEmailPoller {
             }));
             return true;
         };
-        let state =
-            match tokio::time::timeout(limit, self.current_state(account, uidvalidity, report))
-                .await
-            {
-                Ok(Ok(state)) => state,
-                Ok(Err(failure)) => {
-                    report.failure = Some(failure);
-                    return true;
-                }
-                Err(_) => {
-                    report.failure = Some(Failure::transient(format!(
-                        "reading the poll state: no answer from the database within {}ms",
-                        limit.as_millis()
-                    )));
-                    return true;
-                }
-            };
+        let state = match self
+            .current_state(session, account, &mailbox, uidvalidity, report)
+            .await
+        {
+            Ok(state) => state,
+            Err((failure, session_ok)) => {
+                report.failure = Some(failure);
+                return session_ok;
+            }
+        };
         let Some(first) = state.last_uid.checked_add(1) else {
             return true;
         };
@@ -788,37 +822,145 @@ impl InboundEmailPoller {
         true
     }
 
-    /// The poll state under the server's `uidvalidity`, starting the mailbox over when it
-    /// changed.
+    /// Makes sure, once per process, that the account's poll state row is there before its
+    /// first connection, so that `watching_since` is the start of the first process that
+    /// tried, whether or not its server answered.
+    async fn watch(&self, account: &ImapAccount) -> Result<(), Failure> {
+        let known = self
+            .watched
+            .lock()
+            .is_ok_and(|watched| watched.contains(&account.name));
+        if known {
+            return Ok(());
+        }
+        let limit = self.config.message_timeout;
+        let watched = store::watch(&self.pool, &account.name, &account.mailbox, self.started_at);
+        match tokio::time::timeout(limit, watched).await {
+            Ok(Ok(())) => {
+                if let Ok(mut watched) = self.watched.lock() {
+                    watched.insert(account.name.clone());
+                }
+                Ok(())
+            }
+            Ok(Err(failure)) => Err(failure),
+            Err(_) => Err(Failure::transient(format!(
+                "writing the poll state: no answer from the database within {}ms",
+                limit.as_millis()
+            ))),
+        }
+    }
+
+    /// The poll state under the server's `uidvalidity`: as stored; started over from UID 1
+    /// when the UIDVALIDITY changed; or, at the first selection, started after the history
+    /// (from UID 1 with `backfill`). On failure, whether the session is still usable.
     async fn current_state(
         &self,
+        session: &mut Session,
         account: &ImapAccount,
+        mailbox: &async_imap::types::Mailbox,
         uidvalidity: u32,
         report: &mut AccountReport,
-    ) -> Result<PollState, Failure> {
-        let stored = store::load_state(&self.pool, &account.name, &account.mailbox).await?;
-        match stored {
-            Some(state) if state.uidvalidity == uidvalidity => Ok(state),
-            other => {
-                if let Some(previous) = other {
-                    report.rescanned = true;
-                    tracing::warn!(
-                        job = JOB_NAME,
-                        account = %account.name,
-                        mailbox = %account.mailbox,
-                        previous = previous.uidvalidity,
-                        current = uidvalidity,
-                        "the mailbox's UIDVALIDITY changed: starting it over, skipping mail already stored by Message-ID"
-                    );
-                }
-                store::reset_state(&self.pool, &account.name, &account.mailbox, uidvalidity)
-                    .await?;
-                Ok(PollState {
-                    uidvalidity,
-                    last_uid: 0,
-                })
+    ) -> Result<PollState, (Failure, bool)> {
+        let (name, folder) = (account.name.as_str(), account.mailbox.as_str());
+        let limit = self.config.message_timeout;
+        let stored = db_timed(limit, "reading the poll state", async {
+            store::load_state(&self.pool, name, folder).await
+        })
+        .await
+        .map_err(|f| (f, true))?;
+        let watching_since = stored.map_or(self.started_at, |s| s.watching_since);
+        let last_uid = match stored {
+            Some(state) if state.uidvalidity == uidvalidity => return Ok(state),
+            Some(previous) if previous.uidvalidity != 0 => {
+                report.rescanned = true;
+                tracing::warn!(
+                    job = JOB_NAME,
+                    account = name,
+                    mailbox = folder,
+                    previous = previous.uidvalidity,
+                    current = uidvalidity,
+                    "the mailbox's UIDVALIDITY changed: starting it over, skipping mail already recorded (by Message-ID, or content)"
+                );
+                0
+            }
+            // The first selection of this mailbox.
+            _ if account.backfill => {
+                tracing::info!(
+                    job = JOB_NAME,
+                    account = name,
+                    mailbox = folder,
+                    "first poll of the account with backfill: every message in it is announced"
+                );
+                0
+            }
+            _ => {
+                let cutoff = watching_since - HISTORY_MARGIN;
+                let last = self
+                    .history_end(session, mailbox, cutoff)
+                    .await
+                    .map_err(|err| (classify_imap(&err), false))?;
+                tracing::info!(
+                    job = JOB_NAME,
+                    account = name,
+                    mailbox = folder,
+                    messages = mailbox.exists,
+                    history_up_to_uid = last,
+                    cutoff = %cutoff,
+                    "first poll of the account: the mail that arrived before the cutoff is history and is not announced (set `backfill = true` on the account to announce it)"
+                );
+                last
+            }
+        };
+        db_timed(limit, "writing the poll state", async {
+            store::start_at(&self.pool, name, folder, uidvalidity, last_uid).await
+        })
+        .await
+        .map_err(|f| (f, true))?;
+        Ok(PollState {
+            uidvalidity,
+            last_uid,
+            watching_since,
+        })
+    }
+
+    /// The UID the history ends at: the mail that arrived (INTERNALDATE) before `cutoff`, up
+    /// to the first message that arrived after it; 0 for an empty mailbox.
+    async fn history_end(
+        &self,
+        session: &mut Session,
+        mailbox: &async_imap::types::Mailbox,
+        cutoff: DateTime<Utc>,
+    ) -> Result<u32, ImapError> {
+        if mailbox.exists == 0 {
+            return Ok(0);
+        }
+        let limit = self.config.message_timeout;
+        // SEARCH SINCE compares dates only, in the server's time zone: a day earlier, then
+        // each candidate's INTERNALDATE exactly.
+        let day = (cutoff - chrono::Duration::days(1)).format("%-d-%b-%Y");
+        let candidates = timed(
+            Stage::Search,
+            limit,
+            session.uid_search(format!("SINCE {day}")),
+        )
+        .await?;
+        let mut candidates: Vec<u32> = candidates.into_iter().collect();
+        candidates.sort_unstable();
+        if !candidates.is_empty() {
+            let arrived = timed(Stage::Fetch, limit, fetch_arrivals(session, &candidates)).await?;
+            // A message whose arrival is unknown counts as new: better answered than lost.
+            let first_new = candidates
+                .iter()
+                .find(|uid| arrived.get(uid).is_none_or(|at| *at >= cutoff));
+            if let Some(first_new) = first_new {
+                return Ok(first_new.saturating_sub(1));
             }
         }
+        if let Some(next) = mailbox.uid_next {
+            return Ok(next.saturating_sub(1));
+        }
+        let all = timed(Stage::Search, limit, session.uid_search("ALL")).await?;
+        Ok(all.into_iter().max().unwrap_or(0))
     }
 
     async fn handle_message(
@@ -867,6 +1009,8 @@ impl InboundEmailPoller {
                 skip_reason: Some(reason),
                 parsed: &ParsedEmail::default(),
                 raw_size: u64::from(size),
+                content_hash: None,
+                duplicate_of: None,
             };
             store::record(pool, &row, None)
                 .await
@@ -888,8 +1032,9 @@ impl InboundEmailPoller {
                 .map(parse::parse_headers)
                 .unwrap_or_default();
             record_message_id(&parsed);
+            let hash = content_hash(b"header\0", header.as_deref().unwrap_or_default());
             if self
-                .stored_before(account, uidvalidity, uid, &parsed)
+                .recorded_before(account, uidvalidity, uid, size, &parsed, &hash)
                 .await?
             {
                 return Ok(Handled::Duplicate);
@@ -914,6 +1059,8 @@ impl InboundEmailPoller {
                 skip_reason: Some(reason),
                 parsed: &parsed,
                 raw_size: u64::from(size),
+                content_hash: Some(&hash),
+                duplicate_of: None,
             };
             store::record(pool, &row, None)
                 .await
@@ -934,18 +1081,19 @@ impl InboundEmailPoller {
                 .map_err(MessageFailure::db)?;
             return Ok(Handled::Vanished);
         };
+        let hash = content_hash(b"mail\0", &raw);
         let parsed =
             match parse::parse_within(&raw, self.config.max_body_chars, &self.config.mail_limits) {
                 Ok(parsed) => parsed,
                 Err(set_aside) => {
                     return self
-                        .set_aside(account, uidvalidity, uid, size, *set_aside)
+                        .set_aside(account, uidvalidity, uid, size, *set_aside, &hash)
                         .await;
                 }
             };
         record_message_id(&parsed);
         if self
-            .stored_before(account, uidvalidity, uid, &parsed)
+            .recorded_before(account, uidvalidity, uid, size, &parsed, &hash)
             .await?
         {
             return Ok(Handled::Duplicate);
@@ -968,6 +1116,8 @@ impl InboundEmailPoller {
             skip_reason: None,
             parsed: &parsed,
             raw_size: u64::from(size),
+            content_hash: Some(&hash),
+            duplicate_of: None,
         };
         let inserted = store::record(
             pool,
@@ -999,6 +1149,7 @@ impl InboundEmailPoller {
         uid: u32,
         size: u32,
         set_aside: parse::SetAside,
+        hash: &str,
     ) -> Result<Handled, MessageFailure> {
         let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
         let pool = &self.pool;
@@ -1007,7 +1158,7 @@ impl InboundEmailPoller {
         let refused = set_aside.refused;
         record_message_id(&parsed);
         if self
-            .stored_before(account, uidvalidity, uid, &parsed)
+            .recorded_before(account, uidvalidity, uid, size, &parsed, hash)
             .await?
         {
             return Ok(Handled::Duplicate);
@@ -1023,6 +1174,8 @@ impl InboundEmailPoller {
             skip_reason: Some(reason),
             parsed: &parsed,
             raw_size: u64::from(size),
+            content_hash: Some(hash),
+            duplicate_of: None,
         };
         store::record(pool, &row, None)
             .await
@@ -1030,26 +1183,51 @@ impl InboundEmailPoller {
         Ok(Handled::TooComplex)
     }
 
-    /// After a UIDVALIDITY change: whether this mail's Message-ID was stored from this
-    /// mailbox under an earlier UIDVALIDITY; if so, the last UID moves past it.
-    async fn stored_before(
+    /// Whether this mail was recorded before from this mailbox under another UID (moved out
+    /// and back, a mailbox rebuilt, a Message-ID reused): if so, its own row is recorded
+    /// `skipped`, naming the earlier one, with no event, and the last UID moves past it.
+    async fn recorded_before(
         &self,
         account: &ImapAccount,
         uidvalidity: u32,
         uid: u32,
+        size: u32,
         parsed: &ParsedEmail,
+        hash: &str,
     ) -> Result<bool, MessageFailure> {
-        let Some(message_id) = &parsed.message_id else {
-            return Ok(false);
-        };
         let (pool, name, mailbox) = (&self.pool, &account.name, &account.mailbox);
-        if !store::stored_before(pool, name, mailbox, uidvalidity, message_id)
+        let identity = match &parsed.message_id {
+            Some(id) => Identity::MessageId(id),
+            None => Identity::Content(hash),
+        };
+        let Some(earlier) = store::earlier(pool, name, mailbox, uidvalidity, uid, identity)
             .await
             .map_err(MessageFailure::db)?
-        {
+        else {
             return Ok(false);
-        }
-        store::skip_past(pool, name, mailbox, uidvalidity, uid)
+        };
+        let same = match identity {
+            Identity::MessageId(id) => format!("the same Message-ID {id}"),
+            Identity::Content(hash) => format!("the same content (SHA-256 {hash})"),
+        };
+        let reason = format!(
+            "a duplicate of the mail recorded as {} (UIDVALIDITY {}, UID {}): {same}; not announced again",
+            earlier.id, earlier.uidvalidity, earlier.uid
+        );
+        tracing::info!(job = JOB_NAME, account = %name, uid, duplicate_of = %earlier.id, "a mail recorded before under another UID: recorded as a duplicate, not announced");
+        let row = NewInbound {
+            id: inbound_email_id(name, mailbox, uidvalidity, uid),
+            account: name,
+            mailbox,
+            uidvalidity,
+            uid,
+            skip_reason: Some(reason),
+            parsed,
+            raw_size: u64::from(size),
+            content_hash: Some(hash),
+            duplicate_of: Some(earlier.id),
+        };
+        store::record(pool, &row, None)
             .await
             .map_err(MessageFailure::db)?;
         Ok(true)
@@ -1098,6 +1276,11 @@ fn email_received_event(id: Uuid, account: &ImapAccount, parsed: &ParsedEmail) -
         cc: parsed.cc.clone(),
         date: parsed.sent_at,
         text_truncated: parsed.text_truncated,
+        auto_submitted: parsed.auto_submitted.clone(),
+        precedence: parsed.precedence.clone(),
+        list_id: parsed.list_id.clone(),
+        return_path: parsed.return_path.clone(),
+        null_sender: parsed.return_path.as_deref() == Some(""),
     };
     DomainEvent {
         id: event_id(id),
@@ -1106,6 +1289,53 @@ fn email_received_event(id: Uuid, account: &ImapAccount, parsed: &ParsedEmail) -
         // A struct of strings, lists and options always serializes.
         data: serde_json::to_value(&data).unwrap_or(serde_json::Value::Null),
     }
+}
+
+/// The hex SHA-256 of `bytes`, under a label that keeps a header's hash apart from a whole
+/// mail's.
+fn content_hash(label: &[u8], bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(label)
+        .chain_update(bytes)
+        .finalize();
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A database step of the poll under `limit`.
+async fn db_timed<T>(
+    limit: Duration,
+    what: &str,
+    step: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(Failure::transient(format!(
+            "{what}: no answer from the database within {}ms",
+            limit.as_millis()
+        )))
+    })
+}
+
+/// `UID FETCH <uids> (UID INTERNALDATE)`: when each message still there arrived.
+async fn fetch_arrivals(
+    session: &mut Session,
+    uids: &[u32],
+) -> Result<HashMap<u32, DateTime<Utc>>, async_imap::error::Error> {
+    let fetches: Vec<_> = session
+        .uid_fetch(imap::uid_set(uids), "(UID INTERNALDATE)")
+        .await?
+        .try_collect()
+        .await?;
+    let arrived: HashMap<u32, DateTime<Utc>> = fetches
+        .iter()
+        .filter_map(|f| Some((f.uid?, f.internal_date()?.with_timezone(&Utc))))
+        .collect();
+    if arrived.len() < uids.len() {
+        // Missing ones count as new; make sure the answer was the server's (see
+        // `confirm_answered`), not a connection that closed in the middle of it.
+        confirm_answered(session).await?;
+    }
+    Ok(arrived)
 }
 
 /// `UID FETCH <uids> (UID RFC822.SIZE)`: the size of each message still there.

@@ -31,6 +31,14 @@ pub struct ParsedEmail {
     pub text_truncated: bool,
     pub html_truncated: bool,
     pub parse_error: Option<String>,
+    /// The signs of mail that must not be answered automatically (RFC 3834), as sent:
+    /// Auto-Submitted, Precedence and List-Id, unfolded and bounded.
+    pub auto_submitted: Option<String>,
+    pub precedence: Option<String>,
+    pub list_id: Option<String>,
+    /// The first (the delivering server's) Return-Path, without angle brackets: empty for the
+    /// null sender `<>`.
+    pub return_path: Option<String>,
 }
 
 /// The longest header value kept, in characters (a Subject of a megabyte is not kept whole).
@@ -160,8 +168,30 @@ fn headers_of(message: &Message<'_>) -> ParsedEmail {
             .and_then(|d| DateTime::from_timestamp(d.to_timestamp(), 0)),
         in_reply_to: ids(message.in_reply_to()).into_iter().next_back(),
         references: ids(message.references()),
+        auto_submitted: first_raw(message, "auto-submitted").map(|v| clean_header(&v)),
+        precedence: first_raw(message, "precedence").map(|v| clean_header(&v)),
+        list_id: first_raw(message, "list-id").map(|v| clean_header(&v)),
+        return_path: first_raw(message, "return-path").map(|path| {
+            // `<>`, `<a@b>` or a bare address; a comment after it is dropped.
+            let path = path.split('(').next().unwrap_or_default().trim();
+            clean_header(path.trim_start_matches('<').trim_end_matches('>').trim())
+        }),
         ..ParsedEmail::default()
     }
+}
+
+/// The raw value of the first header field called `name` (any case), unfolded, its blanks
+/// collapsed; `None` when there is none or it is not UTF-8.
+fn first_raw(message: &Message<'_>, name: &str) -> Option<String> {
+    let header = message
+        .headers()
+        .iter()
+        .find(|h| h.name.as_str().eq_ignore_ascii_case(name))?;
+    let raw = message
+        .raw_message()
+        .get(header.offset_start as usize..header.offset_end as usize)?;
+    let value = std::str::from_utf8(raw).ok()?;
+    Some(value.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 fn addresses(address: Option<&Address<'_>>) -> Vec<String> {
@@ -311,6 +341,28 @@ Content-Type: message/rfc822\r\n\r\nContent-Type: message/rfc822\r\n\r\n\r\n--b-
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn the_signs_of_automatic_mail_are_read() {
+        let p = parse_headers(
+            b"Return-Path: <>\r\nReturn-Path: <older@x>\r\nAuto-Submitted: auto-replied\r\n\
+              PRECEDENCE: bulk\r\nList-Id: Team\r\n <team.example.com>\r\nFrom: a@x\r\n\r\n",
+        );
+        assert_eq!(p.return_path.as_deref(), Some(""));
+        assert_eq!(p.auto_submitted.as_deref(), Some("auto-replied"));
+        assert_eq!(p.precedence.as_deref(), Some("bulk"));
+        assert!(
+            p.list_id
+                .as_deref()
+                .is_some_and(|l| l.contains("team.example.com"))
+        );
+        let p = parse_headers(b"Return-Path: <bob@example.com> (via x)\r\nFrom: b@x\r\n\r\n");
+        assert_eq!(p.return_path.as_deref(), Some("bob@example.com"));
+        assert_eq!(
+            (p.auto_submitted, p.precedence, p.list_id),
+            (None, None, None)
+        );
     }
 
     #[test]

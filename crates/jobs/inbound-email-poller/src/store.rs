@@ -1,6 +1,7 @@
 //! The poller's tables: `imap_poll_state` and `inbound_emails` (migration
 //! `20261129000300_inbound_email.sql`), written together with the outbox row.
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 use worker_core::Failure;
@@ -12,8 +13,11 @@ use crate::parse::ParsedEmail;
 /// Where the poller is in one mailbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollState {
+    /// 0 until the mailbox was first selected (no server gives 0: RFC 3501).
     pub uidvalidity: u32,
     pub last_uid: u32,
+    /// Mail that arrived before this (less a margin) is history at the first selection.
+    pub watching_since: DateTime<Utc>,
 }
 
 pub async fn load_state(
@@ -21,37 +25,64 @@ pub async fn load_state(
     account: &str,
     mailbox: &str,
 ) -> Result<Option<PollState>, Failure> {
-    let row: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT uidvalidity, last_uid FROM imap_poll_state WHERE account = $1 AND mailbox = $2",
+    let row: Option<(i64, i64, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT uidvalidity, last_uid, watching_since FROM imap_poll_state \
+         WHERE account = $1 AND mailbox = $2",
     )
     .bind(account)
     .bind(mailbox)
     .fetch_optional(pool)
     .await
     .map_err(classify)?;
-    Ok(row.map(|(uidvalidity, last_uid)| PollState {
-        // Written from u32 values only; anything else reads as "start over".
-        uidvalidity: u32::try_from(uidvalidity).unwrap_or(0),
-        last_uid: u32::try_from(last_uid).unwrap_or(0),
-    }))
+    Ok(
+        row.map(|(uidvalidity, last_uid, watching_since)| PollState {
+            // Written from u32 values only; anything else reads as "start over".
+            uidvalidity: u32::try_from(uidvalidity).unwrap_or(0),
+            last_uid: u32::try_from(last_uid).unwrap_or(0),
+            watching_since,
+        }),
+    )
 }
 
-/// Starts the mailbox over under `uidvalidity` (last UID 0).
-pub async fn reset_state(
+/// Notes that the poller watches this mailbox since `since`, before its first connection; a
+/// row already there (an earlier process's) is kept, with its earlier time.
+pub async fn watch(
+    pool: &PgPool,
+    account: &str,
+    mailbox: &str,
+    since: DateTime<Utc>,
+) -> Result<(), Failure> {
+    sqlx::query(
+        "INSERT INTO imap_poll_state (account, mailbox, uidvalidity, last_uid, watching_since) \
+         VALUES ($1, $2, 0, 0, $3) ON CONFLICT (account, mailbox) DO NOTHING",
+    )
+    .bind(account)
+    .bind(mailbox)
+    .bind(since)
+    .execute(pool)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+/// Starts the mailbox under `uidvalidity` after `last_uid` (0: from its first message).
+pub async fn start_at(
     pool: &PgPool,
     account: &str,
     mailbox: &str,
     uidvalidity: u32,
+    last_uid: u32,
 ) -> Result<(), Failure> {
     sqlx::query(
         "INSERT INTO imap_poll_state (account, mailbox, uidvalidity, last_uid) \
-         VALUES ($1, $2, $3, 0) \
+         VALUES ($1, $2, $3, $4) \
          ON CONFLICT (account, mailbox) DO UPDATE \
-         SET uidvalidity = EXCLUDED.uidvalidity, last_uid = 0, updated_at = now()",
+         SET uidvalidity = EXCLUDED.uidvalidity, last_uid = EXCLUDED.last_uid, updated_at = now()",
     )
     .bind(account)
     .bind(mailbox)
     .bind(i64::from(uidvalidity))
+    .bind(i64::from(last_uid))
     .execute(pool)
     .await
     .map_err(classify)?;
@@ -79,26 +110,52 @@ pub async fn exists(
     .map_err(classify)
 }
 
-/// After a UIDVALIDITY change: was a mail with this Message-ID stored from this mailbox
-/// under another UIDVALIDITY?
-pub async fn stored_before(
+/// What makes a mail the same mail: its Message-ID, or its content when it has none.
+#[derive(Debug, Clone, Copy)]
+pub enum Identity<'a> {
+    MessageId(&'a str),
+    /// Hex SHA-256 of the bytes read.
+    Content(&'a str),
+}
+
+/// A mail recorded earlier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Earlier {
+    pub id: Uuid,
+    pub uidvalidity: i64,
+    pub uid: i64,
+}
+
+/// The first row recorded from this mailbox, under any UIDVALIDITY and any other UID, with
+/// the same identity.
+pub async fn earlier(
     pool: &PgPool,
     account: &str,
     mailbox: &str,
     uidvalidity: u32,
-    message_id: &str,
-) -> Result<bool, Failure> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM inbound_emails \
-         WHERE account = $1 AND mailbox = $2 AND message_id = $3 AND uidvalidity <> $4)",
-    )
-    .bind(account)
-    .bind(mailbox)
-    .bind(message_id)
-    .bind(i64::from(uidvalidity))
-    .fetch_one(pool)
-    .await
-    .map_err(classify)
+    uid: u32,
+    identity: Identity<'_>,
+) -> Result<Option<Earlier>, Failure> {
+    let (column, value) = match identity {
+        Identity::MessageId(id) => ("message_id", id),
+        Identity::Content(hash) => ("content_hash", hash),
+    };
+    // Two fixed statements (not one with an OR), so that each uses its index.
+    let sql = format!(
+        "SELECT id, uidvalidity, uid FROM inbound_emails \
+         WHERE account = $1 AND mailbox = $2 AND {column} = $3 \
+           AND NOT (uidvalidity = $4 AND uid = $5) \
+         ORDER BY received_at, uidvalidity, uid LIMIT 1"
+    );
+    sqlx::query_as(&sql)
+        .bind(account)
+        .bind(mailbox)
+        .bind(value)
+        .bind(i64::from(uidvalidity))
+        .bind(i64::from(uid))
+        .fetch_optional(pool)
+        .await
+        .map_err(classify)
 }
 
 /// Moves the last UID up to `uid` (never down), inside the caller's transaction. Fails if
@@ -154,6 +211,10 @@ pub struct NewInbound<'a> {
     pub skip_reason: Option<String>,
     pub parsed: &'a ParsedEmail,
     pub raw_size: u64,
+    /// Hex SHA-256 of the bytes read; `None` when nothing was read.
+    pub content_hash: Option<&'a str>,
+    /// For a duplicate: the row it duplicates.
+    pub duplicate_of: Option<Uuid>,
 }
 
 /// In one transaction: the inbound email row, its `email.received` outbox row when there is
@@ -171,9 +232,9 @@ pub async fn record(
              id, account, mailbox, uidvalidity, uid, status, skip_reason, \
              message_id, from_address, from_name, to_addresses, cc_addresses, subject, sent_at, \
              in_reply_to, reference_ids, text_body, html_body, text_truncated, html_truncated, \
-             raw_size, parse_error, event_id) \
+             raw_size, parse_error, event_id, content_hash, duplicate_of) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $18, $19, $20, $21, $22, $23) \
+                 $18, $19, $20, $21, $22, $23, $24, $25) \
          ON CONFLICT (account, mailbox, uidvalidity, uid) DO NOTHING",
     )
     .bind(row.id)
@@ -203,6 +264,8 @@ pub async fn record(
     .bind(i64::try_from(row.raw_size).unwrap_or(i64::MAX))
     .bind(&p.parse_error)
     .bind(event.map(|(_, _, _, id)| id))
+    .bind(row.content_hash)
+    .bind(row.duplicate_of)
     .execute(&mut *tx)
     .await
     .map_err(classify)?

@@ -130,7 +130,7 @@ impl WorkKind {
         match self {
             Self::Execution => {
                 "FROM action_executions w \
-                 WHERE w.status NOT IN ('succeeded', 'failed') \
+                 WHERE w.status NOT IN ('succeeded', 'skipped', 'failed') \
                    AND w.updated_at < now() - make_interval(secs => $1) \
                    AND NOT EXISTS (SELECT 1 FROM outbox o \
                                    WHERE o.status = 'pending' AND o.message_id = w.id::text)"

@@ -43,6 +43,7 @@ pub fn account(name: &str, user: &str, password: &str) -> ImapAccount {
         username: user.into(),
         password: password.into(),
         mailbox: "INBOX".into(),
+        backfill: false,
     }
 }
 
@@ -109,6 +110,31 @@ pub async fn append(user: &str, mailbox: &str, raw: &[u8]) -> anyhow::Result<()>
     .await?
 }
 
+/// Appends raw bytes to a mailbox of `user` with the INTERNALDATE `date`
+/// (`01-Jan-2020 10:00:00 +0000`): mail that arrived then.
+pub async fn append_dated(user: &str, mailbox: &str, raw: &[u8], date: &str) -> anyhow::Result<()> {
+    tokio::time::timeout(BOUND, async {
+        let mut s = session(user).await?;
+        s.append(mailbox, None, Some(&format!("\"{date}\"")), raw)
+            .await?;
+        s.logout().await?;
+        anyhow::Ok(())
+    })
+    .await?
+}
+
+/// Moves every message of `user`'s `from` to `to` (UID MOVE): they get new UIDs there.
+pub async fn move_all(user: &str, from: &str, to: &str) -> anyhow::Result<()> {
+    tokio::time::timeout(BOUND, async {
+        let mut s = session(user).await?;
+        s.select(from).await?;
+        s.uid_mv("1:*", to).await?;
+        s.logout().await?;
+        anyhow::Ok(())
+    })
+    .await?
+}
+
 /// Runs plain IMAP commands as `user` (CREATE, DELETE ...).
 pub async fn command(user: &str, command: &str) -> anyhow::Result<()> {
     tokio::time::timeout(BOUND, async {
@@ -151,6 +177,15 @@ pub async fn wait_for_messages(user: &str, mailbox: &str, n: u32) -> anyhow::Res
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A mail without a Message-ID (its identity is its content), as raw bytes.
+pub fn raw_mail_without_id(from: &str, subject: &str, body: &str) -> Vec<u8> {
+    format!(
+        "From: {from}\r\nTo: someone@localhost\r\nSubject: {subject}\r\n\
+         Date: Tue, 1 Dec 2026 10:00:00 +0000\r\n\r\n{body}\r\n"
+    )
+    .into_bytes()
 }
 
 /// A mail with headers, as raw bytes.

@@ -1,0 +1,254 @@
+//! No mail loops and no backscatter (RFC 3834): a `send_email` action does not answer mail
+//! that is automatic, bulk, from a list, bounced, or our own, and no automation sends one
+//! address more than the reply limit allows.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+use worker_core::{Handled, WorkContext, execute_once};
+use worker_messages::{ActionCommand, DomainEvent, action_execution_id};
+use worker_testkit::TestDb;
+
+use job_automation_action::{ActionExecutor, GUARD_SCOPE, JOB_NAME};
+
+fn ctx() -> WorkContext {
+    WorkContext::new(JOB_NAME, CancellationToken::new())
+}
+
+/// An `email.received` event from `from`, with `extra` fields on top of a plain mail's.
+fn mail_event(from: &str, extra: Value) -> DomainEvent {
+    let mut data = json!({
+        "inbound_email_id": Uuid::new_v4(),
+        "account": "demo",
+        "mailbox": "INBOX",
+        "message_id": format!("{}@example.com", Uuid::new_v4().simple()),
+        "from": from,
+        "from_name": null,
+        "to": ["demo@localhost"],
+        "subject": "ping",
+        "text": "are you there?",
+        "references": [],
+        "parse_error": null
+    });
+    if let (Some(data), Value::Object(extra)) = (data.as_object_mut(), extra) {
+        data.extend(extra);
+    }
+    DomainEvent {
+        id: Uuid::new_v4(),
+        event_type: "email.received".into(),
+        occurred_at: Utc::now(),
+        data,
+    }
+}
+
+fn reply_action() -> Value {
+    json!({
+        "type": "send_email",
+        "to": ["{{ from }}"],
+        "subject": "Re: {{ subject }}",
+        "text": "pong",
+    })
+}
+
+async fn automation(pool: &PgPool) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query("INSERT INTO automations (id, name, event_type, actions) VALUES ($1, $2, $3, $4)")
+        .bind(id)
+        .bind(format!("a-{id}"))
+        .bind("email.received")
+        .bind(json!([reply_action()]))
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+/// One execution of `automation`'s reply for `event`, as the trigger writes it.
+async fn execution(pool: &PgPool, automation_id: Uuid, event: &DomainEvent) -> ActionCommand {
+    let id = action_execution_id(event.id, automation_id, 0);
+    sqlx::query(
+        "INSERT INTO action_executions (id, automation_id, event_id, action_index, action, event) \
+         VALUES ($1, $2, $3, 0, $4, $5)",
+    )
+    .bind(id)
+    .bind(automation_id)
+    .bind(event.id)
+    .bind(reply_action())
+    .bind(serde_json::to_value(event).unwrap())
+    .execute(pool)
+    .await
+    .unwrap();
+    ActionCommand {
+        action_execution_id: id,
+        automation_id,
+        event_id: event.id,
+        action_index: 0,
+    }
+}
+
+fn executor(pool: &PgPool) -> ActionExecutor {
+    ActionExecutor::new(pool.clone(), "commands", Duration::from_secs(5))
+        .unwrap()
+        .with_own_addresses(["Worker Host <worker-host@localhost>"])
+}
+
+/// Runs the command; returns the execution's status and skip reason, and whether an email
+/// was queued for it.
+async fn run(
+    pool: &PgPool,
+    executor: &ActionExecutor,
+    command: &ActionCommand,
+) -> (String, Option<String>, bool) {
+    let body = serde_json::to_vec(command).unwrap();
+    let handled = execute_once(executor, &ctx(), &body).await.unwrap();
+    assert_eq!(handled, Handled::Done);
+    let (status, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT status, skip_reason FROM action_executions WHERE id = $1")
+            .bind(command.action_execution_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let queued: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM outbound_emails WHERE action_execution_id = $1)",
+    )
+    .bind(command.action_execution_id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    (status, reason, queued)
+}
+
+#[tokio::test]
+async fn mail_that_must_not_be_answered_is_skipped_with_the_reason() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let automation_id = automation(&db.pool).await;
+    let executor = executor(&db.pool);
+    let cases = [
+        (
+            "alice@example.com",
+            json!({"auto_submitted": "auto-replied"}),
+            "Auto-Submitted",
+        ),
+        (
+            "alice@example.com",
+            json!({"auto_submitted": "Auto-Generated (x)"}),
+            "Auto-Submitted",
+        ),
+        (
+            "alice@example.com",
+            json!({"precedence": "bulk"}),
+            "Precedence",
+        ),
+        (
+            "alice@example.com",
+            json!({"precedence": "List"}),
+            "Precedence",
+        ),
+        (
+            "alice@example.com",
+            json!({"precedence": "junk"}),
+            "Precedence",
+        ),
+        (
+            "alice@example.com",
+            json!({"list_id": "Team <team.example.com>"}),
+            "List-Id",
+        ),
+        (
+            "alice@example.com",
+            json!({"null_sender": true, "return_path": ""}),
+            "null sender",
+        ),
+        ("MAILER-DAEMON@example.com", json!({}), "MAILER-DAEMON"),
+        ("worker-host@LOCALHOST", json!({}), "own address"),
+    ];
+    for (from, extra, why) in cases {
+        let event = mail_event(from, extra.clone());
+        let command = execution(&db.pool, automation_id, &event).await;
+        let (status, reason, queued) = run(&db.pool, &executor, &command).await;
+        assert_eq!(status, "skipped", "{from} {extra}");
+        let reason = reason.unwrap_or_default();
+        assert!(reason.contains(why), "{from} {extra}: {reason}");
+        assert!(!queued, "{from} {extra}");
+        // Done for good: the guard holds it, a redelivery is a duplicate.
+        let marked: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM processed_messages WHERE scope = $1 AND id = $2)",
+        )
+        .bind(GUARD_SCOPE)
+        .bind(command.action_execution_id.to_string())
+        .fetch_one(&db.pool)
+        .await?;
+        assert!(marked, "{from} {extra}");
+        let body = serde_json::to_vec(&command)?;
+        assert_eq!(
+            execute_once(&executor, &ctx(), &body).await?,
+            Handled::Duplicate
+        );
+    }
+    let outbox: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(outbox, 0);
+
+    // A person's mail, `Auto-Submitted: no` included, is answered.
+    for extra in [
+        json!({}),
+        json!({"auto_submitted": "no", "precedence": "first-class"}),
+    ] {
+        let event = mail_event("bob@example.com", extra);
+        let command = execution(&db.pool, automation_id, &event).await;
+        let (status, reason, queued) = run(&db.pool, &executor, &command).await;
+        assert_eq!((status.as_str(), reason, queued), ("succeeded", None, true));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_reply_limit_stops_a_forged_sender_from_making_an_automation_a_mail_cannon()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let automation_id = automation(&db.pool).await;
+    let other_automation = automation(&db.pool).await;
+    let executor = executor(&db.pool).with_reply_limit(3, Duration::from_secs(3600));
+
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        let event = mail_event("victim@example.com", json!({}));
+        let command = execution(&db.pool, automation_id, &event).await;
+        outcomes.push(run(&db.pool, &executor, &command).await);
+    }
+    let statuses: Vec<&str> = outcomes.iter().map(|o| o.0.as_str()).collect();
+    assert_eq!(
+        statuses,
+        ["succeeded", "succeeded", "succeeded", "skipped", "skipped"]
+    );
+    let reason = outcomes[3].1.clone().unwrap_or_default();
+    assert!(
+        reason.contains("reply limit") && reason.contains("victim@example.com"),
+        "{reason}"
+    );
+    assert!(!outcomes[3].2 && !outcomes[4].2);
+
+    // The limit is per recipient (the same automation answers someone else) and per
+    // automation (another one still answers the victim).
+    let event = mail_event("someone-else@example.com", json!({}));
+    let command = execution(&db.pool, automation_id, &event).await;
+    assert_eq!(run(&db.pool, &executor, &command).await.0, "succeeded");
+    let event = mail_event("VICTIM@example.com", json!({}));
+    let command = execution(&db.pool, other_automation, &event).await;
+    assert_eq!(run(&db.pool, &executor, &command).await.0, "succeeded");
+    let event = mail_event("VICTIM@example.com", json!({}));
+    let command = execution(&db.pool, automation_id, &event).await;
+    assert_eq!(
+        run(&db.pool, &executor, &command).await.0,
+        "skipped",
+        "addresses compare without case"
+    );
+    Ok(())
+}
