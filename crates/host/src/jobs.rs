@@ -303,6 +303,7 @@ pub fn smtp_config(settings: &Settings) -> job_email_send::SmtpConfig {
             .password
             .as_ref()
             .map(|p| secrecy::SecretString::from(p.expose().to_string())),
+        ca_file: smtp.ca_file.clone(),
         pool_size: smtp.pool_size,
         ..job_email_send::SmtpConfig::default()
     }
@@ -333,6 +334,7 @@ pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerCon
                     .map(|p| p.expose().to_string())
                     .unwrap_or_default(),
                 mailbox: account.mailbox.clone(),
+                ca_file: account.ca_file.clone(),
             })
             .collect(),
         connect_timeout: settings.workers.timeouts.imap_connect,

@@ -101,7 +101,7 @@
 //! let smtp = SmtpConfig {
 //!     host: s.smtp.host, port: s.smtp.port, security: SmtpSecurity::Plain /* from s.smtp.security */,
 //!     username: s.smtp.username, password: /* SecretString from s.smtp.password */,
-//!     pool_size: s.smtp.pool_size, connect_timeout: Duration::from_secs(10),
+//!     ca_file: s.smtp.ca_file, pool_size: s.smtp.pool_size, connect_timeout: Duration::from_secs(10),
 //! };
 //! let sender = EmailSender::new(pool.clone(), &smtp, &s.smtp.from, s.workers.timeouts.email_send)?
 //!     .on_unknown(move || unknown_outcomes.add(1, &[]));
@@ -112,6 +112,7 @@ mod smtp;
 
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -121,7 +122,7 @@ use lettre::Message;
 use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
-use lettre::transport::smtp::client::TlsParameters;
+use lettre::transport::smtp::client::{Certificate, TlsParameters};
 use lettre::transport::smtp::response::Response;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
@@ -171,6 +172,9 @@ pub struct SmtpConfig {
     pub username: Option<String>,
     /// Required with a username. Redacted in `Debug`.
     pub password: Option<SecretString>,
+    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
+    /// a private CA. The server's certificate must also name `host`.
+    pub ca_file: Option<PathBuf>,
     /// Connections open to the server at most (each used by one send at a time).
     pub pool_size: u32,
     /// Bounds connecting: TCP, the greeting, STARTTLS and AUTH together.
@@ -186,6 +190,7 @@ impl Default for SmtpConfig {
             security: SmtpSecurity::Plain,
             username: None,
             password: None,
+            ca_file: None,
             pool_size: 4,
             connect_timeout: Duration::from_secs(10),
         }
@@ -201,6 +206,8 @@ pub enum SmtpConfigError {
     BadFrom { address: String, detail: String },
     #[error("smtp: cannot use host `{host}` with TLS: {detail}")]
     Tls { host: String, detail: String },
+    #[error("smtp: the CA file {}: {detail}", path.display())]
+    CaFile { path: PathBuf, detail: String },
     #[error("smtp: pool_size must be at least 1")]
     EmptyPool,
 }
@@ -221,6 +228,9 @@ pub enum SendError {
     /// The final "." of DATA was sent and no answer came: a timeout or a broken connection.
     /// The server may have taken the mail.
     AnswerLost(String),
+    /// The server's certificate did not verify (an unknown CA, another name, expired): it will
+    /// not until an operator changes the server or `ca_file`.
+    Certificate(String),
 }
 
 impl fmt::Display for SendError {
@@ -232,9 +242,10 @@ impl fmt::Display for SendError {
                 "the SMTP send did not finish within {}",
                 humantime::format_duration(*after)
             ),
-            Self::Connection(detail) | Self::Client(detail) | Self::AnswerLost(detail) => {
-                f.write_str(detail)
-            }
+            Self::Connection(detail)
+            | Self::Client(detail)
+            | Self::AnswerLost(detail)
+            | Self::Certificate(detail) => f.write_str(detail),
         }
     }
 }
@@ -253,6 +264,7 @@ pub fn classify(err: &SendError) -> Failure {
     match err {
         SendError::TimedOut(_) | SendError::Connection(_) => Failure::transient(err),
         SendError::Client(_) => Failure::permanent("smtp-client", err),
+        SendError::Certificate(_) => Failure::permanent("smtp-tls", err),
         SendError::AnswerLost(_) => Failure::unknown(format!(
             "{err}: the server may have accepted the mail, so it is not sent again in process"
         )),
@@ -267,6 +279,26 @@ pub fn classify(err: &SendError) -> Failure {
             _ => Failure::transient(err),
         },
     }
+}
+
+/// The CA certificates of a PEM file, refused when it holds none (lettre would take an empty
+/// file as no extra CA at all, and the operator would never learn why the server is refused).
+fn read_ca_file(path: &std::path::Path) -> Result<Certificate, SmtpConfigError> {
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    let fail = |detail: String| SmtpConfigError::CaFile {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let pem = std::fs::read(path).map_err(|err| fail(format!("cannot be read: {err}")))?;
+    let count = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| fail(format!("is not PEM: {err}")))?
+        .len();
+    if count == 0 {
+        return Err(fail("holds no PEM certificate".into()));
+    }
+    Certificate::from_pem(&pem).map_err(|err| fail(error_chain(&err)))
 }
 
 /// The outbound email consumer. Input: an [`EmailSendCommand`].
@@ -359,8 +391,16 @@ impl EmailSender {
         if smtp.pool_size == 0 {
             return Err(SmtpConfigError::EmptyPool);
         }
+        let roots = match &smtp.ca_file {
+            Some(path) => Some(read_ca_file(path)?),
+            None => None,
+        };
         let tls = || {
-            TlsParameters::new(smtp.host.clone()).map_err(|err| SmtpConfigError::Tls {
+            let mut builder = TlsParameters::builder(smtp.host.clone());
+            if let Some(roots) = &roots {
+                builder = builder.add_root_certificate(roots.clone());
+            }
+            builder.build().map_err(|err| SmtpConfigError::Tls {
                 host: smtp.host.clone(),
                 detail: error_chain(&err),
             })

@@ -63,7 +63,8 @@
 //! ```text
 //! let config = PollerConfig {
 //!     accounts: settings.imap.accounts.iter().map(|a| ImapAccount {
-//!         name, host, port, security, username, password: resolved_secret, mailbox }).collect(),
+//!         name, host, port, security, username, password: resolved_secret, mailbox,
+//!         ca_file }).collect(),
 //!     connect_timeout: workers.timeouts.imap_connect,
 //!     message_timeout: workers.timeouts.imap_message,
 //!     events_exchange: broker.topology.events_exchange.clone(),
@@ -135,6 +136,9 @@ pub struct ImapAccount {
     /// Resolved by the host (from the environment or a file); never printed.
     pub password: String,
     pub mailbox: String,
+    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
+    /// a private CA. The server's certificate must also name `host`.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for ImapAccount {
@@ -147,6 +151,7 @@ impl fmt::Debug for ImapAccount {
             .field("username", &self.username)
             .field("password", &"[redacted]")
             .field("mailbox", &self.mailbox)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -421,7 +426,7 @@ impl MessageFailure {
         // answer in time) counts against it; a lost connection does not.
         let strike = match err {
             ImapError::Timeout { .. } | ImapError::Protocol { .. } => true,
-            ImapError::Io { .. } => false,
+            ImapError::Io { .. } | ImapError::Handshake { .. } => false,
             ImapError::Imap { source, .. } => !matches!(source, E::Io(_) | E::ConnectionLost),
         };
         Self {
@@ -453,7 +458,8 @@ type StrikeKey = (String, String, u32, u32);
 pub struct InboundEmailPoller {
     pool: PgPool,
     config: Arc<PollerConfig>,
-    tls: Arc<rustls::ClientConfig>,
+    /// Each account's TLS client (its own CA file, if any), by account name.
+    tls: HashMap<String, Arc<rustls::ClientConfig>>,
     stats: PollerStats,
     strikes: Mutex<HashMap<StrikeKey, Strikes>>,
 }
@@ -486,10 +492,15 @@ impl InboundEmailPoller {
     /// A poller over `pool` (which must hold the migrations) for the accounts in `config`.
     pub fn new(pool: PgPool, config: PollerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let tls = imap::tls_config().map_err(|e| ConfigError {
-            field: "tls".into(),
-            problem: format!("the TLS client cannot be set up: {e}"),
-        })?;
+        let mut tls = HashMap::new();
+        for (i, account) in config.accounts.iter().enumerate() {
+            let client =
+                imap::tls_config(account.ca_file.as_deref()).map_err(|problem| ConfigError {
+                    field: format!("accounts[{i}].ca_file"),
+                    problem,
+                })?;
+            tls.insert(account.name.clone(), client);
+        }
         let stats = PollerStats::default();
         for account in &config.accounts {
             stats.register(&account.name);
@@ -598,7 +609,15 @@ impl InboundEmailPoller {
         report: &mut AccountReport,
     ) {
         let limit = self.config.connect_timeout;
-        let connected = match tokio::time::timeout(limit, imap::connect(account, &self.tls)).await {
+        let Some(tls) = self.tls.get(&account.name) else {
+            // `new` builds one per configured account; only a foreign account can miss it.
+            report.failure = Some(Failure::permanent(
+                "imap-config",
+                format!("no TLS client for account `{}`", account.name),
+            ));
+            return;
+        };
+        let connected = match tokio::time::timeout(limit, imap::connect(account, tls)).await {
             Err(_) => Err(ImapError::Timeout {
                 stage: Stage::Connect,
                 limit,

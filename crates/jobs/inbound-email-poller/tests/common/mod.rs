@@ -41,6 +41,7 @@ pub fn account(name: &str, user: &str, password: &str) -> ImapAccount {
         username: user.into(),
         password: password.into(),
         mailbox: "INBOX".into(),
+        ca_file: None,
     }
 }
 
