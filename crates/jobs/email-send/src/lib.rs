@@ -85,6 +85,7 @@
 //! | no connection, a broken one or a timeout before the final ".", TLS failure | transient | `queued` |
 //! | a timeout or a broken connection after the final "." | unknown ([`Failure::unknown`]) | `unknown` |
 //! | lettre refused to go on (no STARTTLS offered, no usable AUTH mechanism, no SMTPUTF8) | permanent, `smtp-client` | `failed` |
+//! | the server's certificate did not verify (unknown CA, another name, expired) | permanent, `smtp-tls` | `failed` |
 //! | an address in the row that does not parse | permanent, `bad-address` | `failed` |
 //!
 //! One refused recipient fails the whole mail (SMTP has no partial send here).
