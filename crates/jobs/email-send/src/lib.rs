@@ -82,7 +82,7 @@
 //! | the server's 2xx to the final "." | success | `sent`, `smtp_response` = its answer |
 //! | a 4xx answer (`451 4.3.0 try later`) | transient | `queued`, `attempts + 1`, `last_error` |
 //! | a 5xx answer (`550 5.1.1 no such user`) | permanent, `smtp-5xx`, detail the answer | `failed`, `last_error` = the answer |
-//! | no connection, a broken one or a timeout before the final ".", TLS failure | transient | `queued` |
+//! | no connection, a broken one or a timeout before the final ".", another TLS failure | transient | `queued` |
 //! | a timeout or a broken connection after the final "." | unknown ([`Failure::unknown`]) | `unknown` |
 //! | lettre refused to go on (no STARTTLS offered, no usable AUTH mechanism, no SMTPUTF8) | permanent, `smtp-client` | `failed` |
 //! | the server's certificate did not verify (unknown CA, another name, expired) | permanent, `smtp-tls` | `failed` |
