@@ -13,6 +13,7 @@
 //! absorbs the redelivered duplicates.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -38,8 +39,11 @@ pub struct ConnectionSettings {
     /// Never printed: `Debug` redacts it and it is not serialized back.
     #[serde(skip_serializing)]
     pub password: String,
-    /// `amqps` instead of `amqp`.
+    /// `amqps` instead of `amqp`. The server's certificate is always verified, against the
+    /// system's CA certificates and those in `ca_file`, and must name `host`.
     pub tls: bool,
+    /// CA certificates (PEM) trusted for `amqps` besides the system's: a private CA.
+    pub ca_file: Option<PathBuf>,
     /// Heartbeat interval; a silent broker is noticed within two of them. Zero disables them.
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
@@ -69,6 +73,7 @@ impl Default for ConnectionSettings {
             username: "guest".into(),
             password: "guest".into(),
             tls: false,
+            ca_file: None,
             heartbeat: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             connection_name: "worker-host".into(),
@@ -88,6 +93,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("username", &self.username)
             .field("password", &"<redacted>")
             .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
             .field("heartbeat", &self.heartbeat)
             .field("connect_timeout", &self.connect_timeout)
             .field("connection_name", &self.connection_name)
@@ -102,6 +108,12 @@ impl fmt::Debug for ConnectionSettings {
 pub enum ConnectError {
     #[error("invalid AMQP URI: {0}")]
     InvalidUri(String),
+    #[error("the broker's CA file {}: {source}", path.display())]
+    CaFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("connecting to {server} timed out after {}", humantime::format_duration(*after))]
     Timeout { server: String, after: Duration },
     #[error("connecting to {server}: {source}")]
@@ -161,14 +173,35 @@ impl ConnectionSettings {
         }
     }
 
+    /// The PEM text of `ca_file`, read at each connect so that a renewed CA is picked up.
+    fn ca_chain(&self) -> Result<Option<String>, ConnectError> {
+        let Some(path) = &self.ca_file else {
+            return Ok(None);
+        };
+        std::fs::read_to_string(path)
+            .map(Some)
+            .map_err(|source| ConnectError::CaFile {
+                path: path.clone(),
+                source,
+            })
+    }
+
     /// Opens one connection, without supervision (tools, tests, benchmarks).
     pub async fn connect(&self) -> Result<Connection, ConnectError> {
         let server = self.server();
         let properties = ConnectionProperties::default()
             .with_connection_name(LongString::from(self.connection_name.as_str()));
+        let tls = lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain: self.ca_chain()?,
+        };
+        let runtime = lapin::runtime::default_runtime().map_err(|source| ConnectError::Broker {
+            server: server.clone(),
+            source,
+        })?;
         match tokio::time::timeout(
             self.connect_timeout,
-            Connection::connect_uri(self.uri(), properties),
+            Connection::connect_uri_with_config(self.uri(), properties, tls, runtime),
         )
         .await
         {

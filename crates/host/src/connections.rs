@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::admin::ReadinessCheck;
-use crate::settings::{DatabaseSettings, Settings};
+use crate::settings::{DatabaseSettings, Settings, SslMode};
 
 /// The pool options the settings describe.
 pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
@@ -17,7 +17,17 @@ pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
         .port(settings.port)
         .database(&settings.name)
         .username(&settings.username)
-        .application_name("worker-host");
+        .application_name("worker-host")
+        .ssl_mode(match settings.ssl_mode {
+            SslMode::Disable => PgSslMode::Disable,
+            SslMode::Prefer => PgSslMode::Prefer,
+            SslMode::Require => PgSslMode::Require,
+            SslMode::VerifyCa => PgSslMode::VerifyCa,
+            SslMode::VerifyFull => PgSslMode::VerifyFull,
+        });
+    if let Some(root) = &settings.ssl_root_cert {
+        connect = connect.ssl_root_cert(root);
+    }
     if let Some(password) = &settings.password {
         connect = connect.password(password.expose());
     }
@@ -45,6 +55,7 @@ pub fn broker_connection(settings: &Settings) -> worker_broker::ConnectionSettin
             .map(|p| p.expose().to_string())
             .unwrap_or_default(),
         tls: broker.tls,
+        ca_file: broker.ca_file.clone(),
         heartbeat: broker.heartbeat,
         connect_timeout: broker.connect_timeout,
         connection_name: format!(

@@ -308,6 +308,7 @@ pub fn smtp_config(settings: &Settings) -> job_email_send::SmtpConfig {
             .password
             .as_ref()
             .map(|p| secrecy::SecretString::from(p.expose().to_string())),
+        ca_file: smtp.ca_file.clone(),
         pool_size: smtp.pool_size,
         ..job_email_send::SmtpConfig::default()
     }
@@ -339,6 +340,7 @@ pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerCon
                     .unwrap_or_default(),
                 mailbox: account.mailbox.clone(),
                 backfill: account.backfill,
+                ca_file: account.ca_file.clone(),
             })
             .collect(),
         connect_timeout: settings.workers.timeouts.imap_connect,

@@ -80,6 +80,17 @@ pub struct DatabaseSettings {
     /// Attempts to reach the database at start before giving up.
     pub connect_attempts: u32,
     pub migrate_on_start: bool,
+    /// How the connection is protected, as libpq's `sslmode`: `disable`, `prefer` (TLS when
+    /// the server offers it, the certificate not checked), `require` (TLS, not checked),
+    /// `verify-ca` (TLS, the certificate signed by a trusted CA) or `verify-full` (and naming
+    /// `host`).
+    pub ssl_mode: SslMode,
+    /// The CA certificates (PEM) that `verify-ca` and `verify-full` trust; unset: the
+    /// public web PKI's roots.
+    pub ssl_root_cert: Option<PathBuf>,
+    /// Lets the password go to a host that is not loopback with `ssl_mode` `disable` or
+    /// `prefer` (which falls back to plain text); refused otherwise.
+    pub allow_plaintext: bool,
 }
 
 impl Default for DatabaseSettings {
@@ -96,7 +107,33 @@ impl Default for DatabaseSettings {
             acquire_timeout: Duration::from_secs(10),
             connect_attempts: 10,
             migrate_on_start: true,
+            ssl_mode: SslMode::Prefer,
+            ssl_root_cert: None,
+            allow_plaintext: false,
         }
+    }
+}
+
+/// `database.ssl_mode`: libpq's `sslmode` values, without `allow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    /// Whether the password may cross the network in plain text in this mode.
+    pub fn may_be_plaintext(self) -> bool {
+        matches!(self, Self::Disable | Self::Prefer)
+    }
+
+    /// Whether the server's certificate is checked against a CA in this mode.
+    pub fn verifies(self) -> bool {
+        matches!(self, Self::VerifyCa | Self::VerifyFull)
     }
 }
 
@@ -111,8 +148,12 @@ pub struct BrokerSettings {
     pub password_file: Option<PathBuf>,
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
-    /// `amqps` instead of `amqp`.
+    /// `amqps` instead of `amqp`; the certificate is always checked, and must name `host`.
     pub tls: bool,
+    /// The CA certificates (PEM) trusted for `amqps`; unset: the public web PKI's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Lets the password go to a host that is not loopback without `tls`; refused otherwise.
+    pub allow_plaintext: bool,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Attempts to reach the broker at start before giving up.
@@ -140,6 +181,8 @@ impl Default for BrokerSettings {
             password_file: None,
             heartbeat: Duration::from_secs(10),
             tls: false,
+            ca_file: None,
+            allow_plaintext: false,
             connect_timeout: Duration::from_secs(10),
             connect_attempts: 10,
             reconnect_min: Duration::from_millis(500),
@@ -162,6 +205,16 @@ pub enum Security {
     Tls,
 }
 
+impl Security {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Starttls => "starttls",
+            Self::Tls => "tls",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SmtpSettings {
@@ -172,6 +225,12 @@ pub struct SmtpSettings {
     pub username: Option<String>,
     pub password: Option<Secret>,
     pub password_file: Option<PathBuf>,
+    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
+    /// public web PKI's roots. The certificate must name `host`.
+    pub ca_file: Option<PathBuf>,
+    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
+    /// otherwise.
+    pub allow_plaintext: bool,
     /// The sender of mail that does not name one.
     pub from: String,
     /// Connections kept open to the server.
@@ -194,6 +253,8 @@ impl Default for SmtpSettings {
             username: None,
             password: None,
             password_file: None,
+            ca_file: None,
+            allow_plaintext: false,
             from: "worker-host@localhost".into(),
             pool_size: 4,
             claim_stale_after: None,
@@ -230,6 +291,14 @@ pub struct ImapAccount {
     /// watched the account, so that a new installation does not answer years of mail.
     #[serde(default)]
     pub backfill: bool,
+    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
+    /// public web PKI's roots. The certificate must name `host`.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
+    /// otherwise.
+    #[serde(default)]
+    pub allow_plaintext: bool,
 }
 
 fn default_imap_host() -> String {
@@ -1207,6 +1276,104 @@ impl Settings {
                 format!("expected a level or tracing filter like `info`: {e}"),
             );
         }
+        self.validate_transport(&mut fail);
+    }
+
+    /// TLS and credentials: no password in plain text to a host that is not loopback unless
+    /// the section says `allow_plaintext = true`; a CA file that is readable PEM and is used.
+    fn validate_transport(&self, fail: &mut impl FnMut(&str, String)) {
+        let plain = |what: &str, host: &str, fix: &str, key: &str| {
+            format!(
+                "{what} would cross the network to {host} in plain text: {fix}, or set `{key}.allow_plaintext = true` if the network is trusted"
+            )
+        };
+        let db = &self.database;
+        if db.ssl_mode.may_be_plaintext() && !db.allow_plaintext && !is_loopback(&db.host) {
+            fail(
+                "database.ssl_mode",
+                plain(
+                    "the database password",
+                    &db.host,
+                    "set `ssl_mode = \"verify-full\"` (with `ssl_root_cert` for a private CA)",
+                    "database",
+                ),
+            );
+        }
+        if let Some(path) = &db.ssl_root_cert {
+            check_ca_file(
+                fail,
+                "database.ssl_root_cert",
+                path,
+                db.ssl_mode.verifies(),
+                "`ssl_mode` is `verify-ca` or `verify-full`",
+            );
+        }
+        let broker = &self.broker;
+        if !broker.tls && !broker.allow_plaintext && !is_loopback(&broker.host) {
+            fail(
+                "broker.tls",
+                plain(
+                    "the broker password",
+                    &broker.host,
+                    "set `tls = true` (with `ca_file` for a private CA)",
+                    "broker",
+                ),
+            );
+        }
+        if let Some(path) = &broker.ca_file {
+            check_ca_file(fail, "broker.ca_file", path, broker.tls, "`tls = true`");
+        }
+        let smtp = &self.smtp;
+        if smtp.security == Security::Plain
+            && smtp.username.is_some()
+            && !smtp.allow_plaintext
+            && !is_loopback(&smtp.host)
+        {
+            fail(
+                "smtp.security",
+                plain(
+                    "the SMTP login",
+                    &smtp.host,
+                    "set `security = \"starttls\"` or `\"tls\"` (with `ca_file` for a private CA)",
+                    "smtp",
+                ),
+            );
+        }
+        if let Some(path) = &smtp.ca_file {
+            check_ca_file(
+                fail,
+                "smtp.ca_file",
+                path,
+                smtp.security != Security::Plain,
+                "`security` is `starttls` or `tls`",
+            );
+        }
+        for (i, account) in self.imap.accounts.iter().enumerate() {
+            let section = format!("imap.accounts[{i}]");
+            if account.security == Security::Plain
+                && !account.allow_plaintext
+                && !is_loopback(&account.host)
+            {
+                fail(
+                    &format!("{section}.security"),
+                    plain(
+                        "the IMAP login",
+                        &account.host,
+                        "set `security = \"tls\"` or `\"starttls\"` (with `ca_file` for a private CA)",
+                        &section,
+                    ),
+                );
+            }
+            if let Some(path) = &account.ca_file {
+                check_ca_file(
+                    fail,
+                    &format!("{section}.ca_file"),
+                    path,
+                    account.security != Security::Plain,
+                    "`security` is `starttls` or `tls`",
+                );
+            }
+        }
     }
 
     /// The effective settings as TOML, with every secret redacted.
@@ -1260,6 +1427,54 @@ impl Settings {
                 worker_broker::QueueDefaults::email_send(topology),
             ),
         ]
+    }
+}
+
+/// Whether `host` is this machine: `localhost`, a loopback address, or (for PostgreSQL) a
+/// Unix socket folder. A name that merely resolves to loopback does not count.
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare.starts_with('/')
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A CA file must be readable PEM holding at least one certificate, and be used (`used`, else
+/// the installation believes a certificate is checked that is not).
+fn check_ca_file(
+    fail: &mut impl FnMut(&str, String),
+    key: &str,
+    path: &Path,
+    used: bool,
+    when: &str,
+) {
+    if !used {
+        fail(
+            key,
+            format!("the CA file is only used when {when}; without it no certificate is checked"),
+        );
+        return;
+    }
+    match std::fs::read(path) {
+        Err(e) => fail(
+            key,
+            format!(
+                "expected a readable PEM file of CA certificates, but {} cannot be read: {e}",
+                path.display()
+            ),
+        ),
+        Ok(bytes) if !String::from_utf8_lossy(&bytes).contains("-----BEGIN CERTIFICATE-----") => {
+            fail(
+                key,
+                format!(
+                    "expected PEM CA certificates (`-----BEGIN CERTIFICATE-----`), but {} holds none",
+                    path.display()
+                ),
+            )
+        }
+        Ok(_) => {}
     }
 }
 

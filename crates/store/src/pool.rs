@@ -24,10 +24,14 @@ pub enum ConnectError {
         attempts: u32,
         cause: String,
     },
+    /// The TLS handshake failed (a certificate that does not verify, a server without TLS
+    /// under `require`): not retried, since waiting does not change a certificate.
+    #[error("PostgreSQL at {server}: the TLS handshake failed: {cause}")]
+    Tls { server: String, cause: String },
 }
 
 /// Opens the pool, retrying a bounded number of times with backoff, and names the server in
-/// the error when it stays unreachable.
+/// the error when it stays unreachable. A failed TLS handshake is returned at once.
 pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
     let attempts = options.connect_attempts.max(1);
     let server = format!(
@@ -47,6 +51,12 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
             .await;
         match result {
             Ok(pool) => return Ok(pool),
+            Err(err) if is_tls_failure(&err) => {
+                return Err(ConnectError::Tls {
+                    server,
+                    cause: worker_core::error_chain(&err),
+                });
+            }
             Err(err) => {
                 last_error = worker_core::error_chain(&err);
                 tracing::warn!(%server, attempt, attempts, error = %last_error, "PostgreSQL not reachable yet");
@@ -62,6 +72,26 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
         attempts,
         cause: last_error,
     })
+}
+
+/// A TLS set-up sqlx refused (`require` to a server without TLS, a bad root certificate
+/// file), or a server certificate that did not verify (sqlx reports that one as an I/O error
+/// carrying rustls's).
+fn is_tls_failure(err: &sqlx::Error) -> bool {
+    use tokio_rustls::rustls;
+    match err {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .is_some_and(|e| {
+                matches!(
+                    e,
+                    rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+                )
+            }),
+        _ => false,
+    }
 }
 
 /// Applies the embedded migrations that have not been applied yet.

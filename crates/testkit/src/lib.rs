@@ -6,20 +6,32 @@
 //! - [`SmtpSink`]: a private SMTP sink (the project's `scripts/smtp_sink.py`) on a port and
 //!   in a folder of its own, for tests that slow down or fail the server;
 //! - [`FaultProxy`]: a TCP proxy on a port of its own in front of any of the services, that
-//!   cuts, resets, stalls, blackholes, slows down or refuses connections on demand.
+//!   cuts, resets, stalls, blackholes, slows down or refuses connections on demand;
+//! - private servers for tests that stop a server or need it configured otherwise: a
+//!   PostgreSQL cluster ([`PgCluster`]), a RabbitMQ node ([`RabbitNode`]) and a Dovecot
+//!   ([`Dovecot`]), each on ports and in a folder of its own, optionally serving TLS with a
+//!   certificate from a [`TestCa`], a certificate authority of the test's own.
 //!
-//! All four are removed (or stopped) when dropped. Names carry their creation time, so that leftovers of a
+//! All of them are removed (or stopped) when dropped. Names carry their creation time, so that leftovers of a
 //! test run that was killed are swept by a later run ([`TestDb::create`] and
 //! [`TestVhost::create`] remove those older than two hours).
 //!
 //! The services are the ones `scripts/services.sh up` starts; their addresses come from the
 //! `WH_TEST_*` variables that `scripts/services.sh env` prints, with the same defaults.
 
+mod dovecot;
+mod pg_cluster;
 mod proxy;
+mod rabbit_node;
 mod smtp;
+mod tls;
 
+pub use dovecot::Dovecot;
+pub use pg_cluster::PgCluster;
 pub use proxy::FaultProxy;
+pub use rabbit_node::RabbitNode;
 pub use smtp::SmtpSink;
+pub use tls::{ServerCert, TestCa};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -38,6 +38,17 @@ fn python() -> anyhow::Result<&'static str> {
 impl SmtpSink {
     /// Starts a sink on a free loopback port and waits until it takes connections.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// [`Self::start`], with STARTTLS offered (and required before MAIL) with `cert`.
+    pub fn start_with_starttls(cert: &crate::ServerCert) -> anyhow::Result<Self> {
+        let cert_path = cert.cert.display().to_string();
+        let key_path = cert.key.display().to_string();
+        Self::start_with(&["--tlscert", &cert_path, "--tlskey", &key_path])
+    }
+
+    fn start_with(extra: &[&str]) -> anyhow::Result<Self> {
         let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts");
         let dir = tempfile::Builder::new()
             .prefix("wh-smtp-sink-")
@@ -53,6 +64,7 @@ impl SmtpSink {
         let child = Command::new(python()?)
             .args(["-m", "aiosmtpd", "-n", "-l"])
             .arg(format!("127.0.0.1:{port}"))
+            .args(extra)
             .args(["-c", "smtp_sink.Handler"])
             .env("PYTHONPATH", &scripts)
             .env("WH_SERVICES_DIR", dir.path())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::{Fault, Load, Scenario};
-use crate::pg_cluster::PgCluster;
+use crate::pg_cluster::{ForScenario as _, PgCluster};
 use crate::run::{Run, Setup};
 
 /// How long the server stays down after the immediate stop.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::{DEFAULT_HEARTBEAT, Fault, Load, Scenario};
-use crate::rabbit_node::RabbitNode;
+use crate::rabbit_node::{RabbitNode, ScenarioSetup as _};
 use crate::run::{Run, Setup};
 
 /// How long the broker's application stays stopped.

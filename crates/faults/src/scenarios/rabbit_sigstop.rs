@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::{Fault, Load, Scenario};
-use crate::rabbit_node::RabbitNode;
+use crate::rabbit_node::{RabbitNode, ScenarioSetup as _};
 use crate::run::{Run, Setup};
 
 /// The host's heartbeat in this scenario: short, so that the freeze need not be long.

@@ -506,3 +506,136 @@ fn a_toml_error_elsewhere_still_says_what_is_wrong() {
     assert_eq!(error.key, "smtp.port", "{error}");
     assert!(text.contains("expected"), "{text}");
 }
+
+const REMOTE_PLAIN: &str = "[database]\nhost = \"db.example.com\"\npassword = \"pw\"\n\
+     [broker]\nhost = \"mq.example.com\"\npassword = \"guest\"\n\
+     [smtp]\nhost = \"smtp.example.com\"\nusername = \"wh\"\npassword = \"pw\"\n\
+     [[imap.accounts]]\nname = \"in\"\nhost = \"imap.example.com\"\nusername = \"wh\"\npassword = \"pw\"\n";
+
+#[test]
+fn credentials_in_plain_text_to_a_remote_host_are_refused_for_each_protocol() {
+    let errors = load_text(REMOTE_PLAIN).expect_err("plain text to remote hosts is refused");
+    let keys: Vec<&str> = errors.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "database.ssl_mode",
+            "broker.tls",
+            "smtp.security",
+            "imap.accounts[0].security"
+        ],
+        "{errors:?}"
+    );
+    for error in &errors {
+        assert!(error.problem.contains("plain text"), "{error}");
+        assert!(error.problem.contains("allow_plaintext"), "{error}");
+    }
+}
+
+#[test]
+fn allow_plaintext_lets_an_installation_say_so_explicitly() {
+    let text = REMOTE_PLAIN
+        .replace(
+            "host = \"db.example.com\"\n",
+            "host = \"db.example.com\"\nallow_plaintext = true\n",
+        )
+        .replace(
+            "host = \"mq.example.com\"\n",
+            "host = \"mq.example.com\"\nallow_plaintext = true\n",
+        )
+        .replace(
+            "host = \"smtp.example.com\"\n",
+            "host = \"smtp.example.com\"\nallow_plaintext = true\n",
+        )
+        .replace(
+            "host = \"imap.example.com\"\n",
+            "host = \"imap.example.com\"\nallow_plaintext = true\n",
+        );
+    load_text(&text).unwrap();
+}
+
+#[test]
+fn verified_tls_to_remote_hosts_loads_and_loopback_may_stay_plain() {
+    let text = "[database]\nhost = \"db.example.com\"\npassword = \"pw\"\nssl_mode = \"verify-full\"\n\
+                [broker]\nhost = \"mq.example.com\"\npassword = \"guest\"\ntls = true\n\
+                [smtp]\nhost = \"smtp.example.com\"\nusername = \"wh\"\npassword = \"pw\"\nsecurity = \"starttls\"\n\
+                [[imap.accounts]]\nname = \"in\"\nhost = \"imap.example.com\"\nusername = \"wh\"\npassword = \"pw\"\nsecurity = \"tls\"\n\
+                [[imap.accounts]]\nname = \"local\"\nhost = \"localhost\"\nusername = \"wh\"\npassword = \"pw\"\n\
+                [[imap.accounts]]\nname = \"v6\"\nhost = \"::1\"\nusername = \"wh\"\npassword = \"pw\"\n";
+    let settings = load_text(text).unwrap();
+    assert_eq!(settings.database.ssl_mode, SslMode::VerifyFull);
+}
+
+#[test]
+fn every_ssl_mode_is_read_and_an_unknown_one_names_the_key() {
+    for (text, mode) in [
+        ("disable", SslMode::Disable),
+        ("prefer", SslMode::Prefer),
+        ("require", SslMode::Require),
+        ("verify-ca", SslMode::VerifyCa),
+        ("verify-full", SslMode::VerifyFull),
+    ] {
+        let settings = load_text(&format!(
+            "[database]\npassword = \"pw\"\nssl_mode = \"{text}\"\n[broker]\npassword = \"guest\"\n"
+        ))
+        .unwrap();
+        assert_eq!(settings.database.ssl_mode, mode);
+    }
+    let error = only_error(
+        "[database]\npassword = \"pw\"\nssl_mode = \"verify\"\n[broker]\npassword = \"guest\"\n",
+    );
+    assert_eq!(error.key, "database.ssl_mode", "{error}");
+    assert!(error.problem.contains("verify-full"), "{error}");
+}
+
+#[test]
+fn a_ca_file_that_is_missing_or_holds_no_certificate_is_refused_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let missing = dir.path().join("missing.pem");
+    let text = format!(
+        "[database]\npassword = \"pw\"\nssl_mode = \"verify-full\"\nssl_root_cert = \"{junk}\"\n\
+         [broker]\npassword = \"guest\"\ntls = true\nca_file = \"{missing}\"\n\
+         [smtp]\nsecurity = \"starttls\"\nca_file = \"{junk}\"\n\
+         [[imap.accounts]]\nname = \"in\"\nusername = \"wh\"\npassword = \"pw\"\nsecurity = \"tls\"\nca_file = \"{junk}\"\n",
+        junk = junk.display(),
+        missing = missing.display()
+    );
+    let errors = load_text(&text).expect_err("bad CA files are refused");
+    let keys: Vec<&str> = errors.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "database.ssl_root_cert",
+            "broker.ca_file",
+            "smtp.ca_file",
+            "imap.accounts[0].ca_file"
+        ],
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_ca_file_without_verification_is_refused_as_misleading() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(
+        &ca,
+        "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let text = format!(
+        "[database]\npassword = \"pw\"\nssl_mode = \"require\"\nssl_root_cert = \"{ca}\"\n\
+         [broker]\npassword = \"guest\"\nca_file = \"{ca}\"\n\
+         [smtp]\nca_file = \"{ca}\"\n",
+        ca = ca.display()
+    );
+    let errors = load_text(&text).expect_err("a CA that is never used is refused");
+    let keys: Vec<&str> = errors.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["database.ssl_root_cert", "broker.ca_file", "smtp.ca_file"],
+        "{errors:?}"
+    );
+}

@@ -82,9 +82,10 @@
 //! | the server's 2xx to the final "." | success | `sent`, `smtp_response` = its answer |
 //! | a 4xx answer (`451 4.3.0 try later`) | transient | `queued`, `attempts + 1`, `last_error` |
 //! | a 5xx answer (`550 5.1.1 no such user`) | permanent, `smtp-5xx`, detail the answer | `failed`, `last_error` = the answer |
-//! | no connection, a broken one or a timeout before the final ".", TLS failure | transient | `queued` |
+//! | no connection, a broken one or a timeout before the final ".", another TLS failure | transient | `queued` |
 //! | a timeout or a broken connection after the final "." | unknown ([`Failure::unknown`]) | `unknown` |
 //! | lettre refused to go on (no STARTTLS offered, no usable AUTH mechanism, no SMTPUTF8) | permanent, `smtp-client` | `failed` |
+//! | the server's certificate did not verify (unknown CA, another name, expired) | permanent, `smtp-tls` | `failed` |
 //! | an address in the row that does not parse | permanent, `bad-address` | `failed` |
 //!
 //! One refused recipient fails the whole mail (SMTP has no partial send here).
@@ -101,7 +102,7 @@
 //! let smtp = SmtpConfig {
 //!     host: s.smtp.host, port: s.smtp.port, security: SmtpSecurity::Plain /* from s.smtp.security */,
 //!     username: s.smtp.username, password: /* SecretString from s.smtp.password */,
-//!     pool_size: s.smtp.pool_size, connect_timeout: Duration::from_secs(10),
+//!     ca_file: s.smtp.ca_file, pool_size: s.smtp.pool_size, connect_timeout: Duration::from_secs(10),
 //! };
 //! let sender = EmailSender::new(pool.clone(), &smtp, &s.smtp.from, s.workers.timeouts.email_send)?
 //!     .on_unknown(move || unknown_outcomes.add(1, &[]));
@@ -112,6 +113,7 @@ mod smtp;
 
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -121,7 +123,7 @@ use lettre::Message;
 use lettre::message::header::{ContentType, HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
-use lettre::transport::smtp::client::TlsParameters;
+use lettre::transport::smtp::client::{Certificate, TlsParameters};
 use lettre::transport::smtp::response::Response;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
@@ -171,6 +173,9 @@ pub struct SmtpConfig {
     pub username: Option<String>,
     /// Required with a username. Redacted in `Debug`.
     pub password: Option<SecretString>,
+    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
+    /// a private CA. The server's certificate must also name `host`.
+    pub ca_file: Option<PathBuf>,
     /// Connections open to the server at most (each used by one send at a time).
     pub pool_size: u32,
     /// Bounds connecting: TCP, the greeting, STARTTLS and AUTH together.
@@ -186,6 +191,7 @@ impl Default for SmtpConfig {
             security: SmtpSecurity::Plain,
             username: None,
             password: None,
+            ca_file: None,
             pool_size: 4,
             connect_timeout: Duration::from_secs(10),
         }
@@ -201,6 +207,8 @@ pub enum SmtpConfigError {
     BadFrom { address: String, detail: String },
     #[error("smtp: cannot use host `{host}` with TLS: {detail}")]
     Tls { host: String, detail: String },
+    #[error("smtp: the CA file {}: {detail}", path.display())]
+    CaFile { path: PathBuf, detail: String },
     #[error("smtp: pool_size must be at least 1")]
     EmptyPool,
 }
@@ -221,6 +229,9 @@ pub enum SendError {
     /// The final "." of DATA was sent and no answer came: a timeout or a broken connection.
     /// The server may have taken the mail.
     AnswerLost(String),
+    /// The server's certificate did not verify (an unknown CA, another name, expired): it will
+    /// not until an operator changes the server or `ca_file`.
+    Certificate(String),
 }
 
 impl fmt::Display for SendError {
@@ -232,9 +243,10 @@ impl fmt::Display for SendError {
                 "the SMTP send did not finish within {}",
                 humantime::format_duration(*after)
             ),
-            Self::Connection(detail) | Self::Client(detail) | Self::AnswerLost(detail) => {
-                f.write_str(detail)
-            }
+            Self::Connection(detail)
+            | Self::Client(detail)
+            | Self::AnswerLost(detail)
+            | Self::Certificate(detail) => f.write_str(detail),
         }
     }
 }
@@ -253,6 +265,7 @@ pub fn classify(err: &SendError) -> Failure {
     match err {
         SendError::TimedOut(_) | SendError::Connection(_) => Failure::transient(err),
         SendError::Client(_) => Failure::permanent("smtp-client", err),
+        SendError::Certificate(_) => Failure::permanent("smtp-tls", err),
         SendError::AnswerLost(_) => Failure::unknown(format!(
             "{err}: the server may have accepted the mail, so it is not sent again in process"
         )),
@@ -267,6 +280,26 @@ pub fn classify(err: &SendError) -> Failure {
             _ => Failure::transient(err),
         },
     }
+}
+
+/// The CA certificates of a PEM file, refused when it holds none (lettre would take an empty
+/// file as no extra CA at all, and the operator would never learn why the server is refused).
+fn read_ca_file(path: &std::path::Path) -> Result<Certificate, SmtpConfigError> {
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    let fail = |detail: String| SmtpConfigError::CaFile {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let pem = std::fs::read(path).map_err(|err| fail(format!("cannot be read: {err}")))?;
+    let count = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| fail(format!("is not PEM: {err}")))?
+        .len();
+    if count == 0 {
+        return Err(fail("holds no PEM certificate".into()));
+    }
+    Certificate::from_pem(&pem).map_err(|err| fail(error_chain(&err)))
 }
 
 /// The outbound email consumer. Input: an [`EmailSendCommand`].
@@ -359,8 +392,16 @@ impl EmailSender {
         if smtp.pool_size == 0 {
             return Err(SmtpConfigError::EmptyPool);
         }
+        let roots = match &smtp.ca_file {
+            Some(path) => Some(read_ca_file(path)?),
+            None => None,
+        };
         let tls = || {
-            TlsParameters::new(smtp.host.clone()).map_err(|err| SmtpConfigError::Tls {
+            let mut builder = TlsParameters::builder(smtp.host.clone());
+            if let Some(roots) = &roots {
+                builder = builder.add_root_certificate(roots.clone());
+            }
+            builder.build().map_err(|err| SmtpConfigError::Tls {
                 host: smtp.host.clone(),
                 detail: error_chain(&err),
             })

@@ -216,6 +216,12 @@ impl SmtpPool {
             Ok::<_, lettre::transport::smtp::Error>(connection)
         };
         match tokio::time::timeout(server.connect_timeout, connect).await {
+            Ok(Err(err)) if is_certificate_error(&err) => Err(SendError::Certificate(format!(
+                "the TLS handshake with {}:{} failed: {}",
+                server.host,
+                server.port,
+                error_chain(&err)
+            ))),
             Ok(result) => result.map_err(SendError::Smtp),
             Err(_elapsed) => Err(SendError::Connection(format!(
                 "could not connect to {}:{} within {}",
@@ -235,4 +241,31 @@ impl SmtpPool {
             });
         }
     }
+}
+
+/// Whether a connect failed because the server's certificate did not verify: a rustls
+/// certificate error somewhere in the chain (lettre wraps it in an `io::Error`, whose own
+/// `source` skips the error it carries, so that one is looked into too).
+fn is_certificate_error(err: &lettre::transport::smtp::Error) -> bool {
+    use tokio_rustls::rustls;
+    let is_certificate = |e: &(dyn std::error::Error + 'static)| {
+        e.downcast_ref::<rustls::Error>().is_some_and(|e| {
+            matches!(
+                e,
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+            )
+        })
+    };
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        let carried = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        if is_certificate(e) || carried.is_some_and(is_certificate) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use worker_core::Failure;
 
 use crate::{ImapAccount, Security};
@@ -81,6 +83,13 @@ pub enum ImapError {
         #[source]
         source: io::Error,
     },
+    /// The TLS handshake failed: the server named, the certificate problem in the source.
+    #[error("the TLS handshake with {server}: {source}")]
+    Handshake {
+        server: String,
+        #[source]
+        source: io::Error,
+    },
     /// The server answered something we cannot work with (no UIDVALIDITY, a BYE greeting).
     #[error("{stage}: {detail}")]
     Protocol { stage: Stage, detail: String },
@@ -93,6 +102,7 @@ impl ImapError {
             | Self::Imap { stage, .. }
             | Self::Io { stage, .. }
             | Self::Protocol { stage, .. } => *stage,
+            Self::Handshake { .. } => Stage::Tls,
         }
     }
 }
@@ -117,6 +127,10 @@ pub fn classify_imap(err: &ImapError) -> Failure {
     match err {
         ImapError::Timeout { .. } => Failure::transient(detail),
         ImapError::Protocol { .. } => Failure::permanent("imap-protocol", detail),
+        ImapError::Handshake { source, .. } if is_certificate_error(source) => {
+            Failure::permanent("imap-tls", detail)
+        }
+        ImapError::Handshake { .. } => Failure::transient(detail),
         ImapError::Io { stage, source } => {
             if *stage == Stage::Tls && is_certificate_error(source) {
                 Failure::permanent("imap-tls", detail)
@@ -179,15 +193,32 @@ pub async fn timed<T>(
     }
 }
 
-/// The TLS client configuration: the webpki root certificates, ring as the provider.
-pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
-    let roots = rustls::RootCertStore {
+/// The TLS client configuration: the webpki root certificates and those of `ca_file` (a
+/// private CA), ring as the provider. A CA file that cannot be read or holds no certificate
+/// is refused here, with why.
+pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("the CA file {shown} cannot be read as PEM: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!("the CA file {shown} holds no PEM certificate"));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| format!("the CA file {shown} holds a bad certificate: {e}"))?;
+        }
+    }
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
-    .with_safe_default_protocol_versions()?
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("the TLS client cannot be set up: {e}"))?
     .with_root_certificates(roots)
     .with_no_client_auth();
     Ok(Arc::new(config))
@@ -214,7 +245,7 @@ pub async fn connect(
             client
         }
         Security::Tls => {
-            let stream = handshake(tcp, &account.host, tls).await?;
+            let stream = handshake(tcp, account, tls).await?;
             let mut client = async_imap::Client::new(Box::new(stream) as Box<dyn Io>);
             greeting(&mut client).await?;
             client
@@ -229,7 +260,7 @@ pub async fn connect(
                     stage: Stage::Starttls,
                     source,
                 })?;
-            let stream = handshake(plain.into_inner(), &account.host, tls).await?;
+            let stream = handshake(plain.into_inner(), account, tls).await?;
             // No second greeting after STARTTLS (RFC 3501 6.2.1).
             async_imap::Client::new(Box::new(stream) as Box<dyn Io>)
         }
@@ -245,9 +276,10 @@ pub async fn connect(
 
 async fn handshake(
     tcp: TcpStream,
-    host: &str,
+    account: &ImapAccount,
     tls: &Arc<rustls::ClientConfig>,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ImapError> {
+    let host = account.host.as_str();
     let name = ServerName::try_from(host.to_string()).map_err(|e| ImapError::Protocol {
         stage: Stage::Tls,
         detail: format!("`{host}` is not a valid TLS server name: {e}"),
@@ -255,8 +287,8 @@ async fn handshake(
     TlsConnector::from(tls.clone())
         .connect(name, tcp)
         .await
-        .map_err(|source| ImapError::Io {
-            stage: Stage::Tls,
+        .map_err(|source| ImapError::Handshake {
+            server: format!("{host}:{}", account.port),
             source,
         })
 }

@@ -87,7 +87,7 @@
 //! let config = PollerConfig {
 //!     accounts: settings.imap.accounts.iter().map(|a| ImapAccount {
 //!         name, host, port, security, username, password: resolved_secret, mailbox,
-//!         backfill }).collect(),
+//!         backfill, ca_file }).collect(),
 //!     connect_timeout: workers.timeouts.imap_connect,
 //!     message_timeout: workers.timeouts.imap_message,
 //!     events_exchange: broker.topology.events_exchange.clone(),
@@ -170,6 +170,9 @@ pub struct ImapAccount {
     /// starts after the mail that arrived before the poller started watching the account
     /// (see the crate docs, "The first poll").
     pub backfill: bool,
+    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
+    /// a private CA. The server's certificate must also name `host`.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for ImapAccount {
@@ -183,6 +186,7 @@ impl fmt::Debug for ImapAccount {
             .field("password", &"[redacted]")
             .field("mailbox", &self.mailbox)
             .field("backfill", &self.backfill)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -477,7 +481,7 @@ impl MessageFailure {
         // answer in time) counts against it; a lost connection does not.
         let strike = match err {
             ImapError::Timeout { .. } | ImapError::Protocol { .. } => true,
-            ImapError::Io { .. } => false,
+            ImapError::Io { .. } | ImapError::Handshake { .. } => false,
             ImapError::Imap { source, .. } => !matches!(source, E::Io(_) | E::ConnectionLost),
         };
         Self {
@@ -509,7 +513,8 @@ type StrikeKey = (String, String, u32, u32);
 pub struct InboundEmailPoller {
     pool: PgPool,
     config: Arc<PollerConfig>,
-    tls: Arc<rustls::ClientConfig>,
+    /// Each account's TLS client (its own CA file, if any), by account name.
+    tls: HashMap<String, Arc<rustls::ClientConfig>>,
     stats: PollerStats,
     strikes: Mutex<HashMap<StrikeKey, Strikes>>,
     /// When this poller was made: the `watching_since` of an account it is the first to poll.
@@ -546,10 +551,15 @@ impl InboundEmailPoller {
     /// A poller over `pool` (which must hold the migrations) for the accounts in `config`.
     pub fn new(pool: PgPool, config: PollerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let tls = imap::tls_config().map_err(|e| ConfigError {
-            field: "tls".into(),
-            problem: format!("the TLS client cannot be set up: {e}"),
-        })?;
+        let mut tls = HashMap::new();
+        for (i, account) in config.accounts.iter().enumerate() {
+            let client =
+                imap::tls_config(account.ca_file.as_deref()).map_err(|problem| ConfigError {
+                    field: format!("accounts[{i}].ca_file"),
+                    problem,
+                })?;
+            tls.insert(account.name.clone(), client);
+        }
         let stats = PollerStats::default();
         for account in &config.accounts {
             stats.register(&account.name);
@@ -664,7 +674,15 @@ impl InboundEmailPoller {
             return;
         }
         let limit = self.config.connect_timeout;
-        let connected = match tokio::time::timeout(limit, imap::connect(account, &self.tls)).await {
+        let Some(tls) = self.tls.get(&account.name) else {
+            // `new` builds one per configured account; only a foreign account can miss it.
+            report.failure = Some(Failure::permanent(
+                "imap-config",
+                format!("no TLS client for account `{}`", account.name),
+            ));
+            return;
+        };
+        let connected = match tokio::time::timeout(limit, imap::connect(account, tls)).await {
             Err(_) => Err(ImapError::Timeout {
                 stage: Stage::Connect,
                 limit,

@@ -44,6 +44,7 @@ pub fn account(name: &str, user: &str, password: &str) -> ImapAccount {
         password: password.into(),
         mailbox: "INBOX".into(),
         backfill: false,
+        ca_file: None,
     }
 }
 
