@@ -1360,6 +1360,75 @@ mod tests {
         h
     }
 
+    /// Any AMQP value an `x-attempt` header can carry: every integer type at any value, and
+    /// the other types with arbitrary contents.
+    fn any_attempt_value() -> impl proptest::strategy::Strategy<Value = AMQPValue> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<i8>().prop_map(AMQPValue::ShortShortInt),
+            any::<u8>().prop_map(AMQPValue::ShortShortUInt),
+            any::<i16>().prop_map(AMQPValue::ShortInt),
+            any::<u16>().prop_map(AMQPValue::ShortUInt),
+            any::<i32>().prop_map(AMQPValue::LongInt),
+            any::<u32>().prop_map(AMQPValue::LongUInt),
+            any::<i64>().prop_map(AMQPValue::LongLongInt),
+            any::<bool>().prop_map(AMQPValue::Boolean),
+            any::<f32>().prop_map(AMQPValue::Float),
+            any::<f64>().prop_map(AMQPValue::Double),
+            ".*".prop_map(|s: String| AMQPValue::LongString(LongString::from(s))),
+            proptest::collection::vec(any::<u8>(), 0..64)
+                .prop_map(|b| AMQPValue::ByteArray(b.into())),
+            Just(AMQPValue::Void),
+        ]
+    }
+
+    /// The integer an AMQP value holds, if it is of an integer type.
+    fn integer(value: &AMQPValue) -> Option<i64> {
+        Some(match value {
+            AMQPValue::ShortShortInt(v) => i64::from(*v),
+            AMQPValue::ShortShortUInt(v) => i64::from(*v),
+            AMQPValue::ShortInt(v) => i64::from(*v),
+            AMQPValue::ShortUInt(v) => i64::from(*v),
+            AMQPValue::LongInt(v) => i64::from(*v),
+            AMQPValue::LongUInt(v) => i64::from(*v),
+            AMQPValue::LongLongInt(v) => *v,
+            _ => return None,
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(512))]
+
+        /// Any header value: an attempt exactly when it is an integer from 1 to u32::MAX,
+        /// otherwise a refusal that names the header; never a panic.
+        #[test]
+        fn any_attempt_header_is_an_attempt_or_a_refusal_with_a_reason(value in any_attempt_value()) {
+            let read = attempt_of(Some(&headers(value.clone())));
+            match integer(&value).filter(|n| (1..=i64::from(u32::MAX)).contains(n)) {
+                Some(n) => proptest::prop_assert_eq!(read, Ok(u32::try_from(n).unwrap())),
+                None => {
+                    let why = read.unwrap_err();
+                    proptest::prop_assert!(why.contains(ATTEMPT_HEADER), "{}", why);
+                }
+            }
+        }
+
+        /// What a park writes (`LongLongInt` of the next attempt) reads back as that attempt,
+        /// whatever other headers the delivery carries.
+        #[test]
+        fn the_attempt_a_park_writes_reads_back(
+            attempt in 1u32..,
+            others in proptest::collection::btree_map("[a-z-]{1,12}", ".{0,20}", 0..8),
+        ) {
+            let mut h = FieldTable::default();
+            for (key, value) in others {
+                h.insert(key.into(), AMQPValue::LongString(LongString::from(value)));
+            }
+            h.insert(ATTEMPT_HEADER.into(), AMQPValue::LongLongInt(i64::from(attempt)));
+            proptest::prop_assert_eq!(attempt_of(Some(&h)), Ok(attempt));
+        }
+    }
+
     #[test]
     fn every_integer_type_is_an_attempt() {
         assert_eq!(attempt_of(None), Ok(1));

@@ -1,7 +1,6 @@
 //! `worker-host dlq`: the dead-letter archive on the command line — list, show, replay and
 //! purge, as a readable table or as JSON.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -50,6 +49,8 @@ pub enum DlqAction {
         /// At most this many messages per second.
         #[arg(long)]
         rate: Option<u32>,
+        #[command(flatten)]
+        actor: ActorArgs,
         #[arg(long)]
         json: bool,
     },
@@ -62,12 +63,23 @@ pub enum DlqAction {
         /// Every dead letter, when no filter narrows it.
         #[arg(long)]
         all: bool,
-        /// Required: purging is deliberate.
+        /// Required: purging is deliberate. Without it, the count of what would go is shown
+        /// and recorded as a dry run.
         #[arg(long)]
         yes: bool,
+        #[command(flatten)]
+        actor: ActorArgs,
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Who is acting, beside the operating-system user the host reads itself.
+#[derive(Debug, Clone, Args)]
+pub struct ActorArgs {
+    /// Your name (or a ticket), recorded with the operating-system user in the audit trail.
+    #[arg(long = "actor", env = "WORKER_HOST_ACTOR")]
+    pub name: Option<String>,
 }
 
 /// The filters shared by show, replay and purge.
@@ -161,18 +173,12 @@ fn cut(text: &str, chars: usize) -> String {
     }
 }
 
-/// Who runs an action, recorded with it.
-fn actor() -> archive::Actor {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into());
-    let host = std::fs::read_to_string(PathBuf::from("/etc/hostname"))
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown".into());
-    archive::Actor::new(user, host)
+/// Who runs an action, recorded with it: the operating-system user of the process's user id
+/// (not `$USER`, which anyone can set), the host name, and the name given with `--actor`.
+fn actor(given: &ActorArgs) -> archive::Actor {
+    let user = whoami::fallible::username().unwrap_or_else(|_| "unknown".into());
+    let host = whoami::fallible::hostname().unwrap_or_else(|_| "unknown".into());
+    archive::Actor::new(user, host).with_name(given.name.clone())
 }
 
 pub async fn run(settings: &Settings, action: DlqAction) -> Result<(), Fatal> {
@@ -279,6 +285,7 @@ async fn dispatch(
             all,
             dry_run,
             rate,
+            actor: given,
             json,
         } => {
             if !filter.narrows(id) && !all {
@@ -291,8 +298,9 @@ async fn dispatch(
             }
             let query = filter.filter(id);
             query.validate().map_err(usage)?;
+            let actor = actor(&given);
             let report = with_publisher(settings, |publisher| async move {
-                archive::replay(pool, &publisher, &query, dry_run, rate, &actor()).await
+                archive::replay(pool, &publisher, &query, dry_run, rate, &actor).await
             })
             .await?
             .map_err(failed)?;
@@ -351,6 +359,7 @@ async fn dispatch(
             filter,
             all,
             yes,
+            actor: given,
             json,
         } => {
             if !filter.narrows(id) && !all {
@@ -360,15 +369,17 @@ async fn dispatch(
             }
             let query = filter.filter(id);
             query.validate().map_err(usage)?;
+            let actor = actor(&given);
             if !yes {
-                let matching = archive::count(pool, &query).await.map_err(failed)?;
+                let plan = archive::purge_dry_run(pool, &query, &actor)
+                    .await
+                    .map_err(failed)?;
                 return Err(usage(format!(
-                    "{matching} dead letters match; add --yes to mark them purged"
+                    "{} dead letters match; add --yes to mark them purged (dry run recorded as action {})",
+                    plan.matched, plan.action_id
                 )));
             }
-            let report = archive::purge(pool, &query, &actor())
-                .await
-                .map_err(failed)?;
+            let report = archive::purge(pool, &query, &actor).await.map_err(failed)?;
             if json {
                 print_json(&report);
             } else {

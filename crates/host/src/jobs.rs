@@ -66,8 +66,13 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
             .map_err(|e| job_error("automation_trigger", e))?,
     );
 
+    // Validated with the settings; an entry that still does not read stops the host.
+    let webhook_allow =
+        job_automation_action::WebhookAllow::parse(&settings.jobs.automation_action.webhook_allow)
+            .map_err(|e| job_error("automation_action", format!("webhook_allow: {e}")))?;
     let executor =
         job_automation_action::ActionExecutor::new(ctx.pool.clone(), commands, timeouts.webhook)
+            .and_then(|executor| executor.with_webhook_allow(webhook_allow))
             .map_err(|e| job_error("automation_action", e))?
             .with_own_addresses([settings.smtp.from.as_str()])
             .with_reply_limit(

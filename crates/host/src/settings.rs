@@ -525,6 +525,11 @@ pub struct ConsumerJobSettings {
     pub in_process_wait: Duration,
     /// The queue, its bindings, delivery limit, retry tiers and dead letters.
     pub queue: worker_broker::QueueSettings,
+    /// `jobs.automation_action` only: the hosts (`name`, `name:port`, an address) and CIDR
+    /// ranges inside the installation that a webhook may reach; by default none (see
+    /// `job_automation_action::address`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub webhook_allow: Vec<String>,
 }
 
 impl Default for ConsumerJobSettings {
@@ -537,6 +542,7 @@ impl Default for ConsumerJobSettings {
             retry: None,
             in_process_wait: Duration::from_secs(30),
             queue: worker_broker::QueueSettings::default(),
+            webhook_allow: Vec::new(),
         }
     }
 }
@@ -1096,6 +1102,25 @@ impl Settings {
                 _ => "broker.topology".to_string(),
             };
             fail(&key, e.to_string());
+        }
+        if let Err(e) =
+            job_automation_action::WebhookAllow::parse(&self.jobs.automation_action.webhook_allow)
+        {
+            fail(
+                &format!("jobs.automation_action.webhook_allow[{}]", e.index),
+                e.to_string(),
+            );
+        }
+        for (name, job) in [
+            ("automation_trigger", &self.jobs.automation_trigger),
+            ("email_send", &self.jobs.email_send),
+        ] {
+            if !job.webhook_allow.is_empty() {
+                fail(
+                    &format!("jobs.{name}.webhook_allow"),
+                    "only jobs.automation_action calls webhooks; set it there".into(),
+                );
+            }
         }
         for (name, job, _) in self.consumers() {
             for (field, value) in [

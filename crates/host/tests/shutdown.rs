@@ -46,15 +46,19 @@ async fn launch(db: &TestDb, vhost: &TestVhost, hook_port: u16) -> anyhow::Resul
         let mut settings = base_settings("shutdown-test", &files, db, vhost, port);
         // One return to the queue is allowed, a second dead-letters the message: a restart
         // that returns deliveries it never tried shows at once.
-        settings.push_str(
+        settings.push_str(&format!(
             r#"
 [jobs.automation_trigger.queue]
 delivery_limit = 1
 
+[jobs.automation_action]
+# The receiver is on loopback, which a webhook reaches only when allowed.
+webhook_allow = ["127.0.0.1:{hook_port}"]
+
 [jobs.automation_action.queue]
 delivery_limit = 1
-"#,
-        );
+"#
+        ));
         Ok(settings)
     })
     .await

@@ -65,6 +65,10 @@ async fn twelve_webhooks_throttled_for_an_hour_do_not_hold_a_ping_reply() -> any
         let files = format!("[{:?}]", file.display().to_string());
         let mut settings = base_settings("throttle-test", &files, &db, &vhost, admin);
         settings.push_str(&mail_account_settings(&account));
+        // The receiver is on loopback, which a webhook reaches only when allowed.
+        settings.push_str(&format!(
+            "\n[jobs.automation_action]\nwebhook_allow = [\"127.0.0.1:{port}\"]\n"
+        ));
         Ok(settings)
     })
     .await?;

@@ -81,13 +81,21 @@ impl Drop for Poison429 {
 impl Fault for Poison429 {
     async fn prepare(&mut self, _dir: &std::path::Path) -> anyhow::Result<Setup> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        self.url = format!("http://{}/hook", listener.local_addr()?);
+        let addr = listener.local_addr()?;
+        self.url = format!("http://{addr}/hook");
         self.server = Some(tokio::spawn(serve(listener, self.calls.clone())));
         Ok(Setup {
-            env: vec![(
-                "WORKER_HOST__JOBS__AUTOMATION_ACTION__MAX_ATTEMPTS".into(),
-                MAX_ATTEMPTS.to_string(),
-            )],
+            env: vec![
+                (
+                    "WORKER_HOST__JOBS__AUTOMATION_ACTION__MAX_ATTEMPTS".into(),
+                    MAX_ATTEMPTS.to_string(),
+                ),
+                // The server is on loopback, which a webhook reaches only when allowed.
+                (
+                    "WORKER_HOST__JOBS__AUTOMATION_ACTION__WEBHOOK_ALLOW".into(),
+                    format!("[\"{addr}\"]"),
+                ),
+            ],
             ..Setup::default()
         })
     }

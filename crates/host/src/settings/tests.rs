@@ -639,3 +639,58 @@ fn a_ca_file_without_verification_is_refused_as_misleading() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn webhook_allow_takes_hosts_ports_and_ranges() {
+    let settings = load_text(&format!(
+        "{SECRETS}[jobs.automation_action]\nwebhook_allow = [\"hooks.internal:8443\", \"10.20.0.0/16\", \"[fd00::1]:80\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        settings.jobs.automation_action.webhook_allow,
+        ["hooks.internal:8443", "10.20.0.0/16", "[fd00::1]:80"]
+    );
+    assert!(
+        load_text(SECRETS)
+            .unwrap()
+            .jobs
+            .automation_action
+            .webhook_allow
+            .is_empty()
+    );
+}
+
+#[test]
+fn an_unreadable_webhook_allow_entry_is_rejected_by_its_position() {
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.automation_action]\nwebhook_allow = [\"hooks.internal\", \"10.0.0.0/33\"]\n"
+    ));
+    assert_eq!(
+        error.key, "jobs.automation_action.webhook_allow[1]",
+        "{error}"
+    );
+    assert!(error.problem.contains("CIDR"), "{error}");
+}
+
+#[test]
+fn webhook_allow_under_another_consumer_is_rejected() {
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.email_send]\nwebhook_allow = [\"127.0.0.1\"]\n"
+    ));
+    assert_eq!(error.key, "jobs.email_send.webhook_allow", "{error}");
+}
+
+#[test]
+fn webhook_allow_can_come_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = write(&dir, "worker-host.toml", SECRETS);
+    let env = [(
+        "WORKER_HOST__JOBS__AUTOMATION_ACTION__WEBHOOK_ALLOW".to_string(),
+        r#"["127.0.0.1:8080", "10.0.0.0/8"]"#.to_string(),
+    )];
+    let settings = Settings::load(&source, &env).unwrap();
+    assert_eq!(
+        settings.jobs.automation_action.webhook_allow,
+        ["127.0.0.1:8080", "10.0.0.0/8"]
+    );
+}

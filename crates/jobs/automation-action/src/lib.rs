@@ -45,6 +45,11 @@
 //!   ([`Failure::unknown`]: parked, not retried in process) and the row stays `running` until
 //!   a later delivery takes the claim over and calls again.
 //!
+//!   The call may not reach inside the installation (loopback, private ranges, link-local
+//!   metadata addresses, …) unless [`ActionExecutor::with_webhook_allow`] names the place:
+//!   see [`address`]. A refused call is a permanent failure (`webhook-refused`), with nothing
+//!   sent.
+//!
 //!   The call is outside the database, so a webhook is **at least once**: a crash, a
 //!   cancelled try or a database outage longer than the record budget, after the receiver
 //!   acted but before the success was recorded, calls it again on a later try, rather than
@@ -74,13 +79,15 @@
 //!     pool.clone(),
 //!     topology.commands_exchange.clone(),
 //!     settings.workers.timeouts.webhook,      // each webhook call's own timeout
-//! )?;
+//! )?
+//! .with_webhook_allow(WebhookAllow::parse(&settings.jobs.automation_action.webhook_allow)?)?;
 //! let runner = ConsumerRunner::new(executor, automation_action_queue, consumer_settings);
 //! ```
 //!
 //! The unit's timeout (`workers.timeouts.automation`) should exceed the webhook timeout plus
 //! the record budget, so that the unit is not cancelled while it records a success.
 
+pub mod address;
 pub mod loops;
 pub mod render;
 pub mod webhook;
@@ -101,6 +108,7 @@ use worker_messages::{
 use worker_store::outbox::{self, OutboxMessage};
 use worker_store::{ProcessedMessages, classify};
 
+pub use address::WebhookAllow;
 pub use render::{RenderedEmail, render_email};
 pub use webhook::WebhookClient;
 
@@ -293,6 +301,13 @@ impl ActionExecutor {
     pub fn with_reply_limit(mut self, max: u32, window: Duration) -> Self {
         self.reply_limit = ReplyLimit { max, window };
         self
+    }
+
+    /// Lets its webhooks reach what `allow` names inside the installation (by default
+    /// nothing: see [`address`]); the host passes `jobs.automation_action.webhook_allow`.
+    pub fn with_webhook_allow(mut self, allow: WebhookAllow) -> Result<Self, BuildError> {
+        self.webhook = WebhookClient::with_allow(self.webhook.timeout(), allow)?;
+        Ok(self)
     }
 
     /// Routes the email-send commands with `routing_key` instead (when the email queue was

@@ -8,6 +8,7 @@
 //! | 5xx, 408, no answer within the timeout, connection refused or reset | transient |
 //! | any other 4xx, a 3xx (redirects are not followed: a POST must not turn into a GET) | permanent (`webhook-4xx`, `webhook-3xx`) |
 //! | a request that cannot even be built (bad URL or header) | permanent (`webhook-invalid`) |
+//! | an address inside the installation that `webhook_allow` does not name ([`crate::address`]) | permanent (`webhook-refused`), never connected to |
 //!
 //! The URL in every failure is [redacted](WebhookAction::redacted_url) (no user info, no
 //! query string), and header values are never part of one: both often carry a token.
@@ -15,6 +16,7 @@
 //! Every request carries `Idempotency-Key: <action execution id>`: delivery is at least once
 //! (see the crate docs), so a receiver that must not act twice can deduplicate on it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,6 +24,8 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AF
 use serde_json::Value;
 use worker_core::{Failure, error_chain};
 use worker_messages::WebhookAction;
+
+use crate::address::{self, GuardedResolver, Refused, WebhookAllow};
 
 /// How long to wait after a 429 that does not say.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -50,6 +54,8 @@ pub enum CallResult {
     Unreachable(String),
     /// The request could not be built: a bad URL or header.
     Invalid(String),
+    /// The address is inside and not allowed ([`crate::address`]); nothing was sent.
+    Refused(String),
 }
 
 /// The one classification of a webhook call: `Ok` for a 2xx, otherwise the failure the table
@@ -83,6 +89,10 @@ pub fn classify(url: &str, result: &CallResult, now: DateTime<Utc>) -> Result<()
         CallResult::Invalid(why) => Err(Failure::permanent(
             "webhook-invalid",
             format!("webhook POST {url}: {why}"),
+        )),
+        CallResult::Refused(why) => Err(Failure::permanent(
+            "webhook-refused",
+            format!("webhook POST {url}: refused: {why}"),
         )),
     }
 }
@@ -119,23 +129,50 @@ pub fn retry_after_duration(value: Option<&str>, now: DateTime<Utc>) -> Duration
     asked.clamp(Duration::from_secs(1), MAX_RETRY_AFTER)
 }
 
-/// A webhook caller with its own timeout, for the whole call (connect, send, answer).
+/// A webhook caller with its own timeout, for the whole call (connect, send, answer), that
+/// reaches inside addresses only where its [`WebhookAllow`] says (see [`crate::address`]).
 #[derive(Debug, Clone)]
 pub struct WebhookClient {
-    http: reqwest::Client,
+    /// One HTTP client for each port the allow list names, then one for every other port
+    /// (`None`), each with the resolver for the entries that hold on its port: a resolver
+    /// learns the name it resolves, not the port it is for.
+    clients: Arc<[(Option<u16>, reqwest::Client)]>,
+    allow: Arc<WebhookAllow>,
     timeout: Duration,
 }
 
 impl WebhookClient {
-    /// A client whose every call is bounded by `timeout`. Redirects are not followed.
+    /// A client whose every call is bounded by `timeout` and may reach no inside address.
+    /// Redirects are not followed.
     pub fn new(timeout: Duration) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("worker-host/", env!("CARGO_PKG_VERSION")))
-            .build()?;
-        Ok(Self { http, timeout })
+        Self::with_allow(timeout, WebhookAllow::default())
+    }
+
+    /// A client that may also reach what `allow` names inside.
+    pub fn with_allow(timeout: Duration, allow: WebhookAllow) -> Result<Self, reqwest::Error> {
+        let ports = allow.ports().into_iter().map(Some).chain([None]);
+        let clients = ports
+            .map(|port| {
+                let resolver = GuardedResolver::new(allow.for_port(port));
+                let http = reqwest::Client::builder()
+                    .timeout(timeout)
+                    .connect_timeout(timeout)
+                    // A redirect would be a second request the checks never saw (and a POST
+                    // must not turn into a GET).
+                    .redirect(reqwest::redirect::Policy::none())
+                    // Through a proxy the resolver would check the proxy, not the target.
+                    .no_proxy()
+                    .dns_resolver(Arc::new(resolver))
+                    .user_agent(concat!("worker-host/", env!("CARGO_PKG_VERSION")))
+                    .build()?;
+                Ok((port, http))
+            })
+            .collect::<Result<Vec<_>, reqwest::Error>>()?;
+        Ok(Self {
+            clients: clients.into(),
+            allow: Arc::new(allow),
+            timeout,
+        })
     }
 
     pub fn timeout(&self) -> Duration {
@@ -177,14 +214,12 @@ impl WebhookClient {
             Ok(body) => body,
             Err(err) => return CallResult::Invalid(err.to_string()),
         };
+        let (http, url) = match self.route(&action.url) {
+            Ok(route) => route,
+            Err(result) => return result,
+        };
         let call = async {
-            let response = self
-                .http
-                .post(&action.url)
-                .headers(headers)
-                .body(body)
-                .send()
-                .await?;
+            let response = http.post(url).headers(headers).body(body).send().await?;
             let status = response.status().as_u16();
             if response.status().is_success() {
                 return Ok((status, None, String::new()));
@@ -205,6 +240,9 @@ impl WebhookClient {
                 retry_after,
                 excerpt,
             },
+            Ok(Err(err)) if refusal(&err).is_some() => {
+                CallResult::Refused(refusal(&err).map(|r| r.reason.clone()).unwrap_or_default())
+            }
             Ok(Err(err)) if err.is_timeout() => CallResult::TimedOut(self.timeout),
             Ok(Err(err)) if err.is_builder() => CallResult::Invalid(error_chain(&err)),
             Ok(Err(err)) => CallResult::Unreachable(error_chain(&err)),
@@ -228,8 +266,60 @@ fn scrub(action: &WebhookAction, result: CallResult) -> CallResult {
         },
         CallResult::Unreachable(why) => CallResult::Unreachable(action.scrub(&why)),
         CallResult::Invalid(why) => CallResult::Invalid(action.scrub(&why)),
+        CallResult::Refused(why) => CallResult::Refused(action.scrub(&why)),
         timed_out @ CallResult::TimedOut(_) => timed_out,
     }
+}
+
+impl WebhookClient {
+    /// The HTTP client for the URL's port, once an address written in the URL has passed
+    /// the check (a name is checked by that client's resolver).
+    fn route(&self, url: &str) -> Result<(&reqwest::Client, reqwest::Url), CallResult> {
+        let url = reqwest::Url::parse(url).map_err(|e| CallResult::Invalid(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(CallResult::Invalid(format!(
+                "scheme `{}`: expected http or https",
+                url.scheme()
+            )));
+        }
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| CallResult::Invalid("no port".into()))?;
+        let host = url
+            .host_str()
+            .ok_or_else(|| CallResult::Invalid("no host".into()))?;
+        // The URL parser has already read every way of writing an address (`2130706433`,
+        // `0x7f.1`) into its usual form; IPv6 comes in brackets.
+        if let Ok(ip) = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+        {
+            // The client connects to an address it is given without resolving it.
+            address::check_address(&self.allow, &ip.to_string(), ip, port)
+                .map_err(|refused| CallResult::Refused(refused.reason))?;
+        }
+        let http = self
+            .clients
+            .iter()
+            .find(|(p, _)| *p == Some(port))
+            .or_else(|| self.clients.iter().find(|(p, _)| p.is_none()))
+            .map(|(_, http)| http)
+            .ok_or_else(|| CallResult::Invalid("no HTTP client for the port".into()))?;
+        Ok((http, url))
+    }
+}
+
+/// The resolver's refusal, found in the error's chain of causes.
+fn refusal(err: &reqwest::Error) -> Option<&Refused> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(error) = cause {
+        if let Some(refused) = error.downcast_ref::<Refused>() {
+            return Some(refused);
+        }
+        cause = error.source();
+    }
+    None
 }
 
 /// The first [`EXCERPT_BYTES`] of an answer's body, lossily decoded; what could not be read

@@ -22,7 +22,7 @@ use worker_messages::{
 };
 use worker_testkit::TestDb;
 
-use job_automation_action::{ActionExecutor, GUARD_SCOPE, JOB_NAME};
+use job_automation_action::{ActionExecutor, GUARD_SCOPE, JOB_NAME, WebhookAllow};
 
 fn ctx() -> WorkContext {
     WorkContext::new(JOB_NAME, CancellationToken::new())
@@ -112,8 +112,17 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// The local HTTP servers of these tests listen on loopback, which a webhook may only reach
+/// when the installation allows it.
+fn loopback() -> WebhookAllow {
+    WebhookAllow::parse(["127.0.0.1"]).unwrap()
+}
+
 fn executor(pool: &PgPool) -> ActionExecutor {
-    ActionExecutor::new(pool.clone(), "commands", Duration::from_secs(5)).unwrap()
+    ActionExecutor::new(pool.clone(), "commands", Duration::from_secs(5))
+        .unwrap()
+        .with_webhook_allow(loopback())
+        .unwrap()
 }
 
 #[tokio::test]
@@ -459,7 +468,8 @@ async fn a_webhook_that_never_answers_times_out_transiently() -> anyhow::Result<
     silent.delay = Duration::from_secs(3600);
     let (url, _hook) = serve(vec![silent]).await;
     let command = execution(&db.pool, &ping_event(), webhook(&url)).await;
-    let job = ActionExecutor::new(db.pool.clone(), "commands", Duration::from_millis(300))?;
+    let job = ActionExecutor::new(db.pool.clone(), "commands", Duration::from_millis(300))?
+        .with_webhook_allow(loopback())?;
 
     let started = tokio::time::Instant::now();
     let err = job.handle(&ctx(), &command).await.unwrap_err();

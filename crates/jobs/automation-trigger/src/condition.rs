@@ -502,7 +502,8 @@ mod properties {
                 value: Value::String(needle),
                 ignore_case: true,
             };
-            prop_assert!(spec.compile().unwrap().holds(&json!({"subject": text})));
+            let event = json!({"subject": text});
+            prop_assert!(spec.compile().unwrap().holds(&event));
         }
 
         /// Any pattern text: a regular expression or a refusal that quotes it, never a panic;
@@ -528,7 +529,8 @@ mod properties {
                 value: Value::String(regex::escape(&pattern)),
                 ..spec
             };
-            prop_assert!(literal.compile().unwrap().holds(&json!({"subject": pattern})));
+            let event = json!({"subject": pattern});
+            prop_assert!(literal.compile().unwrap().holds(&event));
         }
     }
 }

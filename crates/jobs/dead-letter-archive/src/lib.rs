@@ -53,7 +53,8 @@
 //! let filter = Filter { fingerprint: Some("3fa9c2e01b7d".into()), ..Filter::default() };
 //! let rows = show(&pool, &filter).await?;
 //! let publisher = supervisor.publisher(worker_broker::PublisherSettings::default());
-//! let actor = Actor::new("ops", "host-1"); // $USER and the host name, read by the host
+//! // The operating-system user and the host name, read by the host, and `--actor`.
+//! let actor = Actor::new("ops", "host-1").with_name(Some("alice".into()));
 //! let plan = replay(&pool, &publisher, &filter, true, None, &actor).await?; // --dry-run
 //! let done = replay(&pool, &publisher, &filter, false, Some(50), &actor).await?; // --rate 50
 //! # let _ = (queues, rows, plan, done); Ok(()) }
@@ -72,7 +73,11 @@
 //! * **A replayed outbox row is settled in the outbox too** (`processed`, in the replay's
 //!   transaction): `outbox retry --all-failed` does not publish it a second time. The other
 //!   way round, a dead letter of an outbox row retried since is never replayed.
-//! * **Every replay and purge is recorded** with its actor, host, filter and counts.
+//! * **Every replay and purge is recorded**, dry runs too, with its actor (the
+//!   operating-system user, the host, the name given with `--actor`, the database role),
+//!   filter and counts; the database refuses to change a row's who, what and when, to
+//!   change a finished row at all, and to delete or truncate any (migration
+//!   `20261201000500_dead_letter_audit`).
 
 pub mod archiver;
 pub mod fingerprint;
@@ -97,6 +102,6 @@ pub use record::{
 };
 pub use replay::{
     Action, Actor, ItemOutcome, PurgeReport, ReplayItem, ReplayReport, actions, count, purge,
-    replay,
+    purge_dry_run, replay,
 };
 pub use store::{InsertReport, archive_failed_outbox, outbox_dedup_key, sweep};

@@ -41,11 +41,15 @@ const BATCH: u32 = 100;
 pub const REPORT_ITEMS_MAX: usize = 1000;
 
 /// Who runs a replay or a purge: the operating-system user and the host name, as the host's
-/// command line found them.
+/// command line found them, and the name the operator gave, if any (`--actor`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actor {
     pub user: String,
     pub host: String,
+    /// The name the operator gave for themselves (a person behind a shared account, a
+    /// ticket); recorded beside `user`, never instead of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Actor {
@@ -53,7 +57,15 @@ impl Actor {
         Self {
             user: user.into(),
             host: host.into(),
+            name: None,
         }
+    }
+
+    /// The same actor, with the name the operator gave.
+    #[must_use]
+    pub fn with_name(mut self, name: Option<String>) -> Self {
+        self.name = name.filter(|n| !n.trim().is_empty());
+        self
     }
 }
 
@@ -86,8 +98,8 @@ pub struct ReplayItem {
 /// What `dlq replay` did (or, with `--dry-run`, would do).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplayReport {
-    /// The `dead_letter_actions` row (none for a dry run, which changes nothing).
-    pub action_id: Option<i64>,
+    /// The `dead_letter_actions` row (a dry run has one too).
+    pub action_id: i64,
     pub dry_run: bool,
     /// Dead letters that matched the filter.
     pub matched: u64,
@@ -109,8 +121,10 @@ pub struct ReplayReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PurgeReport {
     pub action_id: i64,
-    /// Rows marked `purged`.
+    /// Rows marked `purged` (none for a dry run).
     pub purged: u64,
+    /// Rows that matched.
+    pub matched: u64,
 }
 
 /// One recorded replay or purge.
@@ -120,6 +134,12 @@ pub struct Action {
     pub action: String,
     pub actor_user: String,
     pub actor_host: String,
+    /// The name the operator gave (`--actor`), if any.
+    pub actor: Option<String>,
+    /// The database role the command connected as, as the database recorded it.
+    pub db_user: String,
+    /// A dry run: it moved nothing, `matched` says what it would have moved.
+    pub dry_run: bool,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
     pub filter: Value,
@@ -133,8 +153,8 @@ pub struct Action {
 /// The recorded replays and purges, newest first.
 pub async fn actions(pool: &PgPool, limit: u32) -> Result<Vec<Action>, Failure> {
     sqlx::query_as(
-        "SELECT id, action, actor_user, actor_host, started_at, finished_at, filter, rate, \
-                matched, succeeded, failed, note \
+        "SELECT id, action, actor_user, actor_host, actor, db_user, dry_run, started_at, \
+                finished_at, filter, rate, matched, succeeded, failed, note \
          FROM dead_letter_actions ORDER BY id DESC LIMIT $1",
     )
     .bind(i64::from(limit.max(1)))
@@ -243,8 +263,9 @@ impl ReplayRow {
 
 /// `dlq replay`: republishes every `dead` row matching `filter` (oldest first, at most
 /// `filter.limit`) to where it died, confirmed, and marks each `replayed` once confirmed.
-/// With `dry_run`, lists what would go and changes nothing (and records nothing). With
-/// `rate`, sends at most that many messages per second. Recorded in `dead_letter_actions`.
+/// With `dry_run`, lists what would go and moves nothing (recorded as a dry run, with what it
+/// matched). With `rate`, sends at most that many messages per second. Recorded in
+/// `dead_letter_actions`.
 pub async fn replay(
     pool: &PgPool,
     publisher: &Publisher,
@@ -263,11 +284,7 @@ pub async fn replay(
         ));
     }
     let started = Instant::now();
-    let action_id = if dry_run {
-        None
-    } else {
-        Some(start_action(pool, "replay", filter, rate, actor).await?)
-    };
+    let action_id = start_action(pool, "replay", filter, rate, dry_run, actor).await?;
     let mut report = ReplayReport {
         action_id,
         dry_run,
@@ -279,25 +296,34 @@ pub async fn replay(
         stopped: None,
         elapsed_ms: 0,
     };
-    let result = replay_batches(pool, publisher, filter, rate, action_id, &mut report).await;
+    let result = replay_batches(
+        pool,
+        publisher,
+        filter,
+        rate,
+        action_id,
+        dry_run,
+        &mut report,
+    )
+    .await;
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    if let Some(id) = action_id {
-        let note = match &result {
-            Err(failure) => Some(format!("stopped: {failure}")),
-            Ok(()) => report
-                .stopped
-                .clone()
-                .map(|why| format!("stopped: {why}"))
-                .or_else(|| {
-                    report
-                        .items
-                        .iter()
-                        .find_map(|i| i.error.clone())
-                        .map(|e| format!("first failure: {e}"))
-                }),
-        };
-        finish_action(pool, id, note).await?;
-    }
+    let note = match &result {
+        Err(failure) => Some(format!("stopped: {failure}")),
+        Ok(()) => report
+            .stopped
+            .clone()
+            .map(|why| format!("stopped: {why}"))
+            .or_else(|| {
+                report
+                    .items
+                    .iter()
+                    .find_map(|i| i.error.clone())
+                    .map(|e| format!("first failure: {e}"))
+            }),
+    };
+    // A dry run's count is written once, at its end; a replay's grows batch by batch.
+    let matched = dry_run.then(|| i64::try_from(report.matched).unwrap_or(i64::MAX));
+    finish_action(pool, action_id, note, matched).await?;
     result.map(|()| report)
 }
 
@@ -306,7 +332,8 @@ async fn replay_batches(
     publisher: &Publisher,
     filter: &Filter,
     rate: Option<u32>,
-    action_id: Option<i64>,
+    action_id: i64,
+    dry_run: bool,
     report: &mut ReplayReport,
 ) -> Result<(), Failure> {
     // A batch holds its rows' locks while it publishes: with a rate, about a second's worth.
@@ -320,7 +347,7 @@ async fn replay_batches(
             return Ok(());
         }
         let mut tx = pool.begin().await.map_err(classify)?;
-        let rows = select_batch(&mut tx, filter, after, take, action_id.is_some()).await?;
+        let rows = select_batch(&mut tx, filter, after, take, !dry_run).await?;
         let Some(last) = rows.last() else {
             return Ok(());
         };
@@ -328,7 +355,7 @@ async fn replay_batches(
         let n = rows.len() as u64;
         report.matched += n;
         remaining = remaining.map(|r| r.saturating_sub(n));
-        if action_id.is_none() {
+        if dry_run {
             for row in &rows {
                 push_item(report, row.item(ItemOutcome::WouldReplay, None));
             }
@@ -479,7 +506,7 @@ pub async fn purge(pool: &PgPool, filter: &Filter, actor: &Actor) -> Result<Purg
         .validate()
         .map_err(|e| Failure::permanent("bad-filter", e))?;
     let mut tx = pool.begin().await.map_err(classify)?;
-    let action_id = insert_action(&mut tx, "purge", filter, None, actor).await?;
+    let action_id = insert_action(&mut tx, "purge", filter, None, false, actor).await?;
     let mut q = QueryBuilder::new(
         "UPDATE dead_letters SET status = 'purged', purged_at = now(), action_id = ",
     );
@@ -509,7 +536,34 @@ pub async fn purge(pool: &PgPool, filter: &Filter, actor: &Actor) -> Result<Purg
     .map_err(classify)?;
     tx.commit().await.map_err(classify)?;
     tracing::info!(action_id, purged, user = %actor.user, host = %actor.host, "purged dead letters");
-    Ok(PurgeReport { action_id, purged })
+    Ok(PurgeReport {
+        action_id,
+        purged,
+        matched: purged,
+    })
+}
+
+/// `dlq purge` without `--yes`: how many dead letters `filter` would purge, recorded as a
+/// dry run (its id and the count).
+pub async fn purge_dry_run(
+    pool: &PgPool,
+    filter: &Filter,
+    actor: &Actor,
+) -> Result<PurgeReport, Failure> {
+    let matching = count(pool, filter).await?;
+    let action_id = start_action(pool, "purge", filter, None, true, actor).await?;
+    finish_action(
+        pool,
+        action_id,
+        None,
+        Some(i64::try_from(matching).unwrap_or(i64::MAX)),
+    )
+    .await?;
+    Ok(PurgeReport {
+        action_id,
+        purged: 0,
+        matched: matching,
+    })
 }
 
 async fn start_action(
@@ -517,10 +571,11 @@ async fn start_action(
     action: &str,
     filter: &Filter,
     rate: Option<u32>,
+    dry_run: bool,
     actor: &Actor,
 ) -> Result<i64, Failure> {
     let mut conn = pool.acquire().await.map_err(classify)?;
-    insert_action(&mut conn, action, filter, rate, actor).await
+    insert_action(&mut conn, action, filter, rate, dry_run, actor).await
 }
 
 async fn insert_action(
@@ -528,16 +583,20 @@ async fn insert_action(
     action: &str,
     filter: &Filter,
     rate: Option<u32>,
+    dry_run: bool,
     actor: &Actor,
 ) -> Result<i64, Failure> {
     let filter = serde_json::to_value(filter).unwrap_or_default();
     sqlx::query_scalar(
-        "INSERT INTO dead_letter_actions (action, actor_user, actor_host, filter, rate) \
-         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        "INSERT INTO dead_letter_actions (action, actor_user, actor_host, actor, dry_run, \
+                                          filter, rate) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
     )
     .bind(action)
     .bind(&actor.user)
     .bind(&actor.host)
+    .bind(&actor.name)
+    .bind(dry_run)
     .bind(filter)
     .bind(rate.map(|r| i32::try_from(r).unwrap_or(i32::MAX)))
     .fetch_one(conn)
@@ -545,13 +604,25 @@ async fn insert_action(
     .map_err(classify)
 }
 
-async fn finish_action(pool: &PgPool, id: i64, note: Option<String>) -> Result<(), Failure> {
-    sqlx::query("UPDATE dead_letter_actions SET finished_at = now(), note = $2 WHERE id = $1")
-        .bind(id)
-        .bind(note)
-        .execute(pool)
-        .await
-        .map_err(classify)?;
+/// Ends an action's row (after which the database lets nothing change it), with `matched`
+/// for a dry run, which counts only at its end.
+async fn finish_action(
+    pool: &PgPool,
+    id: i64,
+    note: Option<String>,
+    matched: Option<i64>,
+) -> Result<(), Failure> {
+    sqlx::query(
+        "UPDATE dead_letter_actions SET finished_at = now(), note = $2, \
+                matched = coalesce($3, matched) \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(note)
+    .bind(matched)
+    .execute(pool)
+    .await
+    .map_err(classify)?;
     Ok(())
 }
 

@@ -439,7 +439,7 @@ async fn a_thousand_dead_letters_of_three_causes_are_listed_shown_and_replayed_o
         Some(format!("{}.dead", one.queue).as_str())
     );
 
-    // dlq replay --fingerprint B --dry-run: lists them, moves nothing, records nothing.
+    // dlq replay --fingerprint B --dry-run: lists them, moves nothing, is recorded as a dry run.
     let by_b = Filter {
         fingerprint: Some(fp_b.clone()),
         ..Filter::default()
@@ -452,7 +452,7 @@ async fn a_thousand_dead_letters_of_three_causes_are_listed_shown_and_replayed_o
             .iter()
             .all(|i| i.outcome == ItemOutcome::WouldReplay)
     );
-    assert!(plan.action_id.is_none());
+
     assert_eq!(
         ready(&conn, ORDERS).await? + ready(&conn, INVOICES).await?,
         0
@@ -462,7 +462,15 @@ async fn a_thousand_dead_letters_of_three_causes_are_listed_shown_and_replayed_o
         1000,
         "all still dead"
     );
-    assert!(actions(h.pool(), 10).await?.is_empty());
+    let recorded = actions(h.pool(), 10).await?;
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].id, plan.action_id);
+    assert!(recorded[0].dry_run);
+    assert_eq!(
+        (recorded[0].matched, recorded[0].succeeded),
+        (300, 0),
+        "what it would have moved"
+    );
 
     // After "the fix": replay B at a bounded rate, then everything else.
     let started = std::time::Instant::now();
@@ -564,8 +572,9 @@ async fn a_thousand_dead_letters_of_three_causes_are_listed_shown_and_replayed_o
 
     // Each replay is recorded: who, where, which filter, how many.
     let recorded = actions(h.pool(), 10).await?;
-    assert_eq!(recorded.len(), 3);
-    let first = recorded.last().unwrap();
+    assert_eq!(recorded.len(), 4, "the dry run and three replays");
+    let first = &recorded[recorded.len() - 2];
+    assert!(!first.dry_run);
     assert_eq!(first.action, "replay");
     assert_eq!(
         (first.actor_user.as_str(), first.actor_host.as_str()),

@@ -1,0 +1,80 @@
+//! `worker-host dlq purge` records who ran it: the operating-system user of the process
+//! (whatever `$USER` says), the name given with `--actor` or `WORKER_HOST_ACTOR`, and the
+//! database role; a purge without `--yes` is recorded as a dry run. With the real binary on
+//! a real database.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use support::{base_settings, free_port, host_command};
+use worker_testkit::{TestDb, TestVhost};
+
+fn dlq(config: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut command = host_command(config);
+    command.args(args).env_remove("WORKER_HOST_ACTOR");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_purge_records_the_os_user_the_given_actor_and_its_dry_run() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("audit-test", "[]", &db, &vhost, free_port()),
+    )?;
+    // Whoever runs this, `$USER` lies about it.
+    let spoofed = [("USER", "mallory"), ("LOGNAME", "mallory")];
+
+    let mut env = spoofed.to_vec();
+    env.push(("WORKER_HOST_ACTOR", "alice"));
+    let (code, out) = dlq(&config, &["dlq", "purge", "--all"], &env);
+    assert_eq!(code, 64, "without --yes: {out}");
+    assert!(out.contains("dry run recorded"), "{out}");
+    let (code, out) = dlq(
+        &config,
+        &["dlq", "purge", "--all", "--yes", "--actor", "bob"],
+        &env,
+    );
+    assert_eq!(code, 0, "{out}");
+
+    let rows: Vec<(String, bool, String, Option<String>, String)> = sqlx::query_as(
+        "SELECT action, dry_run, actor_user, actor, db_user FROM dead_letter_actions ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    let os_user = whoami::username();
+    assert_ne!(os_user, "mallory");
+    let role: String = sqlx::query_scalar("SELECT session_user::text")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "purge".into(),
+                true,
+                os_user.clone(),
+                Some("alice".into()),
+                role.clone()
+            ),
+            ("purge".into(), false, os_user, Some("bob".into()), role),
+        ],
+        "the flag wins over the variable; the OS user over $USER"
+    );
+    Ok(())
+}
