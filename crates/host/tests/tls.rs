@@ -89,7 +89,8 @@ async fn amqps_connects_with_the_given_ca_and_refuses_a_server_it_does_not_vouch
     let broker = |ca_file: &Path| {
         settings(&format!(
             "[database]\npassword = \"x\"\n\
-             [broker]\nhost = \"localhost\"\nport = {port}\npassword = \"guest\"\n\
+             [broker]\nhost = \"localhost\"\nport = {port}\n\
+             username = \"guest\"\npassword = \"guest\"\nvhost = \"/\"\n\
              tls = true\nca_file = \"{}\"\nconnect_timeout = \"10s\"\n",
             ca_file.display()
         ))
