@@ -4,7 +4,7 @@
 # services. Prints the table and writes docs/RELIABILITY.md; exits non-zero if a scenario fails.
 #
 #   scripts/faults.sh                          every scenario at its full load (long)
-#   scripts/faults.sh --quick                  each once with a small load, 4 at a time, on
+#   scripts/faults.sh --quick                  each once with a small load, 6 at a time, on
 #                                              the debug binary (what CI runs after the tests)
 #   scripts/faults.sh --scenario host-kill9    only that one (repeatable)
 #   scripts/faults.sh --baseline-messages 1000 --repetitions 5   smaller full run

@@ -60,7 +60,7 @@ struct Args {
     #[arg(long, value_name = "N")]
     baseline_messages: Option<u64>,
     /// Scenarios run at once (each has its own database, vhost, mailboxes and private
-    /// servers); default 1, and 4 with `--quick`.
+    /// servers); default 1, and 6 with `--quick`.
     #[arg(long, value_name = "N")]
     parallel: Option<usize>,
     /// Repetitions of every fault scenario instead of its own.
@@ -130,7 +130,7 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
     let ready_limit = 2.0 * HEARTBEAT_SECS;
     let parallel = args
         .parallel
-        .unwrap_or(if args.quick { 4 } else { 1 })
+        .unwrap_or(if args.quick { 6 } else { 1 })
         .max(1);
     let rows: Vec<_> = futures::stream::iter(chosen.iter().map(|scenario| {
         let load = load_of(scenario, &args);

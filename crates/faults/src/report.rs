@@ -149,8 +149,10 @@ ladder outlasts an email's stale claim, `smtp.claim_stale_after` 45 s; a 10 s se
 - **duplicate mails**: replies beyond the first for one ping. A reply that matches no ping
   fails the scenario as well.
 - **duplicate DB effects**: groups with more than one row where there must be one: inbound
-  mails per (account, Message-ID), action executions per (event, automation, action), action
-  executions per inbound mail's event, outbound emails per action execution.
+  mails recorded as new per (account, Message-ID) (a mail seen again under another UID gets a
+  row naming the first as its `duplicate_of`, which announces nothing and is not counted),
+  action executions per (event, automation, action), action executions per inbound mail's
+  event, outbound emails per action execution.
 - **faults in a send's window**: `worker_email_unknown_outcomes_total` from `/metrics`,
   summed over the scenario's host processes (each scraped just before it is killed or stopped,
   and at the end): the sends whose outcome the host could not know (no answer after the final
