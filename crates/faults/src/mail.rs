@@ -119,43 +119,35 @@ pub async fn inbox_count(user: &str) -> anyhow::Result<usize> {
 
 /// The In-Reply-To ids of every mail in `user`'s INBOX (headers only, read-only).
 pub async fn replies(user: &str) -> anyhow::Result<Vec<Vec<String>>> {
-    tokio::time::timeout(Duration::from_secs(120), async {
-        let mut session = session(user).await?;
-        let mut out = Vec::new();
-        let count = session.search("ALL").await?.len();
-        if count > 0 {
-            let fetched: Vec<_> = session
-                .fetch("1:*", "BODY.PEEK[HEADER.FIELDS (IN-REPLY-TO)]")
-                .await?
-                .try_collect()
-                .await?;
-            for mail in &fetched {
-                out.push(in_reply_to(mail.header().unwrap_or_default()));
-            }
-        }
-        session.logout().await?;
-        anyhow::Ok(out)
-    })
-    .await
-    .with_context(|| format!("reading {user}'s INBOX timed out"))?
+    header_ids(user, "IN-REPLY-TO", in_reply_to).await
 }
 
 /// The Message-ID of every mail in `user`'s INBOX (headers only, read-only), without angle
 /// brackets; a mail without one gives an empty list.
 pub async fn message_ids(user: &str) -> anyhow::Result<Vec<Vec<String>>> {
+    header_ids(user, "MESSAGE-ID", message_id).await
+}
+
+/// One header `field` of every mail in `user`'s INBOX, read by `ids` (read-only).
+async fn header_ids(
+    user: &str,
+    field: &str,
+    ids: fn(&[u8]) -> Vec<String>,
+) -> anyhow::Result<Vec<Vec<String>>> {
     tokio::time::timeout(Duration::from_secs(120), async {
         let mut session = session(user).await?;
         let mut out = Vec::new();
-        let count = session.search("ALL").await?.len();
-        if count > 0 {
+        if !session.search("ALL").await?.is_empty() {
             let fetched: Vec<_> = session
-                .fetch("1:*", "BODY.PEEK[HEADER.FIELDS (MESSAGE-ID)]")
+                .fetch("1:*", format!("BODY.PEEK[HEADER.FIELDS ({field})]"))
                 .await?
                 .try_collect()
                 .await?;
-            for mail in &fetched {
-                out.push(message_id(mail.header().unwrap_or_default()));
-            }
+            out.extend(
+                fetched
+                    .iter()
+                    .map(|mail| ids(mail.header().unwrap_or_default())),
+            );
         }
         session.logout().await?;
         anyhow::Ok(out)

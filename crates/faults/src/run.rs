@@ -471,6 +471,16 @@ impl Run {
         self.scalar(sql).await
     }
 
+    /// A count whose query takes the scenario's own ids as `$1` (a `text[]`, bound, not
+    /// spliced into the text).
+    pub async fn count_among(&self, sql: &str, ids: &[String]) -> anyhow::Result<i64> {
+        sqlx::query_scalar(sql)
+            .bind(ids)
+            .fetch_one(&self.db.pool)
+            .await
+            .with_context(|| format!("running {sql}"))
+    }
+
     /// The oracle's readings, into `figures`; then the host is stopped with SIGTERM.
     pub async fn count(&mut self, pings: &[String], figures: &mut Figures) -> anyhow::Result<()> {
         let replies = mail::replies(&self.boxes.sender).await?;

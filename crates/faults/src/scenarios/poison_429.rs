@@ -152,24 +152,22 @@ impl Fault for Poison429 {
         if stray > 0 {
             why.push(format!("{stray} webhook callers that are no execution"));
         }
-        // Execution ids are uuids: safe to quote.
-        let ids = self
-            .executions
-            .iter()
-            .map(|id| format!("'{id}'"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let ids: Vec<String> = self.executions.iter().map(ToString::to_string).collect();
         let recorded = run
-            .query_scalar(&format!(
-                "SELECT count(*) FROM action_executions WHERE id IN ({ids}) \
-                 AND status = 'pending' AND last_error LIKE '%429%'"
-            ))
+            .count_among(
+                "SELECT count(*) FROM action_executions WHERE id::text = ANY($1) \
+                 AND status = 'pending' AND last_error LIKE '%429%'",
+                &ids,
+            )
             .await? as usize;
         let dead = run
-            .query_scalar(&format!(
-                "SELECT count(*) FROM dead_letters WHERE message_id IN ({ids}) \
+            .count_among(
+                &format!(
+                    "SELECT count(*) FROM dead_letters WHERE message_id = ANY($1) \
                  AND reason = 'gave-up' AND class = 'throttled' AND attempts = {MAX_ATTEMPTS}"
-            ))
+                ),
+                &ids,
+            )
             .await? as usize;
         if recorded != self.executions.len() || dead != self.executions.len() {
             why.push(format!(

@@ -82,19 +82,15 @@ impl Fault for PoisonPanic {
 
     async fn verify(&mut self, run: &mut Run) -> anyhow::Result<Vec<Check>> {
         let mut why = Vec::new();
-        // Message-IDs are the harness's own (`direct-email-<hex>@faults.test`): safe to quote.
-        let ids = self
-            .panicking
-            .iter()
-            .map(|id| format!("'{id}'"))
-            .collect::<Vec<_>>()
-            .join(", ");
         let dead = run
-            .query_scalar(&format!(
-                "SELECT count(*) FROM dead_letters d JOIN outbound_emails o ON d.message_id = o.id::text \
-                 WHERE o.message_id IN ({ids}) AND d.reason = 'gave-up' AND d.attempts = {MAX_ATTEMPTS} \
-                 AND d.last_error LIKE '%panicked: fault injection%'"
-            ))
+            .count_among(
+                &format!(
+                    "SELECT count(*) FROM dead_letters d JOIN outbound_emails o ON d.message_id = o.id::text \
+                     WHERE o.message_id = ANY($1) AND d.reason = 'gave-up' AND d.attempts = {MAX_ATTEMPTS} \
+                     AND d.last_error LIKE '%panicked: fault injection%'"
+                ),
+                &self.panicking,
+            )
             .await? as u64;
         if dead != self.panicking.len() as u64 {
             why.push(format!(
