@@ -22,6 +22,7 @@ use worker_messages::{
     AUTOMATION_ACTION, ActionCommand, DomainEvent, EMAIL_SEND, EmailSendCommand,
     action_execution_id, email_message_id,
 };
+use worker_testkit::TestVhost;
 
 use crate::mail::Mailboxes;
 
@@ -43,9 +44,10 @@ pub struct ApiPublisher {
 }
 
 impl ApiPublisher {
-    pub fn new(vhost: &str) -> anyhow::Result<Self> {
-        let api = worker_testkit::rabbit_api();
-        let url = reqwest::Url::parse(&api).with_context(|| format!("parsing {api}"))?;
+    /// A publisher into `vhost` through the management API at `api`
+    /// (`http://user:password@host:port`: the vhost's own broker, private or shared).
+    pub fn new(api: &str, vhost: &str) -> anyhow::Result<Self> {
+        let url = reqwest::Url::parse(api).with_context(|| format!("parsing {api}"))?;
         let user = match url.username() {
             "" => "guest".to_string(),
             user => user.to_string(),
@@ -172,7 +174,7 @@ pub struct DirectCommands {
 
 impl DirectCommands {
     /// Inserts the harness's automation.
-    pub async fn new(pool: PgPool, vhost: &str, boxes: &Mailboxes) -> anyhow::Result<Self> {
+    pub async fn new(pool: PgPool, vhost: &TestVhost, boxes: &Mailboxes) -> anyhow::Result<Self> {
         let automation_id = Uuid::new_v4();
         sqlx::query(
             "INSERT INTO automations (id, name, enabled, event_type) \
@@ -184,7 +186,7 @@ impl DirectCommands {
         .context("inserting the harness's automation")?;
         Ok(Self {
             pool,
-            api: ApiPublisher::new(vhost)?,
+            api: ApiPublisher::new(vhost.api_url(), &vhost.name)?,
             automation_id,
             to: format!("{}@localhost", boxes.direct),
         })

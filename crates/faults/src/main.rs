@@ -132,20 +132,23 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
         .parallel
         .unwrap_or(if args.quick { 6 } else { 1 })
         .max(1);
+    // Each scenario is a task of its own: a clean-up that blocks its thread (a `Drop` that
+    // waits on a server) then stalls no other scenario.
     let rows: Vec<_> = futures::stream::iter(chosen.iter().map(|scenario| {
-        let load = load_of(scenario, &args);
+        let scenario = scenario.clone();
+        let load = load_of(&scenario, &args);
         let dir = args.work_dir.join(&stamp).join(scenario.name);
         let binary = match &args.fault_injection_host_bin {
             Some(path) if scenarios::NEEDS_FAULT_INJECTION.contains(&scenario.name) => path,
             _ => &args.host_bin,
         }
         .clone();
-        async move {
+        let run = async move {
             eprintln!(
                 "faults: {}: {} × {} pings",
                 scenario.name, load.repetitions, load.per_repetition
             );
-            let figures = scenarios::run(scenario, load, &binary, &dir).await;
+            let figures = scenarios::run(&scenario, load, &binary, &dir).await;
             let failures = figures.failures(ready_limit);
             eprintln!(
                 "faults: {}: {} in {:.0} s{}",
@@ -159,11 +162,15 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
                 }
             );
             figures
-        }
+        };
+        tokio::spawn(run)
     }))
     .buffered(parallel)
-    .collect()
-    .await;
+    .collect::<Vec<_>>()
+    .await
+    .into_iter()
+    .collect::<Result<_, _>>()
+    .context("a scenario's task panicked")?;
     let table = report::table(&rows, ready_limit);
     println!("{table}");
     let output = args.output.clone().unwrap_or_else(|| {

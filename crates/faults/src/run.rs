@@ -145,7 +145,7 @@ impl Run {
             None => TestVhost::create().await.context("creating the vhost")?,
         };
         let boxes = Mailboxes::new(name);
-        let direct = DirectCommands::new(db.pool.clone(), &vhost.name, &boxes).await?;
+        let direct = DirectCommands::new(db.pool.clone(), &vhost, &boxes).await?;
         let port = free_port()?;
         let automation = dir.join("automations.toml");
         std::fs::write(&automation, AUTOMATION)?;

@@ -164,6 +164,12 @@ impl Dovecot {
 
 impl Drop for Dovecot {
     fn drop(&mut self) {
+        crate::blocking_cleanup(|| self.stop_now());
+    }
+}
+
+impl Dovecot {
+    fn stop_now(&mut self) {
         if let Some(mut child) = self.process.take()
             && let Ok(None) = child.try_wait()
         {

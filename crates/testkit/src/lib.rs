@@ -104,15 +104,30 @@ fn block_on_side<F>(f: F)
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    let _ = std::thread::spawn(move || {
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            rt.block_on(f);
+    blocking_cleanup(move || {
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(f);
+            }
+        })
+        .join();
+    });
+}
+
+/// Runs a `Drop`'s blocking clean-up. On a multi-threaded runtime the worker first hands its
+/// other tasks to another thread (`block_in_place`): a clean-up that waits on a server (`DROP
+/// DATABASE … WITH (FORCE)` waits for every backend, including one still authenticating a
+/// connection of another task) must not stall the tasks that server is waiting for.
+pub(crate) fn blocking_cleanup<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
         }
-    })
-    .join();
+        _ => f(),
+    }
 }
 
 /// A PostgreSQL database of one test's own, migrated, dropped with the value.
@@ -287,6 +302,11 @@ impl TestVhost {
         })
     }
 
+    /// The management API of the broker this vhost lives on (`http://user:password@host:port`).
+    pub fn api_url(&self) -> &str {
+        &self.api
+    }
+
     /// The AMQP URL of this vhost for the management user (guest by default).
     pub fn amqp_url(&self) -> String {
         let host = self.amqp_host.clone().unwrap_or_else(|| {
@@ -413,6 +433,32 @@ mod tests {
         assert!(!is_leftover(&fresh));
         assert!(!is_leftover("worker_host"));
         assert!(!is_leftover("wh_test_notanumber_x"));
+    }
+
+    /// The fault suite's deadlock: one scenario's `DROP DATABASE … WITH (FORCE)` waited for a
+    /// backend still authenticating another scenario's connection, whose task could not run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_blocking_cleanup_lets_the_other_tasks_of_its_runtime_run() {
+        let (done, waited_for) = std::sync::mpsc::channel::<()>();
+        let blocked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = blocked.clone();
+        let cleanup = tokio::spawn(async move {
+            blocking_cleanup(|| {
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+                waited_for.recv_timeout(Duration::from_secs(5)).is_ok()
+            })
+        });
+        let other = tokio::spawn(async move {
+            while !blocked.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let _ = done.send(());
+        });
+        assert!(
+            cleanup.await.unwrap(),
+            "the other task never ran while the clean-up blocked"
+        );
+        other.await.unwrap();
     }
 
     #[test]

@@ -309,6 +309,12 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
+        crate::blocking_cleanup(|| self.stop_and_remove());
+    }
+}
+
+impl PgCluster {
+    fn stop_and_remove(&mut self) {
         if self.data_dir().join("postmaster.pid").exists() {
             let mut command = self.program("pg_ctl");
             command.arg("-D").arg(self.data_dir()).args([

@@ -335,9 +335,11 @@ impl RabbitNode {
 
 impl Drop for RabbitNode {
     fn drop(&mut self) {
-        // A stopped (SIGSTOP) node dies to SIGKILL all the same.
-        self.kill_group();
-        let _ = std::fs::remove_dir_all(self.dir.join("mnesia"));
+        crate::blocking_cleanup(|| {
+            // A stopped (SIGSTOP) node dies to SIGKILL all the same.
+            self.kill_group();
+            let _ = std::fs::remove_dir_all(self.dir.join("mnesia"));
+        });
     }
 }
 
