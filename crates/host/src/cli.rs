@@ -37,7 +37,7 @@ pub enum Command {
     /// Search, replay and purge the dead-letter archive.
     Dlq {
         #[command(subcommand)]
-        action: crate::dlq::DlqAction,
+        action: crate::commands::dlq::DlqAction,
     },
     /// Load automations into the database.
     Automations {

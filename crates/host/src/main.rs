@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use worker_host::cli::{Cli, Command, ConfigAction, TopologyAction};
+use worker_host::cli::{Cli, Command};
 use worker_host::settings::{self, Settings};
-use worker_host::{exit, run, telemetry};
+use worker_host::{commands, exit};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -28,57 +28,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE as u8);
         }
     };
-
-    let command = cli.command.unwrap_or(Command::Run);
-    if let Command::Config {
-        action: ConfigAction::Check,
-    } = command
-    {
-        println!(
-            "# effective settings ({}), secrets redacted",
-            source.path.display()
-        );
-        print!("{}", settings.to_redacted_toml());
-        return ExitCode::SUCCESS;
-    }
-
-    let telemetry = match telemetry::init(&settings.telemetry, &settings.installation) {
-        Ok(telemetry) => telemetry,
-        Err(e) => {
-            eprintln!("worker-host: telemetry cannot start: {e:#}");
-            return ExitCode::from(exit::USAGE as u8);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("worker-host: the async runtime cannot start: {e}");
-            return ExitCode::from(exit::SOFTWARE as u8);
-        }
-    };
-    let observability = run::Observability {
-        metrics: telemetry.metrics.clone(),
-        prometheus: telemetry.prometheus.clone(),
-    };
-    let result = runtime.block_on(async move {
-        match command {
-            Command::Migrate => run::migrate(&settings).await,
-            Command::Status => run::status(&settings).await,
-            Command::Outbox { action } => run::outbox(&settings, action).await,
-            Command::Automations { action } => run::automations(&settings, action).await,
-            Command::Dlq { action } => worker_host::dlq::run(&settings, action).await,
-            Command::Topology {
-                action: TopologyAction::Declare,
-            } => run::topology(&settings).await,
-            Command::Run | Command::Config { .. } => run::run(settings, observability).await,
-        }
-    });
-    drop(runtime);
-    telemetry.shutdown();
-    match result {
+    match commands::execute(cli.command.unwrap_or(Command::Run), settings, &source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(fatal) => {
             eprintln!("worker-host: {}", fatal.message);

@@ -8,8 +8,7 @@ use clap::{Args, Subcommand};
 use job_dead_letter_archive as archive;
 
 use crate::connections;
-use crate::exit;
-use crate::run::Fatal;
+use crate::exit::Fatal;
 use crate::settings::Settings;
 
 #[derive(Debug, Subcommand)]
@@ -134,24 +133,6 @@ fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
     Ok(Utc::now() - age)
 }
 
-fn usage(message: impl Into<String>) -> Fatal {
-    Fatal {
-        code: exit::USAGE,
-        message: message.into(),
-    }
-}
-
-fn failed(e: worker_core::Failure) -> Fatal {
-    if e.is_permanent() {
-        usage(e.to_string())
-    } else {
-        Fatal {
-            code: exit::UNAVAILABLE,
-            message: e.to_string(),
-        }
-    }
-}
-
 fn print_json(value: &impl serde::Serialize) {
     println!(
         "{}",
@@ -184,10 +165,7 @@ fn actor(given: &ActorArgs) -> archive::Actor {
 pub async fn run(settings: &Settings, action: DlqAction) -> Result<(), Fatal> {
     let pool = worker_store::connect(&connections::pool_options(&settings.database))
         .await
-        .map_err(|e| Fatal {
-            code: exit::UNAVAILABLE,
-            message: e.to_string(),
-        })?;
+        .map_err(Fatal::unavailable)?;
     let result = dispatch(settings, &pool, action).await;
     pool.close().await;
     result
@@ -200,7 +178,7 @@ async fn dispatch(
 ) -> Result<(), Fatal> {
     match action {
         DlqAction::List { json } => {
-            let queues = archive::list(pool).await.map_err(failed)?;
+            let queues = archive::list(pool).await.map_err(Fatal::from_failure)?;
             if json {
                 print_json(&queues);
                 return Ok(());
@@ -229,8 +207,11 @@ async fn dispatch(
             }
         }
         DlqAction::Show { id: Some(id), .. } => {
-            let Some(dead) = archive::show_one(pool, id).await.map_err(failed)? else {
-                return Err(usage(format!("no dead letter has id {id}")));
+            let Some(dead) = archive::show_one(pool, id)
+                .await
+                .map_err(Fatal::from_failure)?
+            else {
+                return Err(Fatal::usage(format!("no dead letter has id {id}")));
             };
             // One whole record is nested (headers, properties): its JSON is the readable form.
             print_json(&dead);
@@ -248,13 +229,15 @@ async fn dispatch(
                 Some("replayed") => Some(archive::Status::Replayed),
                 Some("purged") => Some(archive::Status::Purged),
                 Some(other) => {
-                    return Err(usage(format!(
+                    return Err(Fatal::usage(format!(
                         "--status {other}: expected dead, replayed or purged"
                     )));
                 }
             };
-            query.validate().map_err(usage)?;
-            let rows = archive::show(pool, &query).await.map_err(failed)?;
+            query.validate().map_err(Fatal::usage)?;
+            let rows = archive::show(pool, &query)
+                .await
+                .map_err(Fatal::from_failure)?;
             if json {
                 print_json(&rows);
                 return Ok(());
@@ -289,21 +272,21 @@ async fn dispatch(
             json,
         } => {
             if !filter.narrows(id) && !all {
-                return Err(usage(
+                return Err(Fatal::usage(
                     "replay needs --id, a filter (--queue, --reason, --fingerprint, --since) or --all",
                 ));
             }
             if rate == Some(0) {
-                return Err(usage("--rate must be at least 1"));
+                return Err(Fatal::usage("--rate must be at least 1"));
             }
             let query = filter.filter(id);
-            query.validate().map_err(usage)?;
+            query.validate().map_err(Fatal::usage)?;
             let actor = actor(&given);
             let report = with_publisher(settings, |publisher| async move {
                 archive::replay(pool, &publisher, &query, dry_run, rate, &actor).await
             })
             .await?
-            .map_err(failed)?;
+            .map_err(Fatal::from_failure)?;
             if json {
                 print_json(&report);
             } else {
@@ -345,13 +328,10 @@ async fn dispatch(
                 }
             }
             if report.failed > 0 || report.stopped.is_some() {
-                return Err(Fatal {
-                    code: exit::UNAVAILABLE,
-                    message: format!(
-                        "{} dead letters could not be replayed; they stay in the archive",
-                        report.matched - report.replayed
-                    ),
-                });
+                return Err(Fatal::unavailable(format!(
+                    "{} dead letters could not be replayed; they stay in the archive",
+                    report.matched - report.replayed
+                )));
             }
         }
         DlqAction::Purge {
@@ -363,23 +343,25 @@ async fn dispatch(
             json,
         } => {
             if !filter.narrows(id) && !all {
-                return Err(usage(
+                return Err(Fatal::usage(
                     "purge needs --id, a filter (--queue, --reason, --fingerprint, --since) or --all",
                 ));
             }
             let query = filter.filter(id);
-            query.validate().map_err(usage)?;
+            query.validate().map_err(Fatal::usage)?;
             let actor = actor(&given);
             if !yes {
                 let plan = archive::purge_dry_run(pool, &query, &actor)
                     .await
-                    .map_err(failed)?;
-                return Err(usage(format!(
+                    .map_err(Fatal::from_failure)?;
+                return Err(Fatal::usage(format!(
                     "{} dead letters match; add --yes to mark them purged (dry run recorded as action {})",
                     plan.matched, plan.action_id
                 )));
             }
-            let report = archive::purge(pool, &query, &actor).await.map_err(failed)?;
+            let report = archive::purge(pool, &query, &actor)
+                .await
+                .map_err(Fatal::from_failure)?;
             if json {
                 print_json(&report);
             } else {
@@ -404,10 +386,7 @@ where
         settings.broker.connect_attempts,
     )
     .await
-    .map_err(|e| Fatal {
-        code: exit::UNAVAILABLE,
-        message: e.to_string(),
-    })?;
+    .map_err(Fatal::unavailable)?;
     let session = worker_broker::Session::new(connection);
     let publisher =
         worker_broker::Publisher::new(session.clone().fixed(), settings.broker.publisher.clone());

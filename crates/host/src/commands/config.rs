@@ -1,0 +1,12 @@
+//! `worker-host config check`: prints the effective settings, secrets redacted, then exits.
+//! Loading them has validated them already.
+
+use crate::settings::{Settings, SettingsSource};
+
+pub fn check(settings: &Settings, source: &SettingsSource) {
+    println!(
+        "# effective settings ({}), secrets redacted",
+        source.path.display()
+    );
+    print!("{}", settings.to_redacted_toml());
+}

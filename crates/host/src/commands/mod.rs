@@ -1,0 +1,54 @@
+//! One file a command of `worker-host`, and [`execute`], which starts what a command needs
+//! (telemetry, the runtime) and runs it. `run` is the host's [`lifecycle`](crate::lifecycle).
+
+pub mod automations;
+pub mod config;
+pub mod dlq;
+pub mod migrate;
+pub mod outbox;
+pub mod status;
+pub mod topology;
+
+use crate::cli::{Command, ConfigAction, TopologyAction};
+use crate::exit::Fatal;
+use crate::lifecycle::{self, Observability};
+use crate::settings::{Settings, SettingsSource};
+use crate::telemetry;
+
+/// Runs `command` with `settings` (loaded and validated) to its end.
+pub fn execute(command: Command, settings: Settings, source: &SettingsSource) -> Result<(), Fatal> {
+    if let Command::Config {
+        action: ConfigAction::Check,
+    } = command
+    {
+        config::check(&settings, source);
+        return Ok(());
+    }
+    // Outside the runtime: the exporters start runtimes of their own.
+    let telemetry = telemetry::init(&settings.telemetry, &settings.installation)
+        .map_err(|e| Fatal::usage(format!("telemetry cannot start: {e:#}")))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Fatal::software(format!("the async runtime cannot start: {e}")))?;
+    let observability = Observability {
+        metrics: telemetry.metrics.clone(),
+        prometheus: telemetry.prometheus.clone(),
+    };
+    let result = runtime.block_on(async move {
+        match command {
+            Command::Migrate => migrate::run(&settings).await,
+            Command::Status => status::run(&settings).await,
+            Command::Outbox { action } => outbox::run(&settings, action).await,
+            Command::Automations { action } => automations::run(&settings, action).await,
+            Command::Dlq { action } => dlq::run(&settings, action).await,
+            Command::Topology {
+                action: TopologyAction::Declare,
+            } => topology::declare(&settings).await,
+            Command::Run | Command::Config { .. } => lifecycle::run(settings, observability).await,
+        }
+    });
+    drop(runtime);
+    telemetry.shutdown();
+    result
+}

@@ -1,0 +1,78 @@
+//! `worker-host outbox status|retry`: the outbox's counts and failed rows, and putting
+//! failed rows back to pending.
+
+use worker_store::outbox;
+
+use crate::cli::OutboxAction;
+use crate::connections;
+use crate::exit::Fatal;
+use crate::settings::Settings;
+
+pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal> {
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(Fatal::unavailable)?;
+    let failed = |e: worker_core::Failure| Fatal::software(format!("the outbox: {e}"));
+    match action {
+        OutboxAction::Status { json } => {
+            let status = outbox::status(&pool).await.map_err(failed)?;
+            let rows = outbox::failed(&pool, 50).await.map_err(failed)?;
+            if json {
+                let body = serde_json::json!({"status": status, "failed_rows": rows});
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&body).unwrap_or_default()
+                );
+            } else {
+                let oldest = status
+                    .oldest_pending_age
+                    .map(|d| {
+                        humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
+                            .to_string()
+                    })
+                    .unwrap_or_else(|| "-".into());
+                println!(
+                    "pending {}  (retrying {})  failed {}  oldest pending {oldest}",
+                    status.pending, status.retrying, status.failed
+                );
+                if !rows.is_empty() {
+                    println!(
+                        "\n{:>8}  {:<36}  {:<18}  {:>8}  last error",
+                        "id", "message id", "routing key", "attempts"
+                    );
+                    for row in rows {
+                        println!(
+                            "{:>8}  {:<36}  {:<18}  {:>8}  {}",
+                            row.id,
+                            row.message_id,
+                            row.routing_key,
+                            row.attempts,
+                            row.last_error
+                                .unwrap_or_default()
+                                .chars()
+                                .take(100)
+                                .collect::<String>()
+                        );
+                    }
+                }
+            }
+        }
+        OutboxAction::Retry { id: Some(id), .. } => {
+            match outbox::retry(&pool, id).await.map_err(failed)? {
+                outbox::RetryResult::Requeued => println!("outbox row {id} is pending again"),
+                outbox::RetryResult::AlreadyProcessed => {
+                    println!("outbox row {id} was published already; nothing to do")
+                }
+                outbox::RetryResult::NotFound => {
+                    return Err(Fatal::usage(format!("no outbox row has id {id}")));
+                }
+            }
+        }
+        OutboxAction::Retry { id: None, .. } => {
+            let count = outbox::retry_all_failed(&pool).await.map_err(failed)?;
+            println!("{count} failed outbox rows are pending again");
+        }
+    }
+    pool.close().await;
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! `worker-host topology declare`: declares the exchanges, queues, retry tiers and dead
+//! letters, then exits. The host's start declares the same way.
+
+use tracing::Instrument;
+
+use crate::connections;
+use crate::exit::Fatal;
+use crate::settings::Settings;
+
+/// `worker-host topology declare`: declares the exchanges, queues, retry tiers and dead
+/// letters, then exits.
+pub async fn declare(settings: &Settings) -> Result<(), Fatal> {
+    declare_topology(settings)
+        .instrument(tracing::info_span!("topology.declare"))
+        .await
+}
+
+/// A topology that cannot be declared: a conflict with an existing queue is the operator's
+/// to resolve (the message says how), so it ends the start like a bad setting.
+pub(crate) fn topology_failure(e: worker_broker::TopologyError) -> Fatal {
+    match e {
+        worker_broker::TopologyError::Conflict(_)
+        | worker_broker::TopologyError::Invalid { .. } => Fatal::usage(e),
+        other => Fatal::unavailable(other),
+    }
+}
+
+/// Reaches the broker (bounded retries) and declares the whole topology on it, idempotently.
+pub(crate) async fn declare_topology(settings: &Settings) -> Result<(), Fatal> {
+    let topology = settings.topology().map_err(topology_failure)?;
+    let connection_settings = connections::broker_connection(settings);
+    let connection =
+        connections::connect_broker(&connection_settings, settings.broker.connect_attempts)
+            .await
+            .map_err(Fatal::unavailable)?;
+    let declared = async {
+        let channel = connection.create_channel().await.map_err(|e| {
+            Fatal::unavailable(format!(
+                "opening a channel on {}: {e}",
+                connection_settings.server()
+            ))
+        })?;
+        let declared = worker_broker::declare(&channel, &topology)
+            .await
+            .map_err(topology_failure);
+        // Closed before the connection, so that lapin does not report a channel torn down
+        // under it as a connection error. A failed declare has closed it already.
+        if declared.is_ok() {
+            let _ = channel.close(200, "topology declared".into()).await;
+        }
+        declared
+    }
+    .await;
+    if let Err(e) = connection.close(200, "topology declared".into()).await {
+        tracing::debug!(error = %e, "closing the declaring connection");
+    }
+    declared?;
+    tracing::info!(queues = topology.queues.len(), "broker topology declared");
+    Ok(())
+}

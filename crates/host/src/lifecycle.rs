@@ -1,0 +1,233 @@
+//! The host's lifecycle: reach the services, migrate, serve the admin endpoints, run until
+//! a signal, then shut down within the grace period.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::admin::{self, AdminState, ReadinessCheck};
+use crate::alerts::AlertBook;
+use crate::commands::topology::{declare_topology, topology_failure};
+use crate::connections::{self, BrokerCheck, DatabaseCheck};
+use crate::exit::Fatal;
+use crate::jobs::{self, JobsContext};
+use crate::metrics::{Metrics, PrometheusReader};
+use crate::sampler;
+use crate::settings::Settings;
+use crate::status::{Reading, StatusBoard};
+use worker_store::{AdvisoryLease, AttemptLog};
+
+/// What `run` reports through: the instruments and the reader behind `/metrics`.
+#[derive(Debug, Clone)]
+pub struct Observability {
+    pub metrics: Metrics,
+    pub prometheus: PrometheusReader,
+}
+
+/// `worker-host run`: runs until SIGTERM or SIGINT, then stops within the grace period.
+pub async fn run(settings: Settings, observability: Observability) -> Result<(), Fatal> {
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+
+    let (pool, supervisor) = reach_services(&settings)
+        .instrument(tracing::info_span!("host.start", installation = %settings.installation))
+        .await?;
+
+    // The supervisor reconnects and redeclares for as long as the host runs; after shutdown
+    // starts it keeps the connection up until the consumers have let go of it.
+    tracker.spawn(supervisor.clone().run(shutdown.clone()));
+
+    let settings = Arc::new(settings);
+    let (attempt_log, attempt_writer) =
+        AttemptLog::new(pool.clone(), &settings.workers.attempt_log);
+    tracker.spawn(attempt_writer.run(shutdown.child_token()));
+    let jobs_context = JobsContext {
+        settings: settings.clone(),
+        pool: pool.clone(),
+        publisher: supervisor.publisher(settings.broker.publisher.clone()),
+        supervisor: supervisor.clone(),
+        lease: Arc::new(AdvisoryLease::new(pool.clone())),
+        attempt_log,
+        metrics: observability.metrics.clone(),
+        tracker: tracker.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let started = jobs::start_all(&jobs_context).map_err(Fatal::usage)?;
+
+    let alerts = start_sampler(
+        &settings,
+        &pool,
+        &supervisor,
+        &started,
+        &observability,
+        &tracker,
+        &shutdown,
+    );
+    if settings.admin.enabled {
+        serve_admin(
+            &settings,
+            &supervisor,
+            started,
+            alerts,
+            &observability,
+            &tracker,
+            &shutdown,
+        )
+        .await?;
+    }
+    tracker.close();
+
+    tracing::info!(installation = %settings.installation, "worker host running");
+    wait_for_signal().await;
+    tracing::info!(grace = ?settings.workers.shutdown_grace, "shutting down");
+    shutdown.cancel();
+    if tokio::time::timeout(settings.workers.shutdown_grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?settings.workers.shutdown_grace, "work still in flight at the end of the grace period was abandoned");
+    }
+    pool.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Readings for the gauges and the alerts. No alert touches readiness: restarting the host
+/// cures none of them.
+fn start_sampler(
+    settings: &Settings,
+    pool: &sqlx::PgPool,
+    supervisor: &worker_broker::Supervisor,
+    started: &jobs::Started,
+    observability: &Observability,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Arc<AlertBook> {
+    let alerts = Arc::new(AlertBook::default());
+    let readings = Arc::new(std::sync::RwLock::new(sampler::Readings::default()));
+    sampler::register_gauges(&observability.metrics, readings.clone());
+    tracker.spawn(sampler::run(
+        sampler::Sources {
+            pool: pool.clone(),
+            supervisor: supervisor.clone(),
+            health: started.health.clone(),
+            stuck_after: settings.jobs.reconciler.stuck_after,
+        },
+        readings,
+        alerts.clone(),
+        settings.alerts.clone(),
+        shutdown.child_token(),
+    ));
+
+    alerts
+}
+
+/// `/healthz`, `/readyz`, `/status` and `/metrics` on `admin.listen`, until shutdown.
+async fn serve_admin(
+    settings: &Settings,
+    supervisor: &worker_broker::Supervisor,
+    started: jobs::Started,
+    alerts: Arc<AlertBook>,
+    observability: &Observability,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Result<(), Fatal> {
+    let checks: Vec<Box<dyn ReadinessCheck>> = vec![
+        Box::new(DatabaseCheck {
+            health: started.health.clone(),
+            stale_after: settings.workers.timeouts.health * 3,
+        }),
+        Box::new(BrokerCheck(supervisor.status())),
+    ];
+    let board = StatusBoard {
+        installation: settings.installation.clone(),
+        started_at: chrono::Utc::now(),
+        jobs: started.entries,
+        broker: supervisor.status(),
+        alerts: alerts.clone(),
+        database: Arc::new(DatabaseReading(started.health.clone())),
+    };
+    let server = admin::serve(
+        settings.admin.listen,
+        AdminState::new(checks)
+            .with_metrics(observability.prometheus.clone())
+            .with_status(board),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(Fatal::unavailable)?;
+    tracker.spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "the admin server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Reaches the database (migrating it, if asked, and importing the automation files) and the
+/// broker (declaring the topology), each with bounded retries.
+async fn reach_services(
+    settings: &Settings,
+) -> Result<(sqlx::PgPool, worker_broker::Supervisor), Fatal> {
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(Fatal::unavailable)?;
+    if settings.database.migrate_on_start {
+        worker_store::migrate(&pool)
+            .await
+            .map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
+    }
+    for file in &settings.automations_files {
+        let report = job_automation_trigger::import::import_file(&pool, file)
+            .await
+            .map_err(|e| {
+                Fatal::usage(format!(
+                    "importing automations from {}: {e}",
+                    file.display()
+                ))
+            })?;
+        tracing::info!(file = %file.display(), "automations imported:\n{report}");
+    }
+    declare_topology(settings).await?;
+    let topology = settings.topology().map_err(topology_failure)?;
+    let supervisor =
+        worker_broker::Supervisor::new(connections::broker_connection(settings), topology);
+    Ok((pool, supervisor))
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM received"),
+                    _ = int.recv() => tracing::info!("SIGINT received"),
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The database line of `/status`: what the health monitor last saw.
+#[derive(Debug)]
+struct DatabaseReading(job_db_health::HealthHandle);
+
+impl Reading for DatabaseReading {
+    fn read(&self) -> serde_json::Value {
+        serde_json::to_value(self.0.snapshot()).unwrap_or_default()
+    }
+}
