@@ -21,6 +21,8 @@
 //!   permanent failure, honours a throttled failure's `retry_after`, can be bounded by a total
 //!   budget, stops at once when its parent token fires, and reports every try to an
 //!   [`AttemptObserver`].
+//! * [`backoff`] — [`Backoff`]: the doubling wait of a loop that keeps trying until it
+//!   succeeds or is stopped (reconnects, listeners), on the same formula as [`RetryPolicy`].
 //! * [`busy`] — [`SkipIfBusy`]: a tick that finds the previous tick still running is skipped
 //!   with a warning, never queued and never run beside it.
 //! * [`lease`] — [`SingletonLease`]: the same guarantee across replicas (implemented by the
@@ -86,14 +88,17 @@
 //! # });
 //! ```
 
+pub mod backoff;
 pub mod busy;
 pub mod dedup;
 pub mod failure;
 pub mod job;
 pub mod lease;
 pub mod retry;
+pub mod text;
 pub mod timeout;
 
+pub use backoff::Backoff;
 pub use busy::{Busy, SkipIfBusy};
 pub use dedup::ProcessedGuard;
 pub use failure::{Failure, FailureClass, error_chain};
@@ -105,4 +110,5 @@ pub use lease::{NoLease, SingletonLease};
 pub use retry::{
     AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord, persist,
 };
+pub use text::truncate;
 pub use timeout::{UnitError, run_unit};

@@ -1,5 +1,5 @@
-//! The attempt log (seed 003: a row per try): every failed try and every final outcome of a
-//! consumer message or a timer tick, with the job, the message id or tick, the attempt, the
+//! The attempt log, a row per try: every failed try and every final outcome of a consumer
+//! message or a timer tick, with the job, the message id or tick, the attempt, the
 //! outcome, the failure class, the error, the duration and when.
 //!
 //! Successful tries, and final outcomes that are plain first-try successes, are written only
@@ -46,7 +46,7 @@ use worker_core::{
 };
 
 use crate::classify;
-use crate::outbox::truncate;
+use worker_core::truncate;
 
 /// The longest error kept in a row, in bytes.
 pub const ERROR_MAX: usize = 2048;

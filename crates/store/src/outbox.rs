@@ -36,6 +36,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use worker_core::Failure;
 
 use crate::classify;
+use worker_core::truncate;
 
 /// The `LISTEN`/`NOTIFY` channel a committed outbox row is announced on.
 pub const CHANNEL: &str = "outbox";
@@ -530,29 +531,9 @@ pub async fn purge_processed(
     }
 }
 
-/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
-pub(crate) fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn truncation_keeps_whole_characters() {
-        assert_eq!(truncate("abc", 5), "abc");
-        assert_eq!(truncate("abcdef", 3), "abc");
-        assert_eq!(truncate("aé", 2), "a");
-        assert_eq!(truncate("", 0), "");
-    }
 
     #[test]
     fn json_messages_carry_their_type_and_content_type() {

@@ -2,6 +2,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use worker_core::Backoff;
 
 /// How to reach the database and how patiently.
 #[derive(Debug, Clone)]
@@ -40,7 +41,7 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
         options.connect.get_port(),
         options.connect.get_database().unwrap_or("")
     );
-    let mut delay = options.connect_backoff;
+    let mut backoff = Backoff::doubling(options.connect_backoff, Duration::from_secs(10));
     let mut last_error = String::new();
     for attempt in 1..=attempts {
         let result = PgPoolOptions::new()
@@ -61,8 +62,7 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
                 last_error = worker_core::error_chain(&err);
                 tracing::warn!(%server, attempt, attempts, error = %last_error, "PostgreSQL not reachable yet");
                 if attempt < attempts {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
+                    tokio::time::sleep(backoff.next_wait()).await;
                 }
             }
         }

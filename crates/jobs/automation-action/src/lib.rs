@@ -100,6 +100,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
+use worker_core::truncate;
 use worker_core::{ConsumerJob, Failure, Handled, RetryPolicy, WorkContext};
 use worker_messages::{
     ActionCommand, AutomationAction, DomainEvent, EMAIL_SEND, EmailSendCommand, WebhookAction,
@@ -843,17 +844,6 @@ async fn load(
         claimed_at,
         stale,
     })
-}
-
-fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 impl ConsumerJob for ActionExecutor {

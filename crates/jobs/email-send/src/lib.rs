@@ -134,6 +134,7 @@ use worker_messages::EmailSendCommand;
 use worker_store::{ProcessedMessages, classify as classify_db};
 
 use crate::smtp::{Security, Server, SmtpPool};
+use worker_core::truncate;
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "email-send";
@@ -814,17 +815,6 @@ fn response_text(response: &Response) -> String {
     format!("{} {}", response.code(), lines.join(" "))
         .trim()
         .to_string()
-}
-
-fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 impl ConsumerJob for EmailSender {

@@ -63,9 +63,10 @@ pub async fn listen(
         .idle_timeout(None)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(options);
-    let min = settings.reconnect_min.max(Duration::from_millis(10));
-    let max = settings.reconnect_max.max(min);
-    let mut backoff = min;
+    let mut backoff = worker_core::Backoff::doubling(
+        settings.reconnect_min.max(Duration::from_millis(10)),
+        settings.reconnect_max,
+    );
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
         let connected = tokio::select! {
@@ -82,15 +83,14 @@ pub async fn listen(
                     tracing::warn!(
                         channel = %settings.channel,
                         failures,
-                        retry_in = %humantime::format_duration(backoff),
+                        retry_in = %humantime::format_duration(backoff.current()),
                         error = %worker_core::error_chain(&err),
                         "cannot LISTEN for outbox rows; the drain runs on its schedule meanwhile"
                     );
                 }
-                if sleep_or_stop(backoff, &shutdown).await {
+                if sleep_or_stop(backoff.next_wait(), &shutdown).await {
                     break;
                 }
-                backoff = (backoff * 2).min(max);
                 continue;
             }
         };
@@ -98,7 +98,7 @@ pub async fn listen(
             tracing::info!(channel = %settings.channel, "listening for outbox rows again");
         }
         failures = 0;
-        backoff = min;
+        backoff.reset();
         // Rows committed while nobody listened: drain them now.
         wake.notify_one();
         loop {
@@ -127,7 +127,7 @@ pub async fn listen(
             }
         }
         drop(listener);
-        if shutdown.is_cancelled() || sleep_or_stop(backoff, &shutdown).await {
+        if shutdown.is_cancelled() || sleep_or_stop(backoff.current(), &shutdown).await {
             break;
         }
     }
