@@ -37,16 +37,8 @@
 //!
 //! ## The layer order
 //!
-//! From the outside in, every unit of work passes through:
-//!
-//! ```text
-//! busy guard -> lease -> timeout -> retry -> handler
-//! ```
-//!
-//! The busy guard and the lease apply to timer jobs only (a broker consumer handles one
-//! delivery at a time by construction, and competing consumers are the point). [`tick_once`]
-//! applies the first three to a tick; a consumer runner applies [`Retry::run`], whose every try
-//! runs through [`run_unit`], to a decoded message. The host owns the root
+//! The order in which the host wraps these around a unit of work is written once, in
+//! ARCHITECTURE.md under "The layer order". The host owns the root
 //! [`CancellationToken`](tokio_util::sync::CancellationToken); each job gets a child and each
 //! unit of work a grandchild carrying its deadline, so stopping the host cancels work in flight.
 //!
