@@ -241,10 +241,13 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
 async fn broker_depths(supervisor: &worker_broker::Supervisor) -> Option<BTreeMap<String, u64>> {
     let session = supervisor.sessions().borrow().clone()?;
     let topology = supervisor.topology();
-    let names = topology
+    // Collected first: an iterator adapter's closure held across the await would make the
+    // future's `Send` depend on a lifetime the spawn cannot name.
+    let names: Vec<&str> = topology
         .queues
         .iter()
-        .flat_map(|q| [q.name.as_str(), q.dead_queue.as_str()]);
+        .flat_map(|q| [q.name.as_str(), q.dead_queue.as_str()])
+        .collect();
     session.queue_depths(names).await
 }
 
