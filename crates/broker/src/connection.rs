@@ -254,6 +254,63 @@ impl Session {
         self.connection.status().connected()
     }
 
+    /// Declares `topology` on a channel of its own (see [`topology::declare`]), closed again
+    /// once the declare succeeded: a failed declare has closed it already.
+    pub async fn declare(&self, topology: &Topology) -> Result<(), TopologyError> {
+        let channel =
+            self.connection
+                .create_channel()
+                .await
+                .map_err(|source| TopologyError::Broker {
+                    what: "the topology (no channel opened)".into(),
+                    source,
+                })?;
+        topology::declare(&channel, topology).await?;
+        // Closed before the connection, so that lapin does not report a channel torn down
+        // under it as a connection error.
+        let _ = channel.close(200, "topology declared".into()).await;
+        Ok(())
+    }
+
+    /// Closes the connection (a session opened for one command, say).
+    pub async fn close(&self, reason: &str) -> Result<(), lapin::Error> {
+        self.connection.close(200, reason.into()).await
+    }
+
+    /// The broker's count of ready messages in each of `queues`, through passive declares on
+    /// a short-lived channel. A queue that does not exist fails its passive declare, which
+    /// closes the channel: the counts stop there, with what was read. `None` when no channel
+    /// opens.
+    pub async fn queue_depths<'a>(
+        &self,
+        queues: impl IntoIterator<Item = &'a str>,
+    ) -> Option<std::collections::BTreeMap<String, u64>> {
+        use lapin::options::QueueDeclareOptions;
+        use lapin::types::{FieldTable, ShortString};
+        let channel = self.connection.create_channel().await.ok()?;
+        let mut depths = std::collections::BTreeMap::new();
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        for name in queues {
+            let Ok(queue) = ShortString::try_new(name) else {
+                continue;
+            };
+            match channel
+                .queue_declare(queue, options, FieldTable::default())
+                .await
+            {
+                Ok(declared) => {
+                    depths.insert(name.to_owned(), u64::from(declared.message_count()));
+                }
+                Err(_) => return Some(depths),
+            }
+        }
+        let _ = channel.close(200, "sampled".into()).await;
+        Some(depths)
+    }
+
     /// A source of sessions that only ever holds this one (a publisher or consumer bound to
     /// one connection).
     pub fn fixed(self) -> watch::Receiver<Option<Session>> {

@@ -46,7 +46,12 @@
 //!   [`PublishError`] classified once into a transient or permanent [`worker_core::Failure`].
 //! * [`consumer`]: [`ConsumerRunner`], its [`ConsumerSettings`] (`[jobs.<consumer>]`), the pure
 //!   [`consumer::decide`] and [`consumer::attempt_of`], and the [`ConsumerEvents`] hook for
-//!   metrics. Acks of contiguous completions are coalesced into one `multiple` ack.
+//!   metrics; underneath, [`ConsumeLoop`], the one consume loop (the runner's, and the
+//!   dead-letter archiver's): it hands each [`Delivery`] to a handler and settles it as the
+//!   handler answers ([`Settle`]). Acks of contiguous completions are coalesced into one
+//!   `multiple` ack.
+//! * [`message`]: [`Properties`], [`Headers`] and [`Delivery`], this crate's own types for a
+//!   message, converted to and from lapin's only here: no other crate needs lapin.
 //! * [`connection`]: [`ConnectionSettings`] (`[broker.connection]`, password redacted),
 //!   [`Supervisor`] (reconnects with capped backoff, redeclares, hands out [`Session`]s and a
 //!   [`BrokerStatus`] through `tokio::sync::watch` for `/readyz`).
@@ -116,6 +121,7 @@
 
 pub mod connection;
 pub mod consumer;
+pub mod message;
 pub mod publisher;
 pub mod topology;
 pub mod trace;
@@ -125,8 +131,10 @@ pub use connection::{
     next_session,
 };
 pub use consumer::{
-    ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason, Outcome, Settled,
+    ConsumeLoop, ConsumeSettings, ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason,
+    Outcome, Scope, SessionEnd, Settle, Settled,
 };
+pub use message::{Delivery, HeaderValue, Headers, Properties};
 pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings, headers_from_json};
 pub use topology::{
     BindingSettings, DeclareConflict, QueueDefaults, QueueSettings, QueueTopology, RetryTier,

@@ -18,17 +18,15 @@ use std::time::Duration;
 use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, watch};
 use worker_core::Failure;
 
 use crate::connection::Session;
+use crate::message::{HeaderValue, Headers, Properties};
 use crate::trace;
-
-/// Persistent, in AMQP's `delivery-mode` terms.
-const PERSISTENT: u8 = 2;
 
 /// A message to publish.
 #[derive(Clone, PartialEq)]
@@ -36,7 +34,7 @@ pub struct Outgoing {
     pub exchange: String,
     pub routing_key: String,
     pub body: Vec<u8>,
-    pub properties: BasicProperties,
+    pub properties: Properties,
 }
 
 impl fmt::Debug for Outgoing {
@@ -45,7 +43,7 @@ impl fmt::Debug for Outgoing {
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .field("bytes", &self.body.len())
-            .field("message_id", self.properties.message_id())
+            .field("message_id", &self.properties.message_id)
             .finish()
     }
 }
@@ -61,7 +59,7 @@ impl Outgoing {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             body: body.into(),
-            properties: BasicProperties::default().with_delivery_mode(PERSISTENT),
+            properties: Properties::persistent(),
         }
     }
 
@@ -74,46 +72,37 @@ impl Outgoing {
         let body = serde_json::to_vec(value)?;
         let now = chrono::Utc::now().timestamp();
         let mut out = Self::new(exchange, routing_key, body);
-        out.properties = out
-            .properties
-            .with_content_type("application/json".into())
-            .with_timestamp(u64::try_from(now).unwrap_or(0));
+        out.properties.content_type = Some("application/json".into());
+        out.properties.timestamp = Some(u64::try_from(now).unwrap_or(0));
         Ok(out)
     }
 
+    /// Sets the message id; one longer than an AMQP short string (255 bytes) is not sent.
     #[must_use]
     pub fn with_message_id(mut self, id: &str) -> Self {
-        if let Ok(id) = ShortString::try_new(id) {
-            self.properties = self.properties.with_message_id(id);
-        }
+        self.properties.message_id = Some(id.into());
         self
     }
 
+    /// Sets the correlation id; one longer than an AMQP short string is not sent.
     #[must_use]
     pub fn with_correlation_id(mut self, id: &str) -> Self {
-        if let Ok(id) = ShortString::try_new(id) {
-            self.properties = self.properties.with_correlation_id(id);
-        }
+        self.properties.correlation_id = Some(id.into());
         self
     }
 
     /// Sets the AMQP `type` property (the message's kind, e.g. `email.received`).
     #[must_use]
     pub fn with_type(mut self, kind: &str) -> Self {
-        if let Ok(kind) = ShortString::try_new(kind) {
-            self.properties = self.properties.with_type(kind);
-        }
+        self.properties.kind = Some(kind.into());
         self
     }
 
-    /// Adds an application header.
+    /// Adds an application header; one whose name is longer than an AMQP short string is
+    /// not sent.
     #[must_use]
-    pub fn with_header(mut self, key: &str, value: AMQPValue) -> Self {
-        let mut headers = self.properties.headers().clone().unwrap_or_default();
-        if let Ok(key) = ShortString::try_new(key) {
-            headers.insert(key, value);
-        }
-        self.properties = self.properties.with_headers(headers);
+    pub fn with_header(mut self, key: &str, value: impl Into<HeaderValue>) -> Self {
+        self.properties.headers.insert(key, value);
         self
     }
 }
@@ -386,9 +375,10 @@ async fn publish_batch(
                 continue;
             }
         };
-        let mut headers = message.properties.headers().clone().unwrap_or_default();
+        let properties = BasicProperties::from(&message.properties);
+        let mut headers = properties.headers().clone().unwrap_or_default();
         trace::inject_current(&mut headers);
-        let properties = message.properties.clone().with_headers(headers);
+        let properties = properties.with_headers(headers);
         match channel
             .basic_publish(exchange, routing_key, options, &message.body, properties)
             .await
@@ -453,7 +443,12 @@ async fn publish_batch(
             results[i].is_ok()
                 && m.exchange == delivery.exchange.as_str()
                 && m.routing_key == delivery.routing_key.as_str()
-                && m.properties.message_id() == delivery.properties.message_id()
+                && m.properties.message_id.as_deref()
+                    == delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(ShortString::as_str)
                 && m.body == delivery.data
         });
         // A return that matches nothing still means one of ours went nowhere: blame the first
@@ -494,39 +489,33 @@ fn classify_lapin(message: &Outgoing, err: &lapin::Error) -> PublishError {
     lost(message, &worker_core::error_chain(err))
 }
 
-/// An empty header table, for callers building headers by hand.
-pub fn headers() -> FieldTable {
-    FieldTable::default()
-}
-
-/// JSON headers (as stored in an outbox row or a dead letter's readable copy) as an AMQP
-/// table: strings, integers, floats and booleans as themselves, `null` as void, arrays and
+/// JSON headers (as stored in an outbox row or a dead letter's readable copy) as AMQP
+/// headers: strings, integers, floats and booleans as themselves, `null` as void, arrays and
 /// objects as their JSON text. Keys longer than an AMQP short string are left out.
-pub fn headers_from_json(headers: &serde_json::Value) -> FieldTable {
-    use lapin::types::LongString;
+pub fn headers_from_json(headers: &serde_json::Value) -> Headers {
     use serde_json::Value;
-    let mut table = FieldTable::default();
+    let mut out = Headers::new();
     let Value::Object(map) = headers else {
-        return table;
+        return out;
     };
     for (key, value) in map {
-        let Ok(key) = ShortString::try_new(key.as_str()) else {
+        if ShortString::try_new(key.as_str()).is_err() {
             continue;
-        };
+        }
         let value = match value {
-            Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
-            Value::Bool(b) => AMQPValue::Boolean(*b),
+            Value::String(s) => HeaderValue::text(s.as_str()),
+            Value::Bool(b) => HeaderValue::Bool(*b),
             Value::Number(n) => match (n.as_i64(), n.as_f64()) {
-                (Some(i), _) => AMQPValue::LongLongInt(i),
-                (None, Some(f)) => AMQPValue::Double(f),
-                (None, None) => AMQPValue::LongString(LongString::from(n.to_string())),
+                (Some(i), _) => HeaderValue::I64(i),
+                (None, Some(f)) => HeaderValue::F64(f),
+                (None, None) => HeaderValue::text(n.to_string()),
             },
-            Value::Null => AMQPValue::Void,
-            other => AMQPValue::LongString(LongString::from(other.to_string())),
+            Value::Null => HeaderValue::Void,
+            other => HeaderValue::text(other.to_string()),
         };
-        table.insert(key, value);
+        out.insert(key.as_str(), value);
     }
-    table
+    out
 }
 
 #[cfg(test)]
@@ -572,18 +561,12 @@ mod tests {
         let m = Outgoing::json("commands", "email.send", &serde_json::json!({"a": 1}))
             .unwrap()
             .with_message_id("m-1");
-        assert_eq!(m.properties.delivery_mode(), &Some(PERSISTENT));
+        assert_eq!(m.properties.delivery_mode, Some(crate::message::PERSISTENT));
         assert_eq!(
-            m.properties
-                .content_type()
-                .as_ref()
-                .map(ShortString::as_str),
+            m.properties.content_type.as_deref(),
             Some("application/json")
         );
-        assert_eq!(
-            m.properties.message_id().as_ref().map(ShortString::as_str),
-            Some("m-1")
-        );
+        assert_eq!(m.properties.message_id.as_deref(), Some("m-1"));
         assert_eq!(m.body, br#"{"a":1}"#);
     }
 }

@@ -10,6 +10,8 @@ use opentelemetry::propagation::{Extractor, Injector};
 use opentelemetry::trace::TraceContextExt;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::message::{HeaderValue, Headers};
+
 /// The W3C header that carries the trace and parent span ids.
 pub const TRACEPARENT: &str = "traceparent";
 /// The W3C header that carries vendor-specific trace state.
@@ -42,9 +44,34 @@ impl Extractor for HeaderExtractor<'_> {
     }
 }
 
-/// Writes the current span's trace context into `headers`, unless they already carry one:
-/// a parked or dead-lettered copy keeps the trace of the message it copies.
-pub fn inject_current(headers: &mut FieldTable) {
+struct OwnHeaderInjector<'a>(&'a mut Headers);
+
+impl Injector for OwnHeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key, HeaderValue::text(value));
+    }
+}
+
+struct OwnHeaderExtractor<'a>(&'a Headers);
+
+impl Extractor for OwnHeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match self.0.get(key)? {
+            HeaderValue::LongString(s) => std::str::from_utf8(s).ok(),
+            HeaderValue::ShortString(s) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(k, _)| k).collect()
+    }
+}
+
+/// Writes the current span's trace context into `headers` as the publisher sends them,
+/// unless they already carry one: a parked or dead-lettered copy keeps the trace of the
+/// message it copies.
+pub(crate) fn inject_current(headers: &mut FieldTable) {
     if headers.contains_key(TRACEPARENT) {
         return;
     }
@@ -58,22 +85,21 @@ pub fn inject_current(headers: &mut FieldTable) {
 /// whose own span stands between the message's origin and its consumers (the outbox drain's
 /// per-row publish). Leaves `headers` as they are when `span` has no trace context (no
 /// OpenTelemetry layer, or the span is disabled), so a trace they carry still goes on.
-pub fn inject_span(span: &tracing::Span, headers: &mut FieldTable) {
+pub fn inject_span(span: &tracing::Span, headers: &mut Headers) {
     let cx = span.context();
     if !cx.span().span_context().is_valid() {
         return;
     }
-    let mut map = headers.inner().clone();
-    map.remove(TRACEPARENT);
-    map.remove(TRACESTATE);
-    *headers = FieldTable::from(map);
+    headers.remove(TRACEPARENT);
+    headers.remove(TRACESTATE);
     opentelemetry::global::get_text_map_propagator(|p| {
-        p.inject_context(&cx, &mut HeaderInjector(headers))
+        p.inject_context(&cx, &mut OwnHeaderInjector(headers))
     });
 }
 
-/// The trace context a delivery's headers carry (empty when they carry none).
-pub fn extract(headers: Option<&FieldTable>) -> opentelemetry::Context {
+/// The trace context a delivery's headers carry, as the consumer reads them (empty when
+/// they carry none).
+pub(crate) fn extract(headers: Option<&FieldTable>) -> opentelemetry::Context {
     match headers {
         Some(headers) => {
             opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)))
@@ -84,7 +110,17 @@ pub fn extract(headers: Option<&FieldTable>) -> opentelemetry::Context {
 
 /// Makes `span` continue the trace in `headers`. Without an OpenTelemetry layer there is
 /// nothing to continue, which is not an error.
-pub fn continue_trace(span: &tracing::Span, headers: Option<&FieldTable>) {
+pub fn continue_trace(span: &tracing::Span, headers: Option<&Headers>) {
+    if let Some(headers) = headers.filter(|h| h.contains_key(TRACEPARENT)) {
+        let cx = opentelemetry::global::get_text_map_propagator(|p| {
+            p.extract(&OwnHeaderExtractor(headers))
+        });
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// [`continue_trace`] on a delivery's headers as the consumer reads them, uncopied.
+pub(crate) fn continue_amqp_trace(span: &tracing::Span, headers: Option<&FieldTable>) {
     if headers.is_some_and(|h| h.contains_key(TRACEPARENT)) {
         let _ = span.set_parent(extract(headers));
     }
@@ -134,10 +170,11 @@ mod tests {
         assert_eq!(again, &tp);
 
         // A span without a trace context (no OpenTelemetry layer here) replaces nothing.
-        inject_span(&tracing::info_span!("publish"), &mut headers);
-        let Some(AMQPValue::LongString(kept)) = headers.inner().get(TRACEPARENT) else {
-            panic!()
-        };
-        assert_eq!(kept, &tp);
+        let mut own = Headers::from(&headers);
+        inject_span(&tracing::info_span!("publish"), &mut own);
+        assert_eq!(
+            own.get(TRACEPARENT),
+            Some(&HeaderValue::LongString(tp.as_bytes().to_vec()))
+        );
     }
 }

@@ -83,13 +83,13 @@ pub struct BrokerUnreachable {
 pub async fn connect_broker(
     connection: &worker_broker::ConnectionSettings,
     attempts: u32,
-) -> Result<lapin::Connection, BrokerUnreachable> {
+) -> Result<worker_broker::Session, BrokerUnreachable> {
     let attempts = attempts.max(1);
     let mut delay = Duration::from_millis(500);
     let mut cause = String::new();
     for attempt in 1..=attempts {
         match connection.connect().await {
-            Ok(connected) => return Ok(connected),
+            Ok(connected) => return Ok(worker_broker::Session::new(connected)),
             Err(e) => cause = worker_core::error_chain(&e),
         }
         tracing::warn!(server = %connection.server(), attempt, attempts, error = %cause, "RabbitMQ not reachable yet");

@@ -8,8 +8,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use chrono::Utc;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use opentelemetry::KeyValue;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -242,28 +240,15 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
 /// passive declare on a short-lived channel; `None` while the link is down.
 async fn broker_depths(supervisor: &worker_broker::Supervisor) -> Option<BTreeMap<String, u64>> {
     let session = supervisor.sessions().borrow().clone()?;
-    let channel = session.connection().create_channel().await.ok()?;
-    let mut depths = BTreeMap::new();
-    for queue in &supervisor.topology().queues {
-        for name in [&queue.name, &queue.dead_queue] {
-            let options = QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            };
-            match channel
-                .queue_declare(name.as_str().into(), options, FieldTable::default())
-                .await
-            {
-                Ok(declared) => {
-                    depths.insert(name.clone(), u64::from(declared.message_count()));
-                }
-                // A failed passive declare closes the channel: stop here with what we have.
-                Err(_) => return Some(depths),
-            }
-        }
-    }
-    let _ = channel.close(200, "sampled".into()).await;
-    Some(depths)
+    let topology = supervisor.topology();
+    // Collected first: an iterator adapter's closure held across the await would make the
+    // future's `Send` depend on a lifetime the spawn cannot name.
+    let names: Vec<&str> = topology
+        .queues
+        .iter()
+        .flat_map(|q| [q.name.as_str(), q.dead_queue.as_str()])
+        .collect();
+    session.queue_depths(names).await
 }
 
 /// Compares the readings with the thresholds; each crossing and clearing is logged once.

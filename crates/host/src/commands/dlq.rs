@@ -381,20 +381,15 @@ where
     F: FnOnce(worker_broker::Publisher) -> Fut,
     Fut: std::future::Future<Output = T>,
 {
-    let connection = connections::connect_broker(
+    let session = connections::connect_broker(
         &connections::broker_connection(settings),
         settings.broker.connect_attempts,
     )
     .await
     .map_err(Fatal::unavailable)?;
-    let session = worker_broker::Session::new(connection);
     let publisher =
         worker_broker::Publisher::new(session.clone().fixed(), settings.broker.publisher.clone());
     let result = work(publisher).await;
-    let _ = tokio::time::timeout(
-        Duration::from_secs(5),
-        session.connection().close(200, "dlq done".into()),
-    )
-    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), session.close("dlq done")).await;
     Ok(result)
 }

@@ -29,29 +29,12 @@ pub(crate) fn topology_failure(e: worker_broker::TopologyError) -> Fatal {
 pub(crate) async fn declare_topology(settings: &Settings) -> Result<(), Fatal> {
     let topology = settings.topology().map_err(topology_failure)?;
     let connection_settings = connections::broker_connection(settings);
-    let connection =
+    let session =
         connections::connect_broker(&connection_settings, settings.broker.connect_attempts)
             .await
             .map_err(Fatal::unavailable)?;
-    let declared = async {
-        let channel = connection.create_channel().await.map_err(|e| {
-            Fatal::unavailable(format!(
-                "opening a channel on {}: {e}",
-                connection_settings.server()
-            ))
-        })?;
-        let declared = worker_broker::declare(&channel, &topology)
-            .await
-            .map_err(topology_failure);
-        // Closed before the connection, so that lapin does not report a channel torn down
-        // under it as a connection error. A failed declare has closed it already.
-        if declared.is_ok() {
-            let _ = channel.close(200, "topology declared".into()).await;
-        }
-        declared
-    }
-    .await;
-    if let Err(e) = connection.close(200, "topology declared".into()).await {
+    let declared = session.declare(&topology).await.map_err(topology_failure);
+    if let Err(e) = session.close("topology declared").await {
         tracing::debug!(error = %e, "closing the declaring connection");
     }
     declared?;

@@ -3,33 +3,34 @@
 //! It is not a [`worker_core::ConsumerJob`] on purpose: a job's input is a decoded JSON body,
 //! and the runner's pipeline would dead-letter what it cannot decode, while the archiver must
 //! take any body as bytes together with its headers and properties, and must never
-//! dead-letter a dead letter. So it runs its own small consume loop on the
-//! [`Supervisor`]'s sessions, with the same shape as the runner:
+//! dead-letter a dead letter. So it runs the broker's consume loop ([`ConsumeLoop`], the
+//! runner's own) with a handler of its own:
 //!
-//! 1. take deliveries (up to `prefetch` unacked) into a batch of up to `batch` messages, or
-//!    whatever arrived within `batch_wait` of the first;
+//! 1. each delivery (up to `prefetch` unacked, all handled at once) joins a batch of up to
+//!    `batch` messages, archived when full or `batch_wait` after its first;
 //! 2. read each ([`NewDeadLetter::from_message`]) and insert the batch in one transaction,
 //!    `ON CONFLICT (dedup_key) DO NOTHING` ([`crate::store::insert`]);
-//! 3. only after the commit, ack the batch (one `multiple` ack up to its last tag).
+//! 3. only after the commit, every delivery of the batch answers [`Settle::Ack`], and the
+//!    loop acks them together (one `multiple` ack).
 //!
 //! A database that fails keeps the batch unacked while the archiver tries again with a capped
-//! backoff: the messages stay with it (no nack, so no redelivery count grows) until the row
-//! commits or the host stops, when closing the channel returns them to the queue. Killed
-//! between the commit and the ack, the archiver finds the same messages redelivered next time
-//! and archives each once.
+//! backoff: the messages stay with it (no nack, so no redelivery count grows) until the rows
+//! commit or the host stops (one last try, then back to the queue). Killed between the commit
+//! and the ack, the archiver finds the same messages redelivered next time and archives each
+//! once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::{FieldTable, ShortString};
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use tokio::time::Instant;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
-use worker_broker::{Session, Supervisor, Topology, next_session};
+pub use worker_broker::SessionEnd;
+use worker_broker::{
+    ConsumeLoop, ConsumeSettings, Delivery, Scope, Session, Settle, Supervisor, Topology,
+};
 use worker_core::Failure;
 
 use crate::record::{DeadQueue, NewDeadLetter, RawMessage};
@@ -109,14 +110,6 @@ pub trait ArchiveEvents: Send + Sync {
 pub struct NoEvents;
 
 impl ArchiveEvents for NoEvents {}
-
-/// Why [`Archiver::run_session`] returned.
-#[derive(Debug)]
-pub enum SessionEnd {
-    Shutdown,
-    /// The channel or the connection was lost (or the queue could not be consumed), with why.
-    Lost(String),
-}
 
 /// The dead queue of every consumer queue of `topology`, each once (a dead queue shared by
 /// several work queues is consumed once, on behalf of the first of them).
@@ -209,39 +202,13 @@ impl Archiver {
     /// new connection. Spawn one per dead queue on the host's task tracker; it returns only
     /// on shutdown.
     pub async fn run(&self, supervisor: &Supervisor, dead: DeadQueue, shutdown: CancellationToken) {
-        let mut sessions = supervisor.sessions();
-        let mut failed_generation = None;
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let session = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                session = next_session(&mut sessions, failed_generation) => session,
-            };
-            let Some(session) = session else {
-                shutdown.cancelled().await;
-                return;
-            };
-            let hold = supervisor.hold();
-            let end = self.run_session(&session, &dead, &shutdown).await;
-            drop(hold);
-            match end {
-                SessionEnd::Shutdown => return,
-                SessionEnd::Lost(why) => {
-                    tracing::warn!(job = JOB_NAME, dead_queue = %dead.dead_queue, error = %why, "the archiver lost its channel; resuming");
-                    if session.is_open() {
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(10));
-                    } else {
-                        failed_generation = Some(session.generation());
-                        backoff = Duration::from_millis(100);
-                    }
-                }
-            }
-        }
+        let consume = self.consume_loop(&dead);
+        let dead = Arc::new(dead);
+        consume
+            .run(supervisor, shutdown.clone(), |_| {
+                self.handler(dead.clone(), shutdown.clone())
+            })
+            .await;
     }
 
     /// Consumes `dead` on one connection until shutdown or until the channel is lost.
@@ -251,146 +218,190 @@ impl Archiver {
         dead: &DeadQueue,
         shutdown: &CancellationToken,
     ) -> SessionEnd {
-        let settings = &self.inner.settings;
-        let (channel, mut consumer) = match open(session, dead, settings.prefetch).await {
-            Ok(opened) => opened,
-            Err(e) => {
-                return SessionEnd::Lost(format!(
-                    "consuming from {}: {}",
-                    dead.dead_queue,
-                    worker_core::error_chain(&e)
-                ));
-            }
-        };
-        tracing::info!(job = JOB_NAME, dead_queue = %dead.dead_queue, "archiving dead letters");
-        let batch_size = settings.batch.max(1);
-        let mut batch: Vec<Delivery> = Vec::with_capacity(batch_size);
-        let mut flush_at: Option<Instant> = None;
-        let end = loop {
-            let full = batch.len() >= batch_size;
-            if full || (flush_at.is_some_and(|at| at <= Instant::now()) && !batch.is_empty()) {
-                match self.archive_and_ack(&channel, dead, &batch, shutdown).await {
-                    Ok(()) => {
-                        batch.clear();
-                        flush_at = None;
-                        continue;
-                    }
-                    Err(end) => break end,
-                }
-            }
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break SessionEnd::Shutdown,
-                () = sleep_until(flush_at) => {}
-                delivery = consumer.next() => match delivery {
-                    Some(Ok(delivery)) => {
-                        if batch.is_empty() {
-                            flush_at = Some(Instant::now() + settings.batch_wait);
-                        }
-                        batch.push(delivery);
-                    }
-                    Some(Err(e)) => break SessionEnd::Lost(format!("the consumer failed: {}", worker_core::error_chain(&e))),
-                    None => break SessionEnd::Lost("the broker cancelled the consumer (queue deleted?) or the channel closed".into()),
-                }
-            }
-        };
-        if matches!(end, SessionEnd::Shutdown) {
-            let _ = channel
-                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-                .await;
-            // One last try for what is already here; what is not archived goes back to the
-            // queue with the channel.
-            if !batch.is_empty() {
-                let messages: Vec<RawMessage<'_>> = batch.iter().map(RawMessage::from).collect();
-                if let Ok(report) = self.archive_batch(dead, &messages).await {
-                    self.inner.events.on_archived(&dead.dead_queue, &report);
-                    let _ = ack_upto(&channel, &batch).await;
-                }
-            }
-        }
-        drop(consumer);
-        let _ = channel
-            .close(200, "dead-letter archiver stopping".into())
-            .await;
-        end
+        let handler = self.handler(Arc::new(dead.clone()), shutdown.clone());
+        self.consume_loop(dead)
+            .run_session(session, shutdown, handler)
+            .await
     }
 
-    /// Archives `batch` (trying again while the database fails) and acks it once committed.
-    async fn archive_and_ack(
+    fn consume_loop(&self, dead: &DeadQueue) -> ConsumeLoop {
+        let settings = &self.inner.settings;
+        ConsumeLoop::new(ConsumeSettings {
+            queue: dead.dead_queue.clone(),
+            consumer_name: JOB_NAME.into(),
+            prefetch: settings.prefetch,
+            // Every delivery held waits in a batch for its commit: all may be waiting at once.
+            concurrency: usize::from(settings.prefetch.max(1)),
+            ack_interval: ACK_INTERVAL,
+            // As long as one last try of the batch in hand.
+            drain_deadline: settings.insert_timeout,
+            cancel_timeout: settings.insert_timeout,
+        })
+    }
+
+    /// Each delivery joins the batch being gathered and is settled once that batch commits.
+    fn handler(
         &self,
-        channel: &lapin::Channel,
+        dead: Arc<DeadQueue>,
+        shutdown: CancellationToken,
+    ) -> impl Fn(Delivery, Scope) -> BoxFuture<'static, Settle> + use<> {
+        let batcher = Arc::new(Batcher::default());
+        let archiver = self.clone();
+        tracing::info!(job = JOB_NAME, dead_queue = %dead.dead_queue, "archiving dead letters");
+        move |delivery, scope| {
+            let (archiver, batcher, dead, shutdown) = (
+                archiver.clone(),
+                batcher.clone(),
+                dead.clone(),
+                shutdown.clone(),
+            );
+            Box::pin(async move {
+                let (answer, settled) = oneshot::channel();
+                let batch_size = archiver.inner.settings.batch.max(1);
+                if batcher.join(Waiting { delivery, answer }, batch_size) {
+                    archiver
+                        .lead(&batcher, &dead, &scope, &shutdown, batch_size)
+                        .await;
+                }
+                // A leader that died (a panic) answers nobody: back to the queue.
+                settled.await.unwrap_or(Settle::Requeue)
+            })
+        }
+    }
+
+    /// Gathers batches (full, or `batch_wait` after the leader's delivery), archives each and
+    /// answers its deliveries, until none are waiting.
+    async fn lead(
+        &self,
+        batcher: &Batcher,
         dead: &DeadQueue,
-        batch: &[Delivery],
+        scope: &Scope,
         shutdown: &CancellationToken,
-    ) -> Result<(), SessionEnd> {
-        let messages: Vec<RawMessage<'_>> = batch.iter().map(RawMessage::from).collect();
+        batch_size: usize,
+    ) {
+        loop {
+            batcher
+                .filled(batch_size, self.inner.settings.batch_wait)
+                .await;
+            let Some(batch) = batcher.take(batch_size) else {
+                return;
+            };
+            let settle = self.archive_held(dead, &batch, scope, shutdown).await;
+            for waiting in batch {
+                let _ = waiting.answer.send(settle);
+            }
+        }
+    }
+
+    /// Archives `batch`, trying again while the database fails: the messages stay held (no
+    /// nack, so no redelivery count grows) until the rows commit, the host stops (one last
+    /// try, then back to the queue) or the delivery can no longer be settled.
+    async fn archive_held(
+        &self,
+        dead: &DeadQueue,
+        batch: &[Waiting],
+        scope: &Scope,
+        shutdown: &CancellationToken,
+    ) -> Settle {
+        let messages: Vec<RawMessage<'_>> = batch
+            .iter()
+            .map(|w| RawMessage::from(&w.delivery))
+            .collect();
         let mut pause = Duration::from_millis(100);
         loop {
+            let last_try = shutdown.is_cancelled();
             let span = tracing::info_span!("archive", job = JOB_NAME, dead_queue = %dead.dead_queue, messages = batch.len());
             let result =
                 tracing::Instrument::instrument(self.archive_batch(dead, &messages), span).await;
-            match result {
+            let failure = match result {
                 Ok(report) => {
                     tracing::debug!(dead_queue = %dead.dead_queue, inserted = report.inserted, duplicates = report.duplicates, "archived");
                     self.inner.events.on_archived(&dead.dead_queue, &report);
-                    return ack_upto(channel, batch).await.map_err(SessionEnd::Lost);
+                    return Settle::Ack;
                 }
-                Err(failure) => {
-                    tracing::error!(dead_queue = %dead.dead_queue, error = %failure, retry_in = ?pause, "archiving dead letters failed; holding them and trying again");
-                    self.inner.events.on_error(&dead.dead_queue, &failure);
-                    tokio::select! {
-                        () = shutdown.cancelled() => return Err(SessionEnd::Shutdown),
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                    pause = (pause * 2).min(self.inner.settings.retry_max);
-                    if !channel.status().connected() {
-                        return Err(SessionEnd::Lost(
-                            "the channel closed while the archive was failing".into(),
-                        ));
-                    }
-                }
+                Err(failure) => failure,
+            };
+            tracing::error!(dead_queue = %dead.dead_queue, error = %failure, retry_in = ?pause, "archiving dead letters failed; holding them and trying again");
+            self.inner.events.on_error(&dead.dead_queue, &failure);
+            if last_try {
+                return Settle::Requeue;
             }
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = scope.cancel().cancelled() => return Settle::Requeue,
+                () = scope.orphaned().cancelled() => return Settle::Requeue,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(self.inner.settings.retry_max);
         }
     }
 }
 
-async fn open(
-    session: &Session,
-    dead: &DeadQueue,
-    prefetch: u16,
-) -> Result<(lapin::Channel, lapin::Consumer), lapin::Error> {
-    let channel = session.connection().create_channel().await?;
-    channel
-        .basic_qos(prefetch.max(1), BasicQosOptions::default())
-        .await?;
-    let tag = format!("{JOB_NAME}@{}", std::process::id());
-    let consumer = channel
-        .basic_consume(
-            ShortString::try_new(dead.dead_queue.as_str()).unwrap_or_default(),
-            ShortString::try_new(tag).unwrap_or_default(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    Ok((channel, consumer))
+/// How long archived deliveries wait to be acked together with the next batch's.
+const ACK_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A delivery waiting for its batch's commit.
+struct Waiting {
+    delivery: Delivery,
+    answer: oneshot::Sender<Settle>,
 }
 
-/// Acks every delivery of `batch` with one `multiple` ack up to its highest tag. The
-/// deliveries before the batch were all acked already, since batches are archived in order.
-async fn ack_upto(channel: &lapin::Channel, batch: &[Delivery]) -> Result<(), String> {
-    let Some(last) = batch.iter().map(|d| d.delivery_tag).max() else {
-        return Ok(());
-    };
-    channel
-        .basic_ack(last, BasicAckOptions { multiple: true })
-        .await
-        .map_err(|e| format!("ack failed: {}", worker_core::error_chain(&e)))
+/// The deliveries of one session waiting to be archived, and whether one of their handlers
+/// leads (gathers and archives the batches). One leader at a time keeps batches in order and
+/// one transaction at a time, as a single consume loop would.
+#[derive(Default)]
+struct Batcher {
+    state: Mutex<Gathering>,
+    full: Notify,
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+#[derive(Default)]
+struct Gathering {
+    waiting: Vec<Waiting>,
+    led: bool,
+}
+
+impl Batcher {
+    /// Adds a delivery; true when its handler is to lead.
+    fn join(&self, waiting: Waiting, batch_size: usize) -> bool {
+        let mut state = self.lock();
+        state.waiting.push(waiting);
+        if state.waiting.len() >= batch_size {
+            self.full.notify_waiters();
+        }
+        !std::mem::replace(&mut state.led, true)
+    }
+
+    /// Returns once a batch is full, or after `wait`.
+    async fn filled(&self, batch_size: usize, wait: Duration) {
+        let full = self.full.notified();
+        tokio::pin!(full);
+        full.as_mut().enable();
+        if self.lock().waiting.len() >= batch_size {
+            return;
+        }
+        tokio::select! {
+            () = full => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+
+    /// The next batch, oldest first; `None` (and no leader any more) when nothing waits.
+    fn take(&self, batch_size: usize) -> Option<Vec<Waiting>> {
+        let mut state = self.lock();
+        if state.waiting.is_empty() {
+            state.led = false;
+            return None;
+        }
+        let n = state.waiting.len().min(batch_size);
+        Some(state.waiting.drain(..n).collect())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Gathering> {
+        // A panic while the lock is held leaves the list as it was: still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -6,9 +6,9 @@
 //!
 //! ## The parts
 //!
-//! * [`archiver`] — the [`Archiver`]: one consume loop per `Q.dead` queue (on the broker
-//!   crate's [`Supervisor`](worker_broker::Supervisor) sessions) that inserts a row per
-//!   message and acks only after the row commits. Idempotent: `INSERT … ON CONFLICT
+//! * [`archiver`] — the [`Archiver`]: a handler on the broker's consume loop
+//!   ([`ConsumeLoop`](worker_broker::ConsumeLoop), the runner's own) per `Q.dead` queue that
+//!   inserts a row per message, in batches, and acks only after the rows commit. Idempotent: `INSERT … ON CONFLICT
 //!   (dedup_key) DO NOTHING` on a hash of what survives a redelivery, so a message archived
 //!   and redelivered (the archiver killed between commit and ack) is archived once.
 //! * [`record`] — what a dead letter becomes ([`NewDeadLetter`]): the runner's `x-dead-*`

@@ -12,18 +12,15 @@
 //!   [`Source::Unknown`]. It is archived all the same: nothing is ever dropped.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use lapin::BasicProperties;
-use lapin::message::Delivery;
-use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
-use worker_broker::QueueTopology;
 use worker_broker::consumer::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,
     DEAD_QUEUE_HEADER, DEAD_REASON_HEADER,
 };
 use worker_broker::topology::ORIGINAL_ROUTING_KEY_HEADER;
+use worker_broker::{Delivery, HeaderValue, Headers, Properties, QueueTopology};
 
 use crate::fingerprint::{fingerprint, hex};
 
@@ -134,61 +131,42 @@ pub struct MessageProperties {
 }
 
 impl MessageProperties {
-    pub fn of(p: &BasicProperties) -> Self {
-        let s = |v: &Option<ShortString>| v.as_ref().map(|v| scrub_str(v.as_str()));
+    pub fn of(p: &Properties) -> Self {
+        let s = |v: &Option<String>| v.as_deref().map(scrub_str);
         Self {
-            content_type: s(p.content_type()),
-            content_encoding: s(p.content_encoding()),
-            correlation_id: s(p.correlation_id()),
-            message_id: s(p.message_id()),
-            timestamp: *p.timestamp(),
-            kind: s(p.kind()),
-            app_id: s(p.app_id()),
-            priority: *p.priority(),
-            reply_to: s(p.reply_to()),
-            delivery_mode: *p.delivery_mode(),
-            expiration: s(p.expiration()),
-            user_id: s(p.user_id()),
-            cluster_id: s(p.cluster_id()),
+            content_type: s(&p.content_type),
+            content_encoding: s(&p.content_encoding),
+            correlation_id: s(&p.correlation_id),
+            message_id: s(&p.message_id),
+            timestamp: p.timestamp,
+            kind: s(&p.kind),
+            app_id: s(&p.app_id),
+            priority: p.priority,
+            reply_to: s(&p.reply_to),
+            delivery_mode: p.delivery_mode,
+            expiration: s(&p.expiration),
+            user_id: s(&p.user_id),
+            cluster_id: s(&p.cluster_id),
         }
     }
 
     /// The properties a replayed copy carries: persistent, without `expiration` (which would
-    /// expire it) or `user-id` (which must match the publishing connection's user).
-    pub fn for_replay(&self) -> BasicProperties {
-        let short = |v: &Option<String>| v.as_deref().and_then(|v| ShortString::try_new(v).ok());
-        let mut out = BasicProperties::default().with_delivery_mode(2);
-        if let Some(v) = short(&self.content_type) {
-            out = out.with_content_type(v);
+    /// expire it) or `user-id` (which must match the publishing connection's user). Text
+    /// longer than an AMQP short string is not sent.
+    pub fn for_replay(&self) -> Properties {
+        Properties {
+            content_type: self.content_type.clone(),
+            content_encoding: self.content_encoding.clone(),
+            correlation_id: self.correlation_id.clone(),
+            message_id: self.message_id.clone(),
+            timestamp: self.timestamp,
+            kind: self.kind.clone(),
+            app_id: self.app_id.clone(),
+            priority: self.priority,
+            reply_to: self.reply_to.clone(),
+            cluster_id: self.cluster_id.clone(),
+            ..Properties::persistent()
         }
-        if let Some(v) = short(&self.content_encoding) {
-            out = out.with_content_encoding(v);
-        }
-        if let Some(v) = short(&self.correlation_id) {
-            out = out.with_correlation_id(v);
-        }
-        if let Some(v) = short(&self.message_id) {
-            out = out.with_message_id(v);
-        }
-        if let Some(v) = self.timestamp {
-            out = out.with_timestamp(v);
-        }
-        if let Some(v) = short(&self.kind) {
-            out = out.with_type(v);
-        }
-        if let Some(v) = short(&self.app_id) {
-            out = out.with_app_id(v);
-        }
-        if let Some(v) = self.priority {
-            out = out.with_priority(v);
-        }
-        if let Some(v) = short(&self.reply_to) {
-            out = out.with_reply_to(v);
-        }
-        if let Some(v) = short(&self.cluster_id) {
-            out = out.with_cluster_id(v);
-        }
-        out
     }
 }
 
@@ -224,17 +202,17 @@ pub struct NewDeadLetter {
 pub struct RawMessage<'a> {
     pub routing_key: &'a str,
     pub redelivered: bool,
-    pub properties: &'a BasicProperties,
+    pub properties: &'a Properties,
     pub body: &'a [u8],
 }
 
 impl<'a> From<&'a Delivery> for RawMessage<'a> {
     fn from(d: &'a Delivery) -> Self {
         Self {
-            routing_key: d.routing_key.as_str(),
-            redelivered: d.redelivered,
-            properties: &d.properties,
-            body: &d.data,
+            routing_key: d.routing_key(),
+            redelivered: d.redelivered(),
+            properties: d.properties(),
+            body: d.body(),
         }
     }
 }
@@ -243,14 +221,11 @@ impl NewDeadLetter {
     /// Reads a message taken from `dead`'s dead queue; `now` is its time of death when the
     /// message does not say.
     pub fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self {
-        let empty = FieldTable::default();
-        let table = message.properties.headers().as_ref().unwrap_or(&empty);
-        let mut kept = table.inner().clone();
+        let mut kept = message.properties.headers.clone();
         for key in DELIVERY_COUNTERS {
             kept.remove(key);
         }
-        let kept = FieldTable::from(kept);
-        let h = kept.inner();
+        let h = &kept;
 
         let (source, reason, queue, class, attempts, last_error, died_at);
         if let Some(r) = text(h.get(DEAD_REASON_HEADER)) {
@@ -294,12 +269,8 @@ impl NewDeadLetter {
         let routing_key =
             text(h.get(ORIGINAL_ROUTING_KEY_HEADER)).unwrap_or_else(|| message.routing_key.into());
         let dedup_key = dedup_key(&dead.dead_queue, message, &properties, &kept);
-        let replayable = FieldTable::from(
-            h.iter()
-                .filter(|(k, _)| !is_dead_letter_bookkeeping(k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<std::collections::BTreeMap<_, _>>(),
-        );
+        let mut replayable = kept.clone();
+        replayable.retain(|k, _| !is_dead_letter_bookkeeping(k));
         let amqp_headers = serde_json::to_value(&replayable)
             .ok()
             .filter(|v| !contains_nul(v));
@@ -356,30 +327,27 @@ struct Death {
 }
 
 /// The most recent `x-death` entry (RabbitMQ keeps the most recent first).
-fn latest_death(h: &std::collections::BTreeMap<ShortString, AMQPValue>) -> Option<Death> {
-    let Some(AMQPValue::FieldArray(deaths)) = h.get("x-death") else {
+fn latest_death(h: &Headers) -> Option<Death> {
+    let Some(HeaderValue::Array(deaths)) = h.get("x-death") else {
         return None;
     };
-    deaths.as_slice().iter().find_map(|entry| match entry {
-        AMQPValue::FieldTable(t) => {
-            let t = t.inner();
-            Some(Death {
-                reason: text(t.get("reason")),
-                queue: text(t.get("queue")),
-                count: int(t.get("count")),
-                time: match t.get("time") {
-                    Some(AMQPValue::Timestamp(ts)) => i64::try_from(*ts)
-                        .ok()
-                        .and_then(|s| DateTime::from_timestamp(s, 0)),
-                    other => int(other).and_then(|s| DateTime::from_timestamp(s, 0)),
-                },
-            })
-        }
+    deaths.iter().find_map(|entry| match entry {
+        HeaderValue::Table(t) => Some(Death {
+            reason: text(t.get("reason")),
+            queue: text(t.get("queue")),
+            count: int(t.get("count")),
+            time: match t.get("time") {
+                Some(HeaderValue::Timestamp(ts)) => i64::try_from(*ts)
+                    .ok()
+                    .and_then(|s| DateTime::from_timestamp(s, 0)),
+                other => int(other).and_then(|s| DateTime::from_timestamp(s, 0)),
+            },
+        }),
         _ => None,
     })
 }
 
-fn first_death(h: &std::collections::BTreeMap<ShortString, AMQPValue>) -> Option<Death> {
+fn first_death(h: &Headers) -> Option<Death> {
     let reason = text(h.get("x-first-death-reason"))?;
     Some(Death {
         reason: Some(reason),
@@ -396,7 +364,7 @@ fn dedup_key(
     dead_queue: &str,
     message: RawMessage<'_>,
     properties: &MessageProperties,
-    headers: &FieldTable,
+    headers: &Headers,
 ) -> String {
     let mut h = Sha256::new();
     let mut part = |bytes: &[u8]| {
@@ -412,71 +380,59 @@ fn dedup_key(
 }
 
 /// A header's text: a long or short string (lossy UTF-8).
-pub(crate) fn text(v: Option<&AMQPValue>) -> Option<String> {
-    match v? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
-        _ => None,
-    }
+pub(crate) fn text(v: Option<&HeaderValue>) -> Option<String> {
+    v?.as_text().map(|t| t.into_owned())
 }
 
 /// A header's integer, of any AMQP integer type.
-pub(crate) fn int(v: Option<&AMQPValue>) -> Option<i64> {
+pub(crate) fn int(v: Option<&HeaderValue>) -> Option<i64> {
     match v? {
-        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongLongInt(n) => Some(*n),
-        AMQPValue::Timestamp(n) => i64::try_from(*n).ok(),
-        _ => None,
+        HeaderValue::Timestamp(n) => i64::try_from(*n).ok(),
+        other => other.as_integer(),
     }
 }
 
 /// Headers as an operator reads them: strings as strings, numbers as numbers, byte strings
 /// that are not UTF-8 as `{"hex": "…"}`, timestamps as RFC 3339 strings.
-pub fn table_to_json(table: &FieldTable) -> Value {
+pub fn table_to_json(table: &Headers) -> Value {
     Value::Object(
         table
-            .inner()
             .iter()
-            .map(|(k, v)| (scrub_str(k.as_str()), value_to_json(v)))
+            .map(|(k, v)| (scrub_str(k), value_to_json(v)))
             .collect(),
     )
 }
 
-fn value_to_json(v: &AMQPValue) -> Value {
+fn value_to_json(v: &HeaderValue) -> Value {
     match v {
-        AMQPValue::Boolean(b) => Value::Bool(*b),
-        AMQPValue::ShortShortInt(n) => (*n).into(),
-        AMQPValue::ShortShortUInt(n) => (*n).into(),
-        AMQPValue::ShortInt(n) => (*n).into(),
-        AMQPValue::ShortUInt(n) => (*n).into(),
-        AMQPValue::LongInt(n) => (*n).into(),
-        AMQPValue::LongUInt(n) => (*n).into(),
-        AMQPValue::LongLongInt(n) => (*n).into(),
-        AMQPValue::Float(f) => serde_json::Number::from_f64(f64::from(*f))
+        HeaderValue::Bool(b) => Value::Bool(*b),
+        HeaderValue::I8(n) => (*n).into(),
+        HeaderValue::U8(n) => (*n).into(),
+        HeaderValue::I16(n) => (*n).into(),
+        HeaderValue::U16(n) => (*n).into(),
+        HeaderValue::I32(n) => (*n).into(),
+        HeaderValue::U32(n) => (*n).into(),
+        HeaderValue::I64(n) => (*n).into(),
+        HeaderValue::F32(f) => serde_json::Number::from_f64(f64::from(*f))
             .map(Value::Number)
             .unwrap_or(Value::Null),
-        AMQPValue::Double(f) => serde_json::Number::from_f64(*f)
+        HeaderValue::F64(f) => serde_json::Number::from_f64(*f)
             .map(Value::Number)
             .unwrap_or(Value::Null),
-        AMQPValue::DecimalValue(d) => {
-            serde_json::json!({"decimal": d.value, "scale": d.scale})
+        HeaderValue::Decimal { scale, value } => {
+            serde_json::json!({"decimal": value, "scale": scale})
         }
-        AMQPValue::ShortString(s) => Value::String(scrub_str(s.as_str())),
-        AMQPValue::LongString(s) => bytes_to_json(s.as_bytes()),
-        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(value_to_json).collect()),
-        AMQPValue::Timestamp(t) => i64::try_from(*t)
+        HeaderValue::ShortString(s) => Value::String(scrub_str(s)),
+        HeaderValue::LongString(s) => bytes_to_json(s),
+        HeaderValue::Array(a) => Value::Array(a.iter().map(value_to_json).collect()),
+        HeaderValue::Timestamp(t) => i64::try_from(*t)
             .ok()
             .and_then(|s| DateTime::from_timestamp(s, 0))
             .map(|t| Value::String(t.to_rfc3339_opts(SecondsFormat::Secs, true)))
             .unwrap_or_else(|| (*t).into()),
-        AMQPValue::FieldTable(t) => table_to_json(t),
-        AMQPValue::ByteArray(b) => serde_json::json!({"hex": hex(b.as_slice())}),
-        AMQPValue::Void => Value::Null,
+        HeaderValue::Table(t) => table_to_json(t),
+        HeaderValue::Bytes(b) => serde_json::json!({"hex": hex(b)}),
+        HeaderValue::Void => Value::Null,
     }
 }
 
@@ -490,7 +446,7 @@ fn bytes_to_json(bytes: &[u8]) -> Value {
 /// Readable JSON headers back to AMQP, for a row whose exact headers could not be kept (and
 /// for outbox rows, whose headers are JSON to begin with); see
 /// [`worker_broker::headers_from_json`].
-pub fn json_to_table(headers: &Value) -> FieldTable {
+pub fn json_to_table(headers: &Value) -> Headers {
     worker_broker::headers_from_json(headers)
 }
 
@@ -529,28 +485,27 @@ pub(crate) fn scrub_json(v: Value) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use lapin::types::FieldArray;
-    use lapin::types::LongString;
-
     use super::*;
 
-    fn s(v: &str) -> AMQPValue {
-        AMQPValue::LongString(LongString::from(v))
+    fn s(v: &str) -> HeaderValue {
+        HeaderValue::text(v)
     }
 
-    fn props(headers: &[(&str, AMQPValue)]) -> BasicProperties {
-        let mut t = FieldTable::default();
+    fn props(headers: &[(&str, HeaderValue)]) -> Properties {
+        let mut t = Headers::new();
         for (k, v) in headers {
-            t.insert((*k).into(), v.clone());
+            t.insert(*k, v.clone());
         }
-        BasicProperties::default()
-            .with_message_id("m-1".into())
-            .with_type("email.send".into())
-            .with_content_type("application/json".into())
-            .with_headers(t)
+        Properties {
+            message_id: Some("m-1".into()),
+            kind: Some("email.send".into()),
+            content_type: Some("application/json".into()),
+            headers: t,
+            ..Properties::default()
+        }
     }
 
-    fn read(p: &BasicProperties, redelivered: bool) -> NewDeadLetter {
+    fn read(p: &Properties, redelivered: bool) -> NewDeadLetter {
         NewDeadLetter::from_message(
             &DeadQueue::new("orders.dead", "orders"),
             RawMessage {
@@ -567,7 +522,7 @@ mod tests {
     fn the_runners_headers_are_read() {
         let p = props(&[
             (DEAD_REASON_HEADER, s("gave-up")),
-            (DEAD_ATTEMPTS_HEADER, AMQPValue::LongLongInt(5)),
+            (DEAD_ATTEMPTS_HEADER, HeaderValue::I64(5)),
             (DEAD_ERROR_HEADER, s("smtp 421 for ann@example.com")),
             (DEAD_CLASS_HEADER, s("transient")),
             (DEAD_QUEUE_HEADER, s("email.send")),
@@ -591,38 +546,30 @@ mod tests {
         );
         assert_eq!(row.headers["x-dead-attempts"], 5);
         // The replayable headers keep the application ones, typed, and drop the bookkeeping.
-        let table: FieldTable = serde_json::from_value(row.amqp_headers.clone().unwrap()).unwrap();
-        assert_eq!(table.inner().get("traceparent"), Some(&s("00-abc-def-01")));
+        let table: Headers = serde_json::from_value(row.amqp_headers.clone().unwrap()).unwrap();
+        assert_eq!(table.get("traceparent"), Some(&s("00-abc-def-01")));
         assert_eq!(
-            table.inner().get(ORIGINAL_ROUTING_KEY_HEADER),
+            table.get(ORIGINAL_ROUTING_KEY_HEADER),
             Some(&s("email.send"))
         );
-        assert!(
-            table
-                .inner()
-                .keys()
-                .all(|k| !k.as_str().starts_with("x-dead-"))
-        );
+        assert!(table.iter().all(|(k, _)| !k.starts_with("x-dead-")));
     }
 
     #[test]
     fn a_delivery_limit_dead_letter_is_read_from_x_death() {
-        let mut death = FieldTable::default();
-        death.insert("reason".into(), s("delivery_limit"));
-        death.insert("queue".into(), s("orders"));
-        death.insert("count".into(), AMQPValue::LongLongInt(1));
-        death.insert("time".into(), AMQPValue::Timestamp(1_800_000_100));
-        let mut expired = FieldTable::default();
-        expired.insert("reason".into(), s("expired"));
-        expired.insert("queue".into(), s("orders.retry.10s"));
-        let deaths = FieldArray::from(vec![
-            AMQPValue::FieldTable(death),
-            AMQPValue::FieldTable(expired),
-        ]);
+        let mut death = Headers::new();
+        death.insert("reason", s("delivery_limit"));
+        death.insert("queue", s("orders"));
+        death.insert("count", HeaderValue::I64(1));
+        death.insert("time", HeaderValue::Timestamp(1_800_000_100));
+        let mut expired = Headers::new();
+        expired.insert("reason", s("expired"));
+        expired.insert("queue", s("orders.retry.10s"));
+        let deaths = vec![HeaderValue::Table(death), HeaderValue::Table(expired)];
         let p = props(&[
-            ("x-death", AMQPValue::FieldArray(deaths)),
+            ("x-death", HeaderValue::Array(deaths)),
             ("x-first-death-reason", s("expired")),
-            ("x-attempt", AMQPValue::LongLongInt(2)),
+            ("x-attempt", HeaderValue::I64(2)),
         ]);
         let row = read(&p, false);
         assert_eq!(row.source, Source::Broker);
@@ -639,7 +586,7 @@ mod tests {
 
     #[test]
     fn a_message_without_either_is_unknown_not_dropped() {
-        let p = BasicProperties::default();
+        let p = Properties::default();
         let row = read(&p, false);
         assert_eq!(row.source, Source::Unknown);
         assert_eq!(row.reason, UNKNOWN);
@@ -655,7 +602,7 @@ mod tests {
         let again = read(
             &props(&[
                 (DEAD_REASON_HEADER, s("rejected")),
-                ("x-delivery-count", AMQPValue::LongLongInt(1)),
+                ("x-delivery-count", HeaderValue::I64(1)),
             ]),
             true,
         );
@@ -682,22 +629,25 @@ mod tests {
     fn json_headers_back_to_amqp() {
         let t =
             json_to_table(&serde_json::json!({"a": "x", "n": 3, "f": 1.5, "b": true, "z": null}));
-        let t = t.inner();
         assert_eq!(t.get("a"), Some(&s("x")));
-        assert_eq!(t.get("n"), Some(&AMQPValue::LongLongInt(3)));
-        assert_eq!(t.get("f"), Some(&AMQPValue::Double(1.5)));
-        assert_eq!(t.get("b"), Some(&AMQPValue::Boolean(true)));
-        assert_eq!(t.get("z"), Some(&AMQPValue::Void));
+        assert_eq!(t.get("n"), Some(&HeaderValue::I64(3)));
+        assert_eq!(t.get("f"), Some(&HeaderValue::F64(1.5)));
+        assert_eq!(t.get("b"), Some(&HeaderValue::Bool(true)));
+        assert_eq!(t.get("z"), Some(&HeaderValue::Void));
     }
 
     #[test]
     fn properties_round_trip_for_replay() {
-        let p = props(&[]).with_timestamp(42).with_expiration("1000".into());
+        let p = Properties {
+            timestamp: Some(42),
+            expiration: Some("1000".into()),
+            ..props(&[])
+        };
         let mp = MessageProperties::of(&p);
         let back = mp.for_replay();
-        assert_eq!(back.message_id(), p.message_id());
-        assert_eq!(back.timestamp(), &Some(42));
-        assert_eq!(back.expiration(), &None, "a replayed copy does not expire");
-        assert_eq!(back.delivery_mode(), &Some(2));
+        assert_eq!(back.message_id, p.message_id);
+        assert_eq!(back.timestamp, Some(42));
+        assert_eq!(back.expiration, None, "a replayed copy does not expire");
+        assert_eq!(back.delivery_mode, Some(2));
     }
 }

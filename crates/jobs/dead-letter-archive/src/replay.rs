@@ -20,12 +20,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lapin::types::{AMQPValue, FieldTable, ShortString};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, QueryBuilder};
 use tokio::time::Instant;
-use worker_broker::{Outgoing, PublishError, Publisher};
+use worker_broker::{HeaderValue, Headers, Outgoing, Properties, PublishError, Publisher};
 use worker_core::Failure;
 use worker_store::classify;
 
@@ -235,28 +234,21 @@ impl ReplayRow {
         let (exchange, routing_key) = self.target();
         let properties: MessageProperties =
             serde_json::from_value(self.properties.clone()).unwrap_or_default();
-        let table = self
+        let mut headers = self
             .amqp_headers
             .clone()
-            .and_then(|v| serde_json::from_value::<FieldTable>(v).ok())
+            .and_then(|v| serde_json::from_value::<Headers>(v).ok())
             .unwrap_or_else(|| json_to_table(&self.headers));
-        let mut headers: std::collections::BTreeMap<ShortString, AMQPValue> = table
-            .inner()
-            .iter()
-            .filter(|(k, _)| !is_dead_letter_bookkeeping(k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        headers.insert(
-            ShortString::from(REPLAYED_FROM_HEADER),
-            AMQPValue::LongLongInt(self.id),
-        );
+        headers.retain(|k, _| !is_dead_letter_bookkeeping(k));
+        headers.insert(REPLAYED_FROM_HEADER, HeaderValue::I64(self.id));
         Outgoing {
             exchange,
             routing_key,
             body: self.body.clone(),
-            properties: properties
-                .for_replay()
-                .with_headers(FieldTable::from(headers)),
+            properties: Properties {
+                headers,
+                ..properties.for_replay()
+            },
         }
     }
 }
@@ -631,17 +623,11 @@ mod tests {
     use super::*;
 
     fn row(source: &str) -> ReplayRow {
-        let mut table = FieldTable::default();
-        table.insert(
-            "traceparent".into(),
-            AMQPValue::LongString("00-a-b-01".into()),
-        );
-        table.insert("x-attempt".into(), AMQPValue::LongLongInt(4));
-        table.insert(
-            "x-dead-reason".into(),
-            AMQPValue::LongString("gave-up".into()),
-        );
-        table.insert("x-tenant".into(), AMQPValue::LongInt(7));
+        let mut table = Headers::new();
+        table.insert("traceparent", "00-a-b-01");
+        table.insert("x-attempt", HeaderValue::I64(4));
+        table.insert("x-dead-reason", "gave-up");
+        table.insert("x-tenant", HeaderValue::I32(7));
         ReplayRow {
             id: 42,
             source: source.into(),
@@ -665,35 +651,19 @@ mod tests {
             (out.exchange.as_str(), out.routing_key.as_str()),
             ("", "email.send")
         );
-        let headers = out.properties.headers().clone().unwrap_or_default();
-        let h = headers.inner();
-        assert_eq!(
-            h.get("traceparent"),
-            Some(&AMQPValue::LongString("00-a-b-01".into()))
-        );
+        let h = &out.properties.headers;
+        assert_eq!(h.get("traceparent"), Some(&HeaderValue::text("00-a-b-01")));
         assert_eq!(
             h.get("x-tenant"),
-            Some(&AMQPValue::LongInt(7)),
+            Some(&HeaderValue::I32(7)),
             "types are kept"
         );
-        assert_eq!(
-            h.get(REPLAYED_FROM_HEADER),
-            Some(&AMQPValue::LongLongInt(42))
-        );
+        assert_eq!(h.get(REPLAYED_FROM_HEADER), Some(&HeaderValue::I64(42)));
         assert!(h.get("x-attempt").is_none());
         assert!(h.get("x-dead-reason").is_none());
-        assert_eq!(
-            out.properties
-                .message_id()
-                .as_ref()
-                .map(ShortString::as_str),
-            Some("m-1")
-        );
-        assert_eq!(
-            out.properties.kind().as_ref().map(ShortString::as_str),
-            Some("email.send")
-        );
-        assert_eq!(out.properties.expiration(), &None);
+        assert_eq!(out.properties.message_id.as_deref(), Some("m-1"));
+        assert_eq!(out.properties.kind.as_deref(), Some("email.send"));
+        assert_eq!(out.properties.expiration, None);
     }
 
     #[test]
@@ -711,11 +681,8 @@ mod tests {
         r.amqp_headers = None;
         r.headers = serde_json::json!({"x-tenant": 7, "x-dead-error": "boom"});
         let out = r.outgoing();
-        let headers = out.properties.headers().clone().unwrap_or_default();
-        assert_eq!(
-            headers.inner().get("x-tenant"),
-            Some(&AMQPValue::LongLongInt(7))
-        );
-        assert!(headers.inner().get("x-dead-error").is_none());
+        let headers = &out.properties.headers;
+        assert_eq!(headers.get("x-tenant"), Some(&HeaderValue::I64(7)));
+        assert!(headers.get("x-dead-error").is_none());
     }
 }

@@ -26,8 +26,8 @@ use worker_broker::consumer::{
     DEAD_REASON_HEADER,
 };
 use worker_broker::{
-    ConnectionSettings, Outgoing, Publisher, PublisherSettings, QueueDefaults, QueueSettings,
-    QueueTopology, Session, Supervisor, Topology, TopologySettings,
+    ConnectionSettings, Outgoing, Properties, Publisher, PublisherSettings, QueueDefaults,
+    QueueSettings, QueueTopology, Session, Supervisor, Topology, TopologySettings,
 };
 use worker_core::Failure;
 use worker_testkit::{TestDb, TestVhost};
@@ -173,11 +173,8 @@ fn runner_dead_letter(
         .with_message_id(message_id)
         .with_type("order.placed")
         .with_correlation_id(&format!("c-{message_id}"));
-    out.properties = out
-        .properties
-        .clone()
-        .with_content_type("application/json".into())
-        .with_timestamp(1_800_000_000);
+    out.properties.content_type = Some("application/json".into());
+    out.properties.timestamp = Some(1_800_000_000);
     out.with_header(DEAD_REASON_HEADER, text(reason))
         .with_header(DEAD_ATTEMPTS_HEADER, AMQPValue::LongLongInt(attempts))
         .with_header(DEAD_ERROR_HEADER, text(error))
@@ -680,6 +677,7 @@ async fn killed_between_the_insert_and_the_ack_a_message_is_archived_once() -> a
         got.iter().filter(|d| d.redelivered).count() as i64 >= 30,
         "the crashed batch came back"
     );
+    let got: Vec<worker_broker::Delivery> = got.into_iter().map(Into::into).collect();
     let raw: Vec<RawMessage<'_>> = got.iter().map(RawMessage::from).collect();
     let step = h.archiver().archive_batch(&dead, &raw).await?;
     assert_eq!(
@@ -905,7 +903,7 @@ async fn broker_dead_letters_unknown_ones_and_failed_outbox_rows_are_archived_an
     );
 
     let gone = DeadQueue::new("gone.dead", "gone");
-    let props = BasicProperties::default().with_message_id("g-1".into());
+    let props = Properties::from(&BasicProperties::default().with_message_id("g-1".into()));
     h.archiver()
         .archive_batch(
             &gone,
@@ -956,8 +954,12 @@ async fn broker_dead_letters_unknown_ones_and_failed_outbox_rows_are_archived_an
     // With the broker out of reach, a replay stops at its first batch instead of trying every
     // row in turn; what it did not send stays dead.
     let later = DeadQueue::new("later.dead", "later");
-    let raws: Vec<BasicProperties> = (0..3)
-        .map(|i| BasicProperties::default().with_message_id(format!("l-{i}").as_str().into()))
+    let raws: Vec<Properties> = (0..3)
+        .map(|i| {
+            Properties::from(
+                &BasicProperties::default().with_message_id(format!("l-{i}").as_str().into()),
+            )
+        })
         .collect();
     let raws: Vec<RawMessage<'_>> = raws
         .iter()
@@ -1017,11 +1019,11 @@ async fn purge_marks_the_sweep_deletes_only_settled_rows_and_the_metrics_count()
             DEAD_AT_HEADER.into(),
             text(&(chrono::Utc::now() - chrono::Duration::minutes(10 - i)).to_rfc3339()),
         );
-        props.push(
-            BasicProperties::default()
+        props.push(Properties::from(
+            &BasicProperties::default()
                 .with_message_id(format!("m-{i}").as_str().into())
                 .with_headers(h),
-        );
+        ));
     }
     let raw: Vec<RawMessage<'_>> = props
         .iter()

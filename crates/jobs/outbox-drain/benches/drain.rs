@@ -80,13 +80,10 @@ fn outgoing(m: &OutboxMessage) -> Outgoing {
     let mut out = Outgoing::new(EXCHANGE, ROUTING_KEY, m.body.clone())
         .with_message_id(&m.message_id)
         .with_type(m.message_type.as_deref().unwrap_or_default());
-    out.properties = out
-        .properties
-        .with_content_type("application/json".into())
-        .with_timestamp(0)
-        .with_headers(job_outbox_drain::publish::headers_of(
-            &serde_json::Value::Object(m.headers.clone()),
-        ));
+    out.properties.content_type = Some("application/json".into());
+    out.properties.timestamp = Some(0);
+    out.properties.headers =
+        job_outbox_drain::publish::headers_of(&serde_json::Value::Object(m.headers.clone()));
     out
 }
 

@@ -14,15 +14,10 @@
 //! are left as they were, with no attempt counted: the outage is not theirs.
 
 use chrono::{DateTime, Utc};
-use lapin::BasicProperties;
-use lapin::types::{FieldTable, ShortString};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use worker_broker::{Outgoing, PublishError, Publisher};
+use worker_broker::{Headers, Outgoing, Properties, PublishError, Publisher};
 use worker_store::OutboxRow;
-
-/// Persistent, in AMQP's `delivery-mode` terms.
-const PERSISTENT: u8 = 2;
 
 /// What happened to one row of a batch.
 #[derive(Debug, Clone)]
@@ -165,24 +160,18 @@ async fn isolate(
 }
 
 /// The message a claimed row stands for: persistent, with the row's message id, type,
-/// content type, correlation id, creation time and headers.
+/// content type, correlation id, creation time and headers. A text property longer than an
+/// AMQP short string is not sent.
 pub fn to_outgoing(row: OutboxRow) -> Outgoing {
-    let mut properties = BasicProperties::default()
-        .with_delivery_mode(PERSISTENT)
-        .with_timestamp(timestamp(row.created_at))
-        .with_headers(headers_of(&row.headers));
-    if let Ok(id) = ShortString::try_new(row.message_id.as_str()) {
-        properties = properties.with_message_id(id);
-    }
-    if let Some(kind) = row.message_type.as_deref().and_then(short) {
-        properties = properties.with_type(kind);
-    }
-    if let Some(content_type) = row.content_type.as_deref().and_then(short) {
-        properties = properties.with_content_type(content_type);
-    }
-    if let Some(correlation) = row.correlation_id.as_deref().and_then(short) {
-        properties = properties.with_correlation_id(correlation);
-    }
+    let properties = Properties {
+        timestamp: Some(timestamp(row.created_at)),
+        headers: headers_of(&row.headers),
+        message_id: Some(row.message_id),
+        kind: row.message_type,
+        content_type: row.content_type,
+        correlation_id: row.correlation_id,
+        ..Properties::persistent()
+    };
     Outgoing {
         exchange: row.exchange,
         routing_key: row.routing_key,
@@ -198,12 +187,7 @@ pub fn to_outgoing(row: OutboxRow) -> Outgoing {
 /// consumers. It links to the drain's tick. Without an OpenTelemetry layer the message keeps
 /// the row's trace context as it is.
 pub fn publish_span(outbox_id: i64, message: &mut Outgoing) -> tracing::Span {
-    let message_id = message
-        .properties
-        .message_id()
-        .as_ref()
-        .map(ShortString::as_str)
-        .unwrap_or("");
+    let message_id = message.properties.message_id.as_deref().unwrap_or("");
     let span = tracing::info_span!(
         parent: None,
         "outbox.publish",
@@ -219,11 +203,10 @@ pub fn publish_span(outbox_id: i64, message: &mut Outgoing) -> tracing::Span {
         outcome = tracing::field::Empty,
         error = tracing::field::Empty,
     );
-    let mut headers = message.properties.headers().clone().unwrap_or_default();
-    worker_broker::trace::continue_trace(&span, Some(&headers));
+    let headers = &mut message.properties.headers;
+    worker_broker::trace::continue_trace(&span, Some(headers));
     span.follows_from(tracing::Span::current());
-    worker_broker::trace::inject_span(&span, &mut headers);
-    message.properties = message.properties.clone().with_headers(headers);
+    worker_broker::trace::inject_span(&span, headers);
     span
 }
 
@@ -248,23 +231,20 @@ pub fn record_verdict(span: &tracing::Span, verdict: &Verdict) {
     }
 }
 
-fn short(text: &str) -> Option<ShortString> {
-    ShortString::try_new(text).ok()
-}
-
 fn timestamp(at: DateTime<Utc>) -> u64 {
     u64::try_from(at.timestamp()).unwrap_or(0)
 }
 
-/// The stored JSON headers as an AMQP table (see [`worker_broker::headers_from_json`]).
-pub fn headers_of(headers: &Value) -> FieldTable {
+/// The stored JSON headers as AMQP headers (see [`worker_broker::headers_from_json`]).
+pub fn headers_of(headers: &Value) -> Headers {
     worker_broker::headers_from_json(headers)
 }
 
 #[cfg(test)]
 mod tests {
-    use lapin::types::AMQPValue;
     use std::time::Duration;
+
+    use worker_broker::HeaderValue;
 
     use super::*;
 
@@ -303,20 +283,16 @@ mod tests {
             "z": null,
             "list": [1, 2],
         }));
-        let inner = table.inner();
         assert_eq!(
-            inner.get("traceparent"),
-            Some(&AMQPValue::LongString("00-abc-def-01".into()))
+            table.get("traceparent"),
+            Some(&HeaderValue::text("00-abc-def-01"))
         );
-        assert_eq!(inner.get("n"), Some(&AMQPValue::LongLongInt(5)));
-        assert_eq!(inner.get("f"), Some(&AMQPValue::Double(1.5)));
-        assert_eq!(inner.get("b"), Some(&AMQPValue::Boolean(true)));
-        assert_eq!(inner.get("z"), Some(&AMQPValue::Void));
-        assert_eq!(
-            inner.get("list"),
-            Some(&AMQPValue::LongString("[1,2]".into()))
-        );
-        assert!(headers_of(&Value::Null).inner().is_empty());
+        assert_eq!(table.get("n"), Some(&HeaderValue::I64(5)));
+        assert_eq!(table.get("f"), Some(&HeaderValue::F64(1.5)));
+        assert_eq!(table.get("b"), Some(&HeaderValue::Bool(true)));
+        assert_eq!(table.get("z"), Some(&HeaderValue::Void));
+        assert_eq!(table.get("list"), Some(&HeaderValue::text("[1,2]")));
+        assert!(headers_of(&Value::Null).is_empty());
     }
 
     #[test]
@@ -340,20 +316,11 @@ mod tests {
             ("events", "email.received")
         );
         let p = &m.properties;
-        assert_eq!(p.delivery_mode(), &Some(PERSISTENT));
-        assert_eq!(
-            p.message_id().as_ref().map(ShortString::as_str),
-            Some("m-7")
-        );
-        assert_eq!(
-            p.kind().as_ref().map(ShortString::as_str),
-            Some("email.received")
-        );
-        assert_eq!(
-            p.correlation_id().as_ref().map(ShortString::as_str),
-            Some("c-1")
-        );
-        assert_eq!(p.timestamp(), &Some(1_700_000_000));
-        assert!(p.headers().as_ref().unwrap().contains_key("tenant"));
+        assert_eq!(p.delivery_mode, Some(worker_broker::message::PERSISTENT));
+        assert_eq!(p.message_id.as_deref(), Some("m-7"));
+        assert_eq!(p.kind.as_deref(), Some("email.received"));
+        assert_eq!(p.correlation_id.as_deref(), Some("c-1"));
+        assert_eq!(p.timestamp, Some(1_700_000_000));
+        assert!(p.headers.contains_key("tenant"));
     }
 }

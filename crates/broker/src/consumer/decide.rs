@@ -1,0 +1,260 @@
+//! The pipeline's one decision, pure: what a handler's outcome does to its delivery.
+
+use worker_core::{FailureClass, Handled, RetryOutcome};
+
+use crate::topology::{QueueTopology, tier_index_for_attempt};
+
+/// Why a message was dead-lettered by the runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadReason {
+    Malformed,
+    Rejected,
+    GaveUp,
+}
+
+impl DeadReason {
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::Rejected => "rejected",
+            Self::GaveUp => "gave-up",
+        }
+    }
+}
+
+/// How one delivery was settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Duplicate,
+    /// Parked in a retry tier, to come back as attempt `next_attempt`.
+    Parked {
+        next_attempt: u32,
+        tier: String,
+        class: FailureClass,
+    },
+    DeadLettered {
+        reason: DeadReason,
+        class: FailureClass,
+    },
+    /// Returned to the queue: neither park nor dead letter could be published.
+    Requeued,
+    /// Returned to the queue: the handler was cancelled at the drain deadline.
+    Abandoned,
+}
+
+impl Outcome {
+    /// A stable name for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Duplicate => "duplicate",
+            Self::Parked { .. } => "parked",
+            Self::DeadLettered { reason, .. } => match reason {
+                DeadReason::Malformed => "dead-lettered:malformed",
+                DeadReason::Rejected => "dead-lettered:rejected",
+                DeadReason::GaveUp => "dead-lettered:gave-up",
+            },
+            Self::Requeued => "requeued",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// What to do with a delivery whose handler has run: the pipeline's one decision, pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Ack(Outcome),
+    /// Park in tier `tier` (an index into the queue's tiers) as attempt `next_attempt`.
+    Park {
+        tier: usize,
+        next_attempt: u32,
+        class: FailureClass,
+    },
+    DeadLetter {
+        reason: DeadReason,
+        class: FailureClass,
+    },
+    Requeue,
+}
+
+/// Maps the handler's outcome to a [`Decision`] (see the module docs).
+pub fn decide(
+    outcome: &RetryOutcome<Handled>,
+    attempt: u32,
+    max_attempts: u32,
+    queue: &QueueTopology,
+) -> Decision {
+    let failure = match outcome {
+        RetryOutcome::Succeeded {
+            value: Handled::Done,
+            ..
+        } => return Decision::Ack(Outcome::Succeeded),
+        RetryOutcome::Succeeded {
+            value: Handled::Duplicate,
+            ..
+        } => return Decision::Ack(Outcome::Duplicate),
+        RetryOutcome::Cancelled { .. } => return Decision::Requeue,
+        RetryOutcome::Failed { failure, .. } => failure,
+    };
+    let class = failure.class();
+    if failure.is_permanent() {
+        return Decision::DeadLetter {
+            reason: DeadReason::Rejected,
+            class,
+        };
+    }
+    if attempt >= max_attempts.max(1) {
+        return Decision::DeadLetter {
+            reason: DeadReason::GaveUp,
+            class,
+        };
+    }
+    let next_attempt = attempt.saturating_add(1);
+    let tier = match failure.retry_after() {
+        Some(wait) => queue
+            .tiers
+            .iter()
+            .position(|t| t.delay >= wait)
+            .unwrap_or(queue.tiers.len().saturating_sub(1)),
+        None => tier_index_for_attempt(next_attempt, queue.tiers.len()).unwrap_or(0),
+    };
+    if queue.tiers.is_empty() {
+        return Decision::DeadLetter {
+            reason: DeadReason::GaveUp,
+            class,
+        };
+    }
+    Decision::Park {
+        tier,
+        next_attempt,
+        class,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use worker_core::Failure;
+
+    use super::*;
+    use crate::topology::{QueueDefaults, QueueSettings, TopologySettings};
+
+    fn queue() -> QueueTopology {
+        let settings = QueueSettings {
+            retry_tiers: vec![
+                Duration::from_secs(10),
+                Duration::from_secs(60),
+                Duration::from_secs(600),
+            ],
+            ..QueueSettings::default()
+        };
+        QueueTopology::from_settings(
+            &settings,
+            QueueDefaults::email_send(&TopologySettings::default()),
+        )
+        .unwrap()
+    }
+
+    fn failed(failure: Failure) -> RetryOutcome<Handled> {
+        RetryOutcome::Failed {
+            failure,
+            attempts: 3,
+        }
+    }
+
+    #[test]
+    fn decisions_follow_the_pipeline() {
+        let q = queue();
+        let ok = RetryOutcome::Succeeded {
+            value: Handled::Done,
+            attempts: 1,
+        };
+        assert_eq!(decide(&ok, 1, 5, &q), Decision::Ack(Outcome::Succeeded));
+        let dup = RetryOutcome::Succeeded {
+            value: Handled::Duplicate,
+            attempts: 1,
+        };
+        assert_eq!(decide(&dup, 1, 5, &q), Decision::Ack(Outcome::Duplicate));
+        assert_eq!(
+            decide(&RetryOutcome::Cancelled { attempts: 1 }, 1, 5, &q),
+            Decision::Requeue
+        );
+
+        let permanent = failed(Failure::permanent("smtp-5xx", "550"));
+        assert_eq!(
+            decide(&permanent, 1, 5, &q),
+            Decision::DeadLetter {
+                reason: DeadReason::Rejected,
+                class: FailureClass::Permanent
+            }
+        );
+
+        let transient = failed(Failure::transient("reset"));
+        assert_eq!(
+            decide(&transient, 1, 5, &q),
+            Decision::Park {
+                tier: 0,
+                next_attempt: 2,
+                class: FailureClass::Transient
+            }
+        );
+        assert_eq!(
+            decide(&transient, 2, 5, &q),
+            Decision::Park {
+                tier: 1,
+                next_attempt: 3,
+                class: FailureClass::Transient
+            }
+        );
+        assert_eq!(
+            decide(&transient, 4, 5, &q),
+            Decision::Park {
+                tier: 2,
+                next_attempt: 5,
+                class: FailureClass::Transient
+            }
+        );
+        assert_eq!(
+            decide(&transient, 5, 5, &q),
+            Decision::DeadLetter {
+                reason: DeadReason::GaveUp,
+                class: FailureClass::Transient
+            }
+        );
+        assert_eq!(
+            decide(&transient, 9, 5, &q),
+            Decision::DeadLetter {
+                reason: DeadReason::GaveUp,
+                class: FailureClass::Transient
+            }
+        );
+
+        let throttled = failed(Failure::throttled(Duration::from_secs(30), "429"));
+        assert_eq!(
+            decide(&throttled, 1, 5, &q),
+            Decision::Park {
+                tier: 1,
+                next_attempt: 2,
+                class: FailureClass::Throttled
+            }
+        );
+        let long = failed(Failure::throttled(Duration::from_secs(3600), "429"));
+        assert_eq!(
+            decide(&long, 1, 5, &q),
+            Decision::Park {
+                tier: 2,
+                next_attempt: 2,
+                class: FailureClass::Throttled
+            }
+        );
+        assert_eq!(
+            decide(&long, 5, 5, &q),
+            Decision::DeadLetter {
+                reason: DeadReason::GaveUp,
+                class: FailureClass::Throttled
+            }
+        );
+    }
+}

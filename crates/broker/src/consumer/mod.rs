@@ -1,0 +1,132 @@
+//! The consumer pipeline: the recoverability pipeline, applied to every delivery of a queue,
+//! on the one consume loop ([`ConsumeLoop`]) that the dead-letter archiver runs on too.
+//!
+//! For each delivery:
+//!
+//! 1. read `x-attempt` (missing: 1; any AMQP integer type; a string, a float, zero or a
+//!    negative number is malformed) and decode the body into the job's input (a failure is
+//!    malformed). Malformed → dead letter at once, reason `malformed`;
+//! 2. run the handler under the job's [`RetryPolicy`], each try under the per-try timeout;
+//! 3. settle by the outcome ([`decide`], a pure function): success or duplicate → ack;
+//!    permanent → dead letter `rejected`; transient → park in the tier for the next attempt
+//!    with `x-attempt` one higher, or dead letter `gave-up` past `max_attempts`; throttled →
+//!    park in the first tier that waits at least `retry_after`, or the longest tier when
+//!    none waits that long (the message then comes back early, is throttled again and spends
+//!    another attempt: it counts as an attempt, so an endless 429 also ends `gave-up`).
+//!    In-process waits between tries get one budget per delivery,
+//!    [`ConsumerSettings::in_process_wait`]: a wait past it (a 429 asking for an hour) is not
+//!    waited out in memory, holding the delivery and a handler slot, but parked at once;
+//! 4. the delivery is acked only once the park or dead letter is confirmed. A park that
+//!    cannot be published falls back to a dead letter; when that fails too, the delivery is
+//!    returned to the queue (nack, requeue) and the queue's `x-delivery-limit` dead-letters it
+//!    after its deliveries.
+//!
+//! Acks are coalesced: completed deliveries are acked with `multiple` up to the highest
+//! contiguous completed tag, on a short timer or once a quarter of the prefetch is ready, since
+//! one ack per message costs most of a bare consumer's CPU. A completion stuck behind a slow
+//! handler is acked on its own at the next timer, so that it never holds a prefetch slot.
+//!
+//! On shutdown the runner cancels its consumer (`basic.cancel`: the broker sends no more)
+//! and keeps working through every delivery it already holds, the prefetched ones not yet
+//! started too, acking them as they complete, until they are all done or the drain deadline
+//! ([`ConsumerSettings::drain_deadline`], shorter than the host's grace) comes. Only then does
+//! it cancel the handlers still running, give them a second, and return what is left to the
+//! queue (nack, requeue), before it closes its channel. Each return counts against a quorum
+//! queue's delivery limit, so a rolling restart with a backlog must not return deliveries
+//! that were never tried.
+//!
+//! When the channel or connection is lost, the handlers in flight are not cancelled: they
+//! finish within their own timeout and record their outcome (an SMTP send cut short would be
+//! sent again by the redelivery). Their settle is dropped, since the broker has already
+//! requeued the delivery; the redelivery meets the job's processed-message guard, which
+//! answers it as a duplicate once the first handler recorded its outcome (a guarded job
+//! whose redelivery arrives while the first handler still runs finds its claim and backs
+//! off to a retry tier). The runner resumes consuming on the next connection without
+//! waiting for them, so for a while more than `concurrency` handlers may run; they stay
+//! tracked, and shutdown waits for them within the same drain deadline.
+//!
+//! A park or dead letter whose confirm is lost with the channel cannot be known to have
+//! reached its queue, and the delivery cannot be acked on a dead channel: the broker requeues
+//! it, and the message may then exist twice (the requeued delivery, and the parked copy one
+//! attempt further). The runner keeps both rather than guess: dropping either could lose the
+//! message. Both copies carry the same message id and body, so a guarded job answers whichever
+//! comes second, after the other succeeded, as a duplicate: the guard's mark commits with the
+//!
+//! One file a concern: `settings` ([`ConsumerSettings`]), `headers` (their names, and
+//! [`attempt_of`]), `decide` (the pure [`decide`]), `dead_letter` (parking and
+//! dead-lettering, each described by one verdict), `acks` (the coalescing ack book),
+//! `events` ([`ConsumerEvents`]), `runner` ([`ConsumerRunner`], the pipeline per delivery)
+//! and `session` ([`ConsumeLoop`], the consume loop).
+
+mod acks;
+mod dead_letter;
+mod decide;
+mod events;
+mod headers;
+mod runner;
+mod session;
+mod settings;
+
+pub use acks::Settle;
+pub use decide::{DeadReason, Decision, Outcome, decide};
+pub use events::{ConsumerEvents, NoEvents, Settled};
+pub use headers::{
+    ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,
+    DEAD_ERROR_MAX, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER, attempt_of,
+};
+pub use runner::ConsumerRunner;
+pub use session::{CANCEL_WAIT, ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
+pub use settings::{BROKER_CONSUMER_TIMEOUT, ConsumerSettings};
+
+/// Test builds only (`--features fault-injection`): a delivery carrying
+/// `x-fault-inject: panic` makes its handler panic inside its unit of work, on every try, so
+/// that the fault suite can check that a panicking handler is retried by the queue's tiers and
+/// then dead-lettered with the panic's message, without a crash. The shipped binary is built
+/// without the feature and has no such hook.
+#[cfg(feature = "fault-injection")]
+pub mod fault_injection {
+    use lapin::types::{AMQPValue, FieldTable};
+
+    /// The header that asks for a fault.
+    pub const HEADER: &str = "x-fault-inject";
+    /// The message the injected panic carries (it ends up in the dead letter's error).
+    pub const PANIC_MESSAGE: &str = "fault injection: x-fault-inject: panic";
+
+    /// Whether the delivery's headers ask for a panic (`x-fault-inject` = `panic`, as a long
+    /// or short string).
+    pub fn wants_panic(headers: Option<&FieldTable>) -> bool {
+        match headers.and_then(|h| h.inner().get(HEADER)) {
+            Some(AMQPValue::LongString(value)) => value.as_bytes() == b"panic",
+            Some(AMQPValue::ShortString(value)) => value.as_str() == "panic",
+            _ => false,
+        }
+    }
+
+    /// Panics with [`PANIC_MESSAGE`].
+    #[allow(clippy::panic)]
+    pub fn panic_now() {
+        panic!("{PANIC_MESSAGE}");
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use lapin::types::{AMQPValue, FieldTable, LongString};
+
+        #[test]
+        fn only_the_header_with_panic_asks_for_one() {
+            let mut headers = FieldTable::default();
+            assert!(!super::wants_panic(None));
+            assert!(!super::wants_panic(Some(&headers)));
+            headers.insert(
+                super::HEADER.into(),
+                AMQPValue::LongString(LongString::from("later")),
+            );
+            assert!(!super::wants_panic(Some(&headers)));
+            headers.insert(
+                super::HEADER.into(),
+                AMQPValue::LongString(LongString::from("panic")),
+            );
+            assert!(super::wants_panic(Some(&headers)));
+        }
+    }
+}

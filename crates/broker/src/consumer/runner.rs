@@ -1,0 +1,306 @@
+//! [`ConsumerRunner`]: one [`ConsumerJob`] on its queue, each delivery through the pipeline
+//! (attempt header, decode, in-process retries, [`decide`], then ack, park or dead letter).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lapin::types::ShortString;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use worker_core::{ConsumerJob, Retry, RetryOutcome, RetryPolicy, WorkContext};
+
+use super::dead_letter::{Fate, Mover, Verdict};
+use super::events::TryForwarder;
+use super::session::{ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
+use super::{
+    ConsumerEvents, ConsumerSettings, Decision, NoEvents, Outcome, Settle, Settled, attempt_of,
+    decide,
+};
+use crate::connection::{Session, Supervisor};
+use crate::message::Delivery;
+use crate::publisher::{Publisher, PublisherSettings};
+use crate::topology::QueueTopology;
+use crate::trace;
+
+/// Runs one [`ConsumerJob`] on its queue; see the module docs. Cheap to clone.
+pub struct ConsumerRunner<J: ConsumerJob> {
+    shared: Arc<Shared<J>>,
+    consume: ConsumeLoop,
+}
+
+impl<J: ConsumerJob> Clone for ConsumerRunner<J> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            consume: self.consume.clone(),
+        }
+    }
+}
+
+struct Shared<J> {
+    job: J,
+    job_name: Arc<str>,
+    queue: QueueTopology,
+    settings: ConsumerSettings,
+    policy: RetryPolicy,
+    events: Arc<dyn ConsumerEvents>,
+}
+
+impl<J: ConsumerJob> fmt::Debug for ConsumerRunner<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerRunner")
+            .field("job", &self.shared.job_name)
+            .field("queue", &self.shared.queue.name)
+            .field("settings", &self.shared.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J: ConsumerJob> ConsumerRunner<J> {
+    pub fn new(job: J, queue: QueueTopology, settings: ConsumerSettings) -> Self {
+        Self::observed(job, queue, settings, Arc::new(NoEvents))
+    }
+
+    /// A runner that reports every try and every settled delivery to `events`.
+    pub fn observed(
+        job: J,
+        queue: QueueTopology,
+        settings: ConsumerSettings,
+        events: Arc<dyn ConsumerEvents>,
+    ) -> Self {
+        let policy = settings.retry.clone().unwrap_or_default();
+        let job_name: Arc<str> = job.name().into();
+        let consume = ConsumeLoop::new(ConsumeSettings {
+            queue: queue.name.clone(),
+            consumer_name: job_name.to_string(),
+            prefetch: settings.prefetch,
+            concurrency: settings.concurrency,
+            ack_interval: settings.ack_interval,
+            drain_deadline: settings.drain_deadline,
+            cancel_timeout: settings.publish_timeout,
+        });
+        Self {
+            shared: Arc::new(Shared {
+                job,
+                job_name,
+                queue,
+                settings,
+                policy,
+                events,
+            }),
+            consume,
+        }
+    }
+
+    pub fn queue(&self) -> &QueueTopology {
+        &self.shared.queue
+    }
+
+    pub fn job(&self) -> &J {
+        &self.shared.job
+    }
+
+    /// Consumes through the supervisor's sessions until `shutdown`, resuming on every new
+    /// connection. Spawn it on the host's task tracker; it returns only on shutdown, once the
+    /// deliveries it held are finished or, at the drain deadline, cancelled.
+    pub async fn run(&self, supervisor: &Supervisor, shutdown: CancellationToken) {
+        self.consume
+            .run(supervisor, shutdown, |session| self.handler(session))
+            .await;
+    }
+
+    /// Consumes on one connection until shutdown or until the channel is lost. Handlers that
+    /// outlive a lost channel are waited for (within the drain deadline) before it returns.
+    pub async fn run_session(&self, session: &Session, shutdown: &CancellationToken) -> SessionEnd {
+        self.consume
+            .run_session(session, shutdown, self.handler(session))
+            .await
+    }
+
+    /// The pipeline for the deliveries of one session, whose parks and dead letters go
+    /// through a publisher on that same connection.
+    fn handler(
+        &self,
+        session: &Session,
+    ) -> impl Fn(Delivery, Scope) -> BoxFuture<'static, Settle> + use<J> {
+        let publisher = Publisher::new(
+            session.clone().fixed(),
+            PublisherSettings {
+                channels: 2,
+                confirm_timeout: self.shared.settings.publish_timeout,
+                connect_wait: Duration::ZERO,
+            },
+        );
+        let shared = self.shared.clone();
+        move |delivery, scope| {
+            Box::pin(process(
+                shared.clone(),
+                delivery,
+                publisher.clone(),
+                scope.cancel().clone(),
+            ))
+        }
+    }
+}
+
+/// Runs the pipeline on one delivery, within its span; returns how to settle it.
+async fn process<J: ConsumerJob>(
+    shared: Arc<Shared<J>>,
+    delivery: Delivery,
+    publisher: Publisher,
+    handlers: CancellationToken,
+) -> Settle {
+    let started = Instant::now();
+    let span = consume_span(&shared, &delivery);
+    trace::continue_amqp_trace(&span, delivery.amqp().properties.headers().as_ref());
+    async move {
+        let (attempt, tries, outcome) = pipeline(&shared, &delivery, &publisher, &handlers).await;
+        let span = tracing::Span::current();
+        span.record("attempt", attempt);
+        span.record("outcome", outcome.as_str());
+        shared.events.on_settled(&Settled {
+            queue: &shared.queue.name,
+            message_id: delivery.message_id(),
+            attempt,
+            tries,
+            outcome: &outcome,
+            elapsed: started.elapsed(),
+        });
+        match outcome {
+            Outcome::Requeued | Outcome::Abandoned => Settle::Requeue,
+            _ => Settle::Ack,
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+fn consume_span<J>(shared: &Shared<J>, delivery: &Delivery) -> tracing::Span {
+    tracing::info_span!(
+        "consume",
+        otel.name = %format_args!("consume {}", shared.queue.name),
+        otel.kind = "consumer",
+        messaging.system = "rabbitmq",
+        messaging.operation = "process",
+        messaging.destination.name = %shared.queue.name,
+        messaging.rabbitmq.destination.routing_key = %delivery.routing_key(),
+        messaging.message.id = delivery.message_id().unwrap_or(""),
+        job = %shared.job_name,
+        attempt = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
+}
+
+/// Returns the attempt, the tries made and the outcome.
+async fn pipeline<J: ConsumerJob>(
+    shared: &Shared<J>,
+    delivery: &Delivery,
+    publisher: &Publisher,
+    handlers: &CancellationToken,
+) -> (u32, u32, Outcome) {
+    let mover = Mover {
+        queue: &shared.queue,
+        delivery: delivery.amqp(),
+        publisher,
+    };
+    let (attempt, input) = match read::<J>(delivery) {
+        Ok(read) => read,
+        Err((attempt, why)) => {
+            tracing::warn!(error = %why, "dead-lettering a malformed message");
+            let outcome = mover.apply(Verdict::malformed(attempt, why)).await;
+            return (attempt, 0, outcome);
+        }
+    };
+    let result = handle(shared, delivery, &input, attempt, handlers).await;
+    let decision = decide(
+        &result,
+        attempt,
+        shared.settings.max_attempts,
+        &shared.queue,
+    );
+    let why = match &result {
+        RetryOutcome::Failed { failure, .. } => failure.to_string(),
+        _ => String::new(),
+    };
+    let (fate, class) = match decision {
+        Decision::Ack(outcome) => return (attempt, result.attempts(), outcome),
+        Decision::Requeue => return (attempt, result.attempts(), Outcome::Abandoned),
+        Decision::DeadLetter { reason, class } => {
+            tracing::warn!(reason = reason.as_str(), class = class.as_str(), error = %why, "dead-lettering");
+            (Fate::Dead(reason), class)
+        }
+        Decision::Park {
+            tier,
+            next_attempt,
+            class,
+        } => (Fate::Park { tier, next_attempt }, class),
+    };
+    let verdict = Verdict {
+        fate,
+        class,
+        attempt,
+        why: why.into(),
+    };
+    (attempt, result.attempts(), mover.apply(verdict).await)
+}
+
+/// The attempt and the decoded input; a malformed delivery gives its attempt (1 when the
+/// header itself is the problem) and why.
+fn read<J: ConsumerJob>(delivery: &Delivery) -> Result<(u32, J::Input), (u32, String)> {
+    let headers = delivery.amqp().properties.headers().as_ref();
+    let attempt = attempt_of(headers).map_err(|why| (1, format!("malformed: {why}")))?;
+    let input = worker_core::decode(delivery.body())
+        .map_err(|err| (attempt, format!("malformed: {err}")))?;
+    Ok((attempt, input))
+}
+
+/// The handler under the job's retry policy, each try under the per-try timeout, the waits
+/// between tries within the in-process budget.
+async fn handle<J: ConsumerJob>(
+    shared: &Shared<J>,
+    delivery: &Delivery,
+    input: &J::Input,
+    attempt: u32,
+    handlers: &CancellationToken,
+) -> RetryOutcome<worker_core::Handled> {
+    let properties = &delivery.amqp().properties;
+    let mut ctx = WorkContext::new(shared.job_name.clone(), handlers.clone()).with_attempt(attempt);
+    if let Some(id) = properties.message_id() {
+        ctx = ctx.with_message_id(id.as_str());
+    }
+    if let Some(id) = properties
+        .correlation_id()
+        .as_ref()
+        .map(ShortString::as_str)
+    {
+        ctx = ctx.with_correlation_id(id);
+    }
+    let observer = TryForwarder {
+        events: shared.events.as_ref(),
+        queue: &shared.queue.name,
+        message_id: ctx.message_id.as_deref(),
+        attempt,
+    };
+    let job = &shared.job;
+    #[cfg(feature = "fault-injection")]
+    let inject_panic = super::fault_injection::wants_panic(properties.headers().as_ref());
+    Retry::new(
+        &shared.job_name,
+        &shared.policy,
+        shared.settings.timeout,
+        handlers,
+    )
+    .wait_budget(shared.settings.in_process_wait)
+    .observer(&observer)
+    .run(&ctx, |ctx| async move {
+        #[cfg(feature = "fault-injection")]
+        if inject_panic {
+            super::fault_injection::panic_now();
+        }
+        job.handle(&ctx, input).await
+    })
+    .await
+}
