@@ -473,7 +473,10 @@ impl Supervisor {
     /// task tracker; it returns only on shutdown.
     pub async fn run(self, shutdown: CancellationToken) {
         let settings = &self.inner.settings;
-        let mut backoff = settings.reconnect_min.max(Duration::from_millis(10));
+        let mut backoff = worker_core::Backoff::doubling(
+            settings.reconnect_min.max(Duration::from_millis(10)),
+            settings.reconnect_max,
+        );
         let mut generation = 0u64;
         while !shutdown.is_cancelled() {
             let attempt = tokio::select! {
@@ -484,7 +487,7 @@ impl Supervisor {
             match attempt {
                 Ok(connection) => {
                     generation += 1;
-                    backoff = settings.reconnect_min.max(Duration::from_millis(10));
+                    backoff.reset();
                     let session = Session {
                         connection: Arc::new(connection),
                         generation,
@@ -526,17 +529,16 @@ impl Supervisor {
                 }
                 Err(err) => {
                     let why = worker_core::error_chain(&err);
-                    tracing::warn!(server = %settings.server(), error = %why, retry_in = %humantime::format_duration(backoff), "cannot connect to RabbitMQ");
+                    tracing::warn!(server = %settings.server(), error = %why, retry_in = %humantime::format_duration(backoff.current()), "cannot connect to RabbitMQ");
                     self.set_status(LinkState::Disconnected, generation, Some(why));
                 }
             }
-            let wait = jittered(backoff);
+            let wait = jittered(backoff.next_wait());
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(wait) => {}
             }
-            backoff = (backoff * 2).min(settings.reconnect_max.max(backoff));
         }
         self.inner.sessions.send_replace(None);
         self.inner

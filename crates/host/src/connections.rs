@@ -85,7 +85,8 @@ pub async fn connect_broker(
     attempts: u32,
 ) -> Result<worker_broker::Session, BrokerUnreachable> {
     let attempts = attempts.max(1);
-    let mut delay = Duration::from_millis(500);
+    let mut backoff =
+        worker_core::Backoff::doubling(Duration::from_millis(500), Duration::from_secs(10));
     let mut cause = String::new();
     for attempt in 1..=attempts {
         match connection.connect().await {
@@ -94,8 +95,7 @@ pub async fn connect_broker(
         }
         tracing::warn!(server = %connection.server(), attempt, attempts, error = %cause, "RabbitMQ not reachable yet");
         if attempt < attempts {
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(10));
+            tokio::time::sleep(backoff.next_wait()).await;
         }
     }
     Err(BrokerUnreachable {

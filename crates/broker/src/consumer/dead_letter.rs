@@ -159,7 +159,10 @@ impl Mover<'_> {
             DEAD_ATTEMPTS_HEADER,
             HeaderValue::I64(i64::from(verdict.attempt)),
         );
-        headers.insert(DEAD_ERROR_HEADER, bounded(&verdict.why, DEAD_ERROR_MAX));
+        headers.insert(
+            DEAD_ERROR_HEADER,
+            worker_core::truncate(&verdict.why, DEAD_ERROR_MAX),
+        );
         headers.insert(DEAD_CLASS_HEADER, verdict.class.as_str());
         headers.insert(DEAD_QUEUE_HEADER, self.queue.name.as_str());
         headers.insert(
@@ -189,30 +192,9 @@ fn copied_properties(delivery: &Delivery) -> Properties {
     properties
 }
 
-/// `s` cut to at most `max` bytes on a character boundary.
-fn bounded(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_dead_error_is_bounded_on_a_char_boundary() {
-        let s = "é".repeat(2000);
-        let b = bounded(&s, DEAD_ERROR_MAX);
-        assert!(b.len() <= DEAD_ERROR_MAX);
-        assert!(b.len() >= DEAD_ERROR_MAX - 1);
-        assert_eq!(bounded("short", DEAD_ERROR_MAX), "short");
-    }
 
     #[test]
     fn a_failed_park_becomes_a_dead_letter_that_gave_up() {

@@ -120,7 +120,8 @@ impl ConsumeLoop {
         let handlers = Handlers::new();
         let mut sessions = supervisor.sessions();
         let mut failed_generation = None;
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff =
+            worker_core::Backoff::doubling(Duration::from_millis(100), Duration::from_secs(10));
         loop {
             let session = tokio::select! {
                 biased;
@@ -143,12 +144,11 @@ impl ConsumeLoop {
                 // retry on the same connection after a pause.
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.next_wait()) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
             } else {
                 failed_generation = Some(session.generation());
-                backoff = Duration::from_millis(100);
+                backoff.reset();
             }
         }
         handlers.finish(self.settings.drain_deadline).await;

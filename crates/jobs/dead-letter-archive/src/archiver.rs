@@ -307,7 +307,10 @@ impl Archiver {
             .iter()
             .map(|w| RawMessage::from(&w.delivery))
             .collect();
-        let mut pause = Duration::from_millis(100);
+        let mut pause = worker_core::Backoff::doubling(
+            Duration::from_millis(100),
+            self.inner.settings.retry_max,
+        );
         loop {
             let last_try = shutdown.is_cancelled();
             let span = tracing::info_span!("archive", job = JOB_NAME, dead_queue = %dead.dead_queue, messages = batch.len());
@@ -321,7 +324,7 @@ impl Archiver {
                 }
                 Err(failure) => failure,
             };
-            tracing::error!(dead_queue = %dead.dead_queue, error = %failure, retry_in = ?pause, "archiving dead letters failed; holding them and trying again");
+            tracing::error!(dead_queue = %dead.dead_queue, error = %failure, retry_in = ?pause.current(), "archiving dead letters failed; holding them and trying again");
             self.inner.events.on_error(&dead.dead_queue, &failure);
             if last_try {
                 return Settle::Requeue;
@@ -330,9 +333,8 @@ impl Archiver {
                 () = shutdown.cancelled() => {}
                 () = scope.cancel().cancelled() => return Settle::Requeue,
                 () = scope.orphaned().cancelled() => return Settle::Requeue,
-                () = tokio::time::sleep(pause) => {}
+                () = tokio::time::sleep(pause.next_wait()) => {}
             }
-            pause = (pause * 2).min(self.inner.settings.retry_max);
         }
     }
 }
