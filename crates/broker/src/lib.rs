@@ -47,6 +47,8 @@
 //! * [`consumer`]: [`ConsumerRunner`], its [`ConsumerSettings`] (`[jobs.<consumer>]`), the pure
 //!   [`consumer::decide`] and [`consumer::attempt_of`], and the [`ConsumerEvents`] hook for
 //!   metrics. Acks of contiguous completions are coalesced into one `multiple` ack.
+//! * [`section`]: [`ConsumerSection`], what a consumer job's settings section gives the host
+//!   (its queue's defaults, its `queue`, the runner's settings), and [`validate_runner`].
 //! * [`connection`]: [`ConnectionSettings`] (`[broker.connection]`, password redacted),
 //!   [`Supervisor`] (reconnects with capped backoff, redeclares, hands out [`Session`]s and a
 //!   [`BrokerStatus`] through `tokio::sync::watch` for `/readyz`).
@@ -69,7 +71,7 @@
 //! let topo_settings = TopologySettings::default();
 //! let email_queue = QueueTopology::from_settings(
 //!     &QueueSettings::default(),
-//!     QueueDefaults::email_send(&topo_settings),
+//!     QueueDefaults::command("email.send", &topo_settings),
 //! )?;
 //! let topology = Topology::from_settings(&topo_settings, [email_queue.clone()])?;
 //!
@@ -117,6 +119,7 @@
 pub mod connection;
 pub mod consumer;
 pub mod publisher;
+pub mod section;
 pub mod topology;
 pub mod trace;
 
@@ -128,6 +131,7 @@ pub use consumer::{
     ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason, Outcome, Settled,
 };
 pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings, headers_from_json};
+pub use section::{ConsumerSection, validate_runner};
 pub use topology::{
     BindingSettings, DeclareConflict, QueueDefaults, QueueSettings, QueueTopology, RetryTier,
     Topology, TopologyError, TopologySettings, declare,

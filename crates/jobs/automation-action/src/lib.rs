@@ -90,6 +90,7 @@
 pub mod address;
 pub mod loops;
 pub mod render;
+pub mod settings;
 pub mod webhook;
 
 use std::collections::HashSet;
@@ -110,6 +111,7 @@ use worker_store::{ProcessedMessages, classify};
 
 pub use address::WebhookAllow;
 pub use render::{RenderedEmail, render_email};
+pub use settings::{AutoReplySettings, AutomationActionSettings};
 pub use webhook::WebhookClient;
 
 /// The job's name, in logs, metrics and the attempt log.
@@ -157,6 +159,9 @@ impl Default for ReplyLimit {
 pub enum BuildError {
     #[error("building the webhook HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    /// An entry of `webhook_allow` that does not read (validation names it before this).
+    #[error("webhook_allow: {0}")]
+    WebhookAllow(String),
 }
 
 /// The automation action executor. Input: an [`ActionCommand`].
@@ -259,7 +264,7 @@ impl Drop for InFlight {
 impl ActionExecutor {
     /// An executor that queues email-send commands to `commands_exchange` with the routing
     /// key `email.send` (see [`Self::with_email_routing_key`]) and gives each webhook call
-    /// `webhook_timeout` (the host passes `workers.timeouts.webhook`).
+    /// `webhook_timeout` (`jobs.automation_action.webhook_timeout`).
     pub fn new(
         pool: PgPool,
         commands_exchange: impl Into<String>,
@@ -285,6 +290,23 @@ impl ActionExecutor {
             own_addresses: Vec::new(),
             reply_limit: ReplyLimit::default(),
         })
+    }
+
+    /// An executor as its section describes it: the webhook timeout, the inside addresses
+    /// webhooks may reach and the reply limit.
+    pub fn from_settings(
+        pool: PgPool,
+        commands_exchange: impl Into<String>,
+        settings: &AutomationActionSettings,
+    ) -> Result<Self, BuildError> {
+        let allow = WebhookAllow::parse(&settings.webhook_allow)
+            .map_err(|e| BuildError::WebhookAllow(e.to_string()))?;
+        let limit = &settings.auto_replies;
+        Ok(
+            Self::new(pool, commands_exchange, settings.webhook_timeout)?
+                .with_webhook_allow(allow)?
+                .with_reply_limit(limit.per_recipient, limit.window),
+        )
     }
 
     /// The host's own sender addresses (`Name <a@b>` or `a@b`; the host passes `smtp.from`):

@@ -41,11 +41,15 @@
 //! scheduler.add(expiry, schedule, workers.timeouts.draft, lease);
 //! ```
 
+pub mod settings;
+
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::time::Instant;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
+
+pub use settings::DraftExpirySettings;
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "draft-expiry";
