@@ -75,17 +75,17 @@
 //! ## What the host wires
 //!
 //! ```text
-//! let executor = ActionExecutor::new(
-//!     pool.clone(),
-//!     topology.commands_exchange.clone(),
-//!     settings.workers.timeouts.webhook,      // each webhook call's own timeout
-//! )?
-//! .with_webhook_allow(WebhookAllow::parse(&settings.jobs.automation_action.webhook_allow)?)?;
-//! let runner = ConsumerRunner::new(executor, automation_action_queue, consumer_settings);
+//! Its section, [`AutomationActionSettings`] (`[jobs.automation_action]`):
+//!
+//! ```text
+//! let section = &settings.jobs.automation_action;
+//! let executor = ActionExecutor::from_settings(pool.clone(), topology.commands_exchange.clone(), section)?
+//!     .with_own_addresses([settings.smtp.from.as_str()]);
+//! let runner = ConsumerRunner::new(executor, automation_action_queue, section.runner());
 //! ```
 //!
-//! The unit's timeout (`workers.timeouts.automation`) should exceed the webhook timeout plus
-//! the record budget, so that the unit is not cancelled while it records a success.
+//! The unit's `timeout` should exceed `webhook_timeout` plus the record budget, so that the
+//! unit is not cancelled while it records a success.
 
 pub mod address;
 pub mod loops;

@@ -72,7 +72,7 @@
 //! | bound | covers |
 //! |---|---|
 //! | `connect_timeout` ([`SmtpConfig`]) | TCP connect, greeting, STARTTLS and AUTH together; the NOOP on an idle connection |
-//! | `send_timeout` (a constructor parameter, the host's `workers.timeouts.email_send`) | the whole send: waiting for a connection, connecting, MAIL, RCPT, DATA and the answer to the final "." |
+//! | `send_timeout` (a constructor parameter, `jobs.email_send.timeout`) | the whole send: waiting for a connection, connecting, MAIL, RCPT, DATA and the answer to the final "." |
 //! | the record budget | recording the outcome, retried on database errors |
 //!
 //! ## Classification ([`classify`], the one place)

@@ -84,16 +84,9 @@
 //! ## What the host wires
 //!
 //! ```text
-//! let config = PollerConfig {
-//!     accounts: settings.imap.accounts.iter().map(|a| ImapAccount {
-//!         name, host, port, security, username, password: resolved_secret, mailbox,
-//!         backfill, ca_file }).collect(),
-//!     connect_timeout: workers.timeouts.imap_connect,
-//!     message_timeout: workers.timeouts.imap_message,
-//!     events_exchange: broker.topology.events_exchange.clone(),
-//!     max_messages_per_account: jobs.inbound_email_poller.batch_size.unwrap_or(100),
-//!     ..PollerConfig::default()
-//! };
+//! // The section's limits (`[jobs.inbound_email_poller]`), the host's accounts (`[imap]`,
+//! // passwords resolved, checked by `validate_accounts`) and the events exchange.
+//! let config = settings.jobs.inbound_email_poller.config(accounts, &topology.events_exchange);
 //! let poller = InboundEmailPoller::new(pool.clone(), config)?;   // validates the config
 //! let stats = poller.stats();                                    // for metrics
 //! scheduler.add(poller, schedule, tick_timeout, lease);          // with the lease
