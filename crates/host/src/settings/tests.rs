@@ -1,3 +1,5 @@
+use std::path::Path;
+
 use super::*;
 
 fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> SettingsSource {
