@@ -70,45 +70,17 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
     let jobs = &ctx.settings.jobs;
     let health = db_health(ctx);
     let handle = health.job.handle();
+    // One line a job; rustfmt would wrap the list into a shape that no longer reads as one.
+    #[rustfmt::skip]
     let entries = vec![
-        consumer(
-            ctx,
-            "automation_trigger",
-            &jobs.automation_trigger,
-            automation_trigger(ctx),
-        )?,
-        consumer(
-            ctx,
-            "automation_action",
-            &jobs.automation_action,
-            automation_action(ctx)?,
-        )?,
+        consumer(ctx, "automation_trigger", &jobs.automation_trigger, automation_trigger(ctx))?,
+        consumer(ctx, "automation_action", &jobs.automation_action, automation_action(ctx)?)?,
         consumer(ctx, "email_send", &jobs.email_send, email_send(ctx)?)?,
-        timer(
-            ctx,
-            &jobs.outbox_drain,
-            Lease::EveryReplica,
-            outbox_drain(ctx),
-        ),
-        timer(
-            ctx,
-            &jobs.inbound_email_poller,
-            Lease::OneReplica,
-            inbound_email_poller(ctx)?,
-        ),
+        timer(ctx, &jobs.outbox_drain, Lease::EveryReplica, outbox_drain(ctx)),
+        timer(ctx, &jobs.inbound_email_poller, Lease::OneReplica, inbound_email_poller(ctx)?),
         timer(ctx, &jobs.db_health, Lease::EveryReplica, health),
-        timer(
-            ctx,
-            &jobs.draft_expiry,
-            Lease::OneReplica,
-            draft_expiry(ctx),
-        ),
-        timer(
-            ctx,
-            &jobs.dead_letter_archive,
-            Lease::OneReplica,
-            dead_letter_archive(ctx),
-        ),
+        timer(ctx, &jobs.draft_expiry, Lease::OneReplica, draft_expiry(ctx)),
+        timer(ctx, &jobs.dead_letter_archive, Lease::OneReplica, dead_letter_archive(ctx)),
         timer(ctx, &jobs.retention, Lease::OneReplica, retention(ctx)),
         timer(ctx, &jobs.reconciler, Lease::OneReplica, reconciler(ctx)),
     ];
