@@ -52,6 +52,8 @@
 //!   `multiple` ack.
 //! * [`message`]: [`Properties`], [`Headers`] and [`Delivery`], this crate's own types for a
 //!   message, converted to and from lapin's only here: no other crate needs lapin.
+//! * [`section`]: [`ConsumerSection`], what a consumer job's settings section gives the host
+//!   (its queue's defaults, its `queue`, the runner's settings), and [`validate_runner`].
 //! * [`connection`]: [`ConnectionSettings`] (`[broker.connection]`, password redacted),
 //!   [`Supervisor`] (reconnects with capped backoff, redeclares, hands out [`Session`]s and a
 //!   [`BrokerStatus`] through `tokio::sync::watch` for `/readyz`).
@@ -74,7 +76,7 @@
 //! let topo_settings = TopologySettings::default();
 //! let email_queue = QueueTopology::from_settings(
 //!     &QueueSettings::default(),
-//!     QueueDefaults::email_send(&topo_settings),
+//!     QueueDefaults::command("email.send", &topo_settings),
 //! )?;
 //! let topology = Topology::from_settings(&topo_settings, [email_queue.clone()])?;
 //!
@@ -123,6 +125,7 @@ pub mod connection;
 pub mod consumer;
 pub mod message;
 pub mod publisher;
+pub mod section;
 pub mod topology;
 pub mod trace;
 
@@ -136,6 +139,7 @@ pub use consumer::{
 };
 pub use message::{Delivery, HeaderValue, Headers, Properties};
 pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings, headers_from_json};
+pub use section::{ConsumerSection, validate_runner};
 pub use topology::{
     BindingSettings, DeclareConflict, QueueDefaults, QueueSettings, QueueTopology, RetryTier,
     Topology, TopologyError, TopologySettings, declare,

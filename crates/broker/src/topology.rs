@@ -107,27 +107,6 @@ pub struct QueueDefaults {
 }
 
 impl QueueDefaults {
-    /// `automation.trigger`, bound to the events exchange with `#`.
-    pub fn automation_trigger(topology: &TopologySettings) -> Self {
-        Self {
-            name: "automation.trigger".into(),
-            bindings: vec![BindingSettings {
-                exchange: topology.events_exchange.clone(),
-                routing_keys: vec!["#".into()],
-            }],
-        }
-    }
-
-    /// `automation.action`, bound to the commands exchange with its own name.
-    pub fn automation_action(topology: &TopologySettings) -> Self {
-        Self::command("automation.action", topology)
-    }
-
-    /// `email.send`, bound to the commands exchange with its own name.
-    pub fn email_send(topology: &TopologySettings) -> Self {
-        Self::command("email.send", topology)
-    }
-
     /// A command queue named `name`, bound to the commands exchange with `name`.
     pub fn command(name: &str, topology: &TopologySettings) -> Self {
         Self {
@@ -135,6 +114,18 @@ impl QueueDefaults {
             bindings: vec![BindingSettings {
                 exchange: topology.commands_exchange.clone(),
                 routing_keys: vec![name.into()],
+            }],
+        }
+    }
+
+    /// An event queue named `name`, bound to the events exchange with `routing_keys` (topic
+    /// patterns: `#` takes every event).
+    pub fn events(name: &str, routing_keys: &[&str], topology: &TopologySettings) -> Self {
+        Self {
+            name: name.into(),
+            bindings: vec![BindingSettings {
+                exchange: topology.events_exchange.clone(),
+                routing_keys: routing_keys.iter().map(|key| (*key).to_string()).collect(),
             }],
         }
     }
@@ -301,25 +292,6 @@ impl Topology {
             commands_exchange: settings.commands_exchange.clone(),
             queues,
         })
-    }
-
-    /// The defaults of the three consumer queues the host runs.
-    pub fn defaults() -> Self {
-        let settings = TopologySettings::default();
-        let queue = |d: QueueDefaults| QueueTopology::from_settings(&QueueSettings::default(), d);
-        let queues = [
-            QueueDefaults::automation_trigger(&settings),
-            QueueDefaults::automation_action(&settings),
-            QueueDefaults::email_send(&settings),
-        ]
-        .into_iter()
-        .filter_map(|d| queue(d).ok())
-        .collect();
-        Self {
-            events_exchange: settings.events_exchange,
-            commands_exchange: settings.commands_exchange,
-            queues,
-        }
     }
 
     pub fn queue(&self, name: &str) -> Option<&QueueTopology> {
@@ -651,14 +623,22 @@ mod tests {
         }
     }
 
+    /// The host's three queues, named and bound as their jobs name them.
+    fn three_queues() -> Topology {
+        let settings = TopologySettings::default();
+        let queues = [
+            QueueDefaults::events("automation.trigger", &["#"], &settings),
+            QueueDefaults::command("automation.action", &settings),
+            QueueDefaults::command("email.send", &settings),
+        ]
+        .into_iter()
+        .map(|d| QueueTopology::from_settings(&QueueSettings::default(), d).unwrap());
+        Topology::from_settings(&settings, queues).unwrap()
+    }
+
     #[test]
     fn defaults_name_everything_after_the_queue() {
-        let topo = Topology::defaults();
-        let names: Vec<_> = topo.queues.iter().map(|q| q.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["automation.trigger", "automation.action", "email.send"]
-        );
+        let topo = three_queues();
         let q = topo.queue("email.send").unwrap();
         assert_eq!(q.delivery_limit, 5);
         assert_eq!(q.dead_exchange, "email.send.dead");
@@ -693,7 +673,7 @@ mod tests {
 
     #[test]
     fn tiers_by_attempt_and_by_delay() {
-        let q = Topology::defaults().queues.remove(2);
+        let q = three_queues().queues.remove(2);
         assert_eq!(
             q.tier_for_attempt(2).unwrap().delay,
             Duration::from_secs(10)
@@ -730,7 +710,7 @@ mod tests {
             toml::from_str("delivery_limit = 3\nretry_tiers = [\"200ms\", \"1s\"]").unwrap();
         let q = QueueTopology::from_settings(
             &settings,
-            QueueDefaults::email_send(&TopologySettings::default()),
+            QueueDefaults::command("email.send", &TopologySettings::default()),
         )
         .unwrap();
         assert_eq!(q.name, "email.send");
@@ -744,7 +724,7 @@ mod tests {
         assert!(toml::from_str::<QueueSettings>("delivery_limt = 3").is_err());
         assert!(toml::from_str::<QueueSettings>("retry_tiers = [\"soon\"]").is_err());
         assert!(toml::from_str::<TopologySettings>("event_exchange = \"e\"").is_err());
-        let d = || QueueDefaults::email_send(&TopologySettings::default());
+        let d = || QueueDefaults::command("email.send", &TopologySettings::default());
         let no_tiers = QueueSettings {
             retry_tiers: vec![],
             ..QueueSettings::default()

@@ -28,6 +28,10 @@
 //! * [`lease`] — [`SingletonLease`]: the same guarantee across replicas (implemented by the
 //!   store crate on PostgreSQL advisory locks), watched during the tick (a lost lease cancels
 //!   it) and released in order after it. [`NoLease`] for jobs that do not need one.
+//! * [`settings`] — what every job's settings section shares: [`Section::validate`], which
+//!   names each problem by its key relative to the section ([`SettingError`]), the
+//!   [`TimerSection`] the host puts a schedule around, and [`TlsMode`], the one way a mail
+//!   connection is secured. Reading files and the environment stays in the host.
 //! * [`dedup`] — [`ProcessedGuard`]: the one processed-message guard, marked inside the
 //!   caller's transaction so the effect and the mark commit together.
 //! * [`job`] — [`ConsumerJob`] (one decoded message in, [`Handled`] out) and [`TimerJob`]
@@ -87,6 +91,7 @@ pub mod failure;
 pub mod job;
 pub mod lease;
 pub mod retry;
+pub mod settings;
 pub mod text;
 pub mod timeout;
 
@@ -102,5 +107,6 @@ pub use lease::{NoLease, SingletonLease};
 pub use retry::{
     AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord, persist,
 };
+pub use settings::{Problems, Section, SettingError, TimerSection, TlsMode};
 pub use text::truncate;
 pub use timeout::{UnitError, run_unit};

@@ -131,7 +131,7 @@ Every scenario has a database (`worker_testkit::TestDb`), a RabbitMQ vhost (`Tes
 IMAP account the host polls (every 500 ms) and a sender's mailbox of its own, and runs the
 release binary with a settings file of its own (the demo automation: a reply to every mail
 whose subject contains `ping`; retry tiers of 2 s, 5 s, 10 s with 30 attempts, so the retry
-ladder outlasts an email's stale claim, `smtp.claim_stale_after` 45 s; a 10 s send timeout).
+ladder outlasts an email's stale claim, `jobs.email_send.claim_stale_after` 45 s; a 10 s send timeout).
 
 - **messages**: pings the SMTP server (127.0.0.1:2525) accepted, each with a unique
   Message-ID, sent at a steady rate from the sender to the polled account while the fault is

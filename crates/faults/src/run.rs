@@ -569,11 +569,6 @@ listen = "127.0.0.1:{port}"
 [workers]
 shutdown_grace = "10s"
 
-[workers.timeouts]
-email_send = "10s"
-
-[smtp]
-claim_stale_after = "45s"
 
 [[imap.accounts]]
 name = "faults"
@@ -583,12 +578,8 @@ password = "secret"
 [jobs.inbound_email_poller]
 schedule = "every 500ms"
 
-# Every ping comes from one sender: the reply limit must not count it as a mail cannon.
-[auto_replies]
-per_recipient = 1000000
-
 [jobs.dead_letter_archive]
-maintenance_schedule = "every 2s"
+schedule = "every 2s"
 
 [jobs.automation_trigger]
 max_attempts = 30
@@ -599,9 +590,15 @@ max_attempts = 30
 max_attempts = 30
 [jobs.automation_action.queue]
 {tiers}
+# Every ping comes from one sender: the reply limit must not count it as a mail cannon.
+[jobs.automation_action.auto_replies]
+per_recipient = 1000000
 
 [jobs.email_send]
 max_attempts = 30
+# One send (the runner's limit adds the record budget); a stale claim is taken over at 45 s.
+timeout = "10s"
+claim_stale_after = "45s"
 [jobs.email_send.queue]
 {tiers}
 "#,

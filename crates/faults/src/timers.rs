@@ -47,7 +47,7 @@ pub fn replica_env() -> Vec<(String, String)> {
     for (key, every) in [
         ("INBOUND_EMAIL_POLLER__SCHEDULE", "every 200ms"),
         ("DRAFT_EXPIRY__SCHEDULE", "every 1s"),
-        ("DEAD_LETTER_ARCHIVE__MAINTENANCE_SCHEDULE", "every 1s"),
+        ("DEAD_LETTER_ARCHIVE__SCHEDULE", "every 1s"),
         ("RETENTION__SCHEDULE", "every 1s"),
         ("RECONCILER__SCHEDULE", "every 1s"),
     ] {

@@ -8,12 +8,14 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use worker_broker::ConsumerSection;
+use worker_core::TimerSection;
 use worker_store::{AdvisoryLease, AttemptLog};
 
 use crate::metrics::Metrics;
 use crate::observe::ConsumerObserver;
 use crate::scheduler::TimerTask;
-use crate::settings::{Schedule, Security, Settings};
+use crate::settings::{ImapAccount, Settings, Timer};
 use crate::status::{JobEntry, JobStats, TimerStats};
 
 /// What every job is built from.
@@ -52,44 +54,78 @@ pub struct Started {
     pub health: job_db_health::HealthHandle,
 }
 
-/// Starts every job through the tracker.
+/// Whether a timer job's ticks hold the shared lease: one replica at a time, or every
+/// replica on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// One tick across all replicas at a time (an advisory lock for the tick).
+    OneReplica,
+    /// Every replica ticks: its own readiness depends on it, or the job shares its rows
+    /// with the other replicas by itself (`FOR UPDATE SKIP LOCKED`).
+    EveryReplica,
+}
+
+/// Starts every job through the tracker: the list of jobs this host runs, one a line.
 pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
+    let jobs = &ctx.settings.jobs;
+    let health = db_health(ctx);
+    let handle = health.job.handle();
+    // One line a job; rustfmt would wrap the list into a shape that no longer reads as one.
+    #[rustfmt::skip]
+    let entries = vec![
+        consumer(ctx, "automation_trigger", &jobs.automation_trigger, automation_trigger(ctx))?,
+        consumer(ctx, "automation_action", &jobs.automation_action, automation_action(ctx)?)?,
+        consumer(ctx, "email_send", &jobs.email_send, email_send(ctx)?)?,
+        timer(ctx, &jobs.outbox_drain, Lease::EveryReplica, outbox_drain(ctx)),
+        timer(ctx, &jobs.inbound_email_poller, Lease::OneReplica, inbound_email_poller(ctx)?),
+        timer(ctx, &jobs.db_health, Lease::EveryReplica, health),
+        timer(ctx, &jobs.draft_expiry, Lease::OneReplica, draft_expiry(ctx)),
+        timer(ctx, &jobs.dead_letter_archive, Lease::OneReplica, dead_letter_archive(ctx)),
+        timer(ctx, &jobs.retention, Lease::OneReplica, retention(ctx)),
+        timer(ctx, &jobs.reconciler, Lease::OneReplica, reconciler(ctx)),
+    ];
+    Ok(Started {
+        entries,
+        health: handle,
+    })
+}
+
+/// A timer job as built, with what wakes it between ticks, if anything.
+#[derive(Debug)]
+pub struct Built<J> {
+    pub job: J,
+    pub wake: Option<Arc<Notify>>,
+}
+
+impl<J> From<J> for Built<J> {
+    fn from(job: J) -> Self {
+        Self { job, wake: None }
+    }
+}
+
+fn automation_trigger(ctx: &JobsContext) -> job_automation_trigger::AutomationTrigger {
+    let commands = ctx.settings.broker.topology.commands_exchange.clone();
+    job_automation_trigger::AutomationTrigger::new(ctx.pool.clone(), commands)
+}
+
+fn automation_action(ctx: &JobsContext) -> Result<job_automation_action::ActionExecutor, JobError> {
     let settings = &ctx.settings;
-    let timeouts = &settings.workers.timeouts;
-    let commands = settings.broker.topology.commands_exchange.clone();
-    let mut entries = Vec::new();
-
-    let trigger =
-        job_automation_trigger::AutomationTrigger::new(ctx.pool.clone(), commands.clone());
-    entries.push(
-        start_consumer(ctx, "automation_trigger", trigger, timeouts.automation)
-            .map_err(|e| job_error("automation_trigger", e))?,
-    );
-
-    // Validated with the settings; an entry that still does not read stops the host.
-    let webhook_allow =
-        job_automation_action::WebhookAllow::parse(&settings.jobs.automation_action.webhook_allow)
-            .map_err(|e| job_error("automation_action", format!("webhook_allow: {e}")))?;
-    let executor =
-        job_automation_action::ActionExecutor::new(ctx.pool.clone(), commands, timeouts.webhook)
-            .and_then(|executor| executor.with_webhook_allow(webhook_allow))
-            .map_err(|e| job_error("automation_action", e))?
-            .with_own_addresses([settings.smtp.from.as_str()])
-            .with_reply_limit(
-                settings.auto_replies.per_recipient,
-                settings.auto_replies.window,
-            );
-    entries.push(
-        start_consumer(ctx, "automation_action", executor, timeouts.automation)
-            .map_err(|e| job_error("automation_action", e))?,
-    );
-
-    let smtp = smtp_config(settings);
-    let sender = job_email_send::EmailSender::new(
+    let executor = job_automation_action::ActionExecutor::from_settings(
         ctx.pool.clone(),
-        &smtp,
+        settings.broker.topology.commands_exchange.clone(),
+        &settings.jobs.automation_action,
+    )
+    .map_err(|e| job_error("automation_action", e))?;
+    Ok(executor.with_own_addresses([settings.smtp.from.as_str()]))
+}
+
+fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError> {
+    let settings = &ctx.settings;
+    let sender = job_email_send::EmailSender::from_settings(
+        ctx.pool.clone(),
+        &smtp_config(settings),
         &settings.smtp.from,
-        timeouts.email_send,
+        &settings.jobs.email_send,
     )
     .map_err(|e| job_error("email_send", e))?;
     let unknown_outcomes = ctx
@@ -98,99 +134,39 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
         .u64_counter(crate::metrics::names::EMAIL_UNKNOWN_OUTCOMES)
         .with_description("outbound emails whose send outcome is unknown")
         .build();
-    let mut sender = sender.on_unknown(move || unknown_outcomes.add(1, &[]));
-    if let Some(age) = settings.smtp.claim_stale_after {
-        sender = sender.with_claim_stale_after(age);
-    }
-    // The runner's limit sits above the send's own plus the time the job may spend recording
-    // an accepted mail, so that the job records its own outcome (a cut-off record leaves a
-    // claim that goes stale, and the mail is sent again).
-    let email_timeout = timeouts.email_send
-        + job_email_send::DEFAULT_RECORD_BUDGET
-        + std::time::Duration::from_secs(5);
-    entries.push(
-        start_consumer(ctx, "email_send", sender, email_timeout)
-            .map_err(|e| job_error("email_send", e))?,
-    );
+    Ok(sender.on_unknown(move || unknown_outcomes.add(1, &[])))
+}
 
-    entries.push(start_outbox_drain(ctx));
-
-    let poller = job_inbound_email_poller::InboundEmailPoller::new(
+fn inbound_email_poller(
+    ctx: &JobsContext,
+) -> Result<Built<job_inbound_email_poller::InboundEmailPoller>, JobError> {
+    job_inbound_email_poller::InboundEmailPoller::new(
         ctx.pool.clone(),
-        poller_config(settings),
+        poller_config(&ctx.settings),
     )
-    .map_err(|e| job_error("inbound_email_poller", e))?;
-    let section = &settings.jobs.inbound_email_poller;
-    entries.push(start_timer(
-        ctx,
-        poller,
-        &section.schedule,
-        section.timeout,
-        Some(ctx.lease.clone()),
-        None,
-    ));
+    .map(Built::from)
+    .map_err(|e| job_error("inbound_email_poller", e))
+}
 
-    let section = &settings.jobs.db_health;
-    // On a connection of its own: a pool starved by slow work must not make `/readyz` fail.
-    let health = job_db_health::DbHealth::beside(
-        &ctx.pool,
-        job_db_health::DbHealthConfig {
-            probe_timeout: section.probe_timeout,
-            unhealthy_after: section.unhealthy_after,
-        },
-    );
-    let handle = health.handle();
-    // Every replica probes for itself: its own readiness depends on it.
-    entries.push(start_timer(
-        ctx,
-        health,
-        &section.schedule,
-        timeouts.health,
-        None,
-        None,
-    ));
+/// On a connection of its own: a pool starved by slow work must not make `/readyz` fail.
+fn db_health(ctx: &JobsContext) -> Built<job_db_health::DbHealth> {
+    let section = &ctx.settings.jobs.db_health.job;
+    job_db_health::DbHealth::beside(&ctx.pool, section.config()).into()
+}
 
-    let section = &settings.jobs.draft_expiry;
-    let drafts = job_draft_expiry::DraftExpiry::new(
-        ctx.pool.clone(),
-        job_draft_expiry::DraftExpiryConfig {
-            batch_size: section.batch_size,
-            max_batches_per_tick: section.max_batches_per_tick,
-        },
-    );
-    entries.push(start_timer(
-        ctx,
-        drafts,
-        &section.schedule,
-        timeouts.draft,
-        Some(ctx.lease.clone()),
-        None,
-    ));
+fn draft_expiry(ctx: &JobsContext) -> Built<job_draft_expiry::DraftExpiry> {
+    let section = &ctx.settings.jobs.draft_expiry.job;
+    job_draft_expiry::DraftExpiry::new(ctx.pool.clone(), section.config()).into()
+}
 
-    entries.extend(start_dead_letter_archive(ctx));
-    entries.push(start_retention(ctx));
-
-    let section = &settings.jobs.reconciler;
-    let reconciler = job_reconciler::Reconciler::new(ctx.pool.clone(), reconciler_config(settings));
-    entries.push(start_timer(
-        ctx,
-        reconciler,
-        &section.schedule,
-        section.timeout,
-        Some(ctx.lease.clone()),
-        None,
-    ));
-
-    Ok(Started {
-        entries,
-        health: handle,
-    })
+fn reconciler(ctx: &JobsContext) -> Built<job_reconciler::Reconciler> {
+    job_reconciler::Reconciler::new(ctx.pool.clone(), reconciler_config(&ctx.settings)).into()
 }
 
 /// One archiver per dead queue (each message archived, then acked), and the maintenance timer
-/// (failed outbox rows into the archive, retention sweep) under the lease.
-fn start_dead_letter_archive(ctx: &JobsContext) -> Vec<JobEntry> {
-    let section = &ctx.settings.jobs.dead_letter_archive;
+/// (failed outbox rows into the archive, retention sweep) that the list runs.
+fn dead_letter_archive(ctx: &JobsContext) -> Built<job_dead_letter_archive::ArchiveMaintenance> {
+    let section = &ctx.settings.jobs.dead_letter_archive.job;
     let archived = ctx
         .metrics
         .meter
@@ -210,48 +186,25 @@ fn start_dead_letter_archive(ctx: &JobsContext) -> Vec<JobEntry> {
         ctx.tracker
             .spawn(async move { archiver.run(&supervisor, dead, shutdown).await });
     }
-    let maintenance = job_dead_letter_archive::ArchiveMaintenance::new(
-        ctx.pool.clone(),
-        section.archiver.clone(),
-    );
-    vec![start_timer(
-        ctx,
-        maintenance,
-        &section.maintenance_schedule,
-        section.archiver.insert_timeout * 2,
-        Some(ctx.lease.clone()),
-        None,
-    )]
+    job_dead_letter_archive::ArchiveMaintenance::new(ctx.pool.clone(), section.archiver.clone())
+        .into()
 }
 
-/// The retention sweep of processed-message marks and attempt-log rows, under the lease,
-/// counting what it deletes per table.
-fn start_retention(ctx: &JobsContext) -> JobEntry {
+/// The retention sweep of processed-message marks and attempt-log rows, counting what it
+/// deletes per table.
+fn retention(ctx: &JobsContext) -> Built<job_retention::Retention> {
     let settings = &ctx.settings;
-    let section = &settings.jobs.retention;
     let swept = ctx
         .metrics
         .meter
         .u64_counter(crate::metrics::names::RETENTION_SWEPT)
         .build();
-    let job = job_retention::Retention::observed(
-        ctx.pool.clone(),
-        job_retention::RetentionConfig {
-            processed_messages: settings.workers.dedup_retention,
-            attempt_log: settings.workers.attempt_log.retention,
-            batch_size: section.batch_size,
-            max_batches_per_tick: section.max_batches_per_tick,
-        },
-        Arc::new(SweptCounter(swept)),
+    let config = settings.jobs.retention.job.config(
+        settings.workers.dedup_retention,
+        settings.workers.attempt_log.retention,
     );
-    start_timer(
-        ctx,
-        job,
-        &section.schedule,
-        section.timeout,
-        Some(ctx.lease.clone()),
-        None,
-    )
+    job_retention::Retention::observed(ctx.pool.clone(), config, Arc::new(SweptCounter(swept)))
+        .into()
 }
 
 /// Counts the rows the retention job deleted, per table.
@@ -286,15 +239,8 @@ impl job_dead_letter_archive::ArchiveEvents for ArchiveCounter {
 /// The reconciler's thresholds and where its re-queued commands go: the commands exchange,
 /// with the default routing keys, as the trigger and the executor publish them.
 pub fn reconciler_config(settings: &Settings) -> job_reconciler::ReconcilerConfig {
-    let section = &settings.jobs.reconciler;
-    job_reconciler::ReconcilerConfig {
-        stuck_after: section.stuck_after,
-        max_requeues: section.max_requeues,
-        batch_size: section.batch_size,
-        max_batches_per_tick: section.max_batches_per_tick,
-        commands_exchange: settings.broker.topology.commands_exchange.clone(),
-        ..job_reconciler::ReconcilerConfig::default()
-    }
+    let commands = &settings.broker.topology.commands_exchange;
+    settings.jobs.reconciler.job.config(commands)
 }
 
 /// The SMTP connection the settings describe.
@@ -303,11 +249,7 @@ pub fn smtp_config(settings: &Settings) -> job_email_send::SmtpConfig {
     job_email_send::SmtpConfig {
         host: smtp.host.clone(),
         port: smtp.port,
-        security: match smtp.security {
-            Security::Plain => job_email_send::SmtpSecurity::Plain,
-            Security::Starttls => job_email_send::SmtpSecurity::Starttls,
-            Security::Tls => job_email_send::SmtpSecurity::Tls,
-        },
+        security: smtp.security,
         username: smtp.username.clone(),
         password: smtp
             .password
@@ -321,73 +263,45 @@ pub fn smtp_config(settings: &Settings) -> job_email_send::SmtpConfig {
 
 /// The poller's accounts and limits as the settings describe them.
 pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerConfig {
-    use job_inbound_email_poller::{ImapAccount, PollerConfig, Security as ImapSecurity};
-    let section = &settings.jobs.inbound_email_poller;
-    PollerConfig {
-        accounts: settings
-            .imap
-            .accounts
-            .iter()
-            .map(|account| ImapAccount {
-                name: account.name.clone(),
-                host: account.host.clone(),
-                port: account.port,
-                security: match account.security {
-                    Security::Plain => ImapSecurity::Plain,
-                    Security::Starttls => ImapSecurity::Starttls,
-                    Security::Tls => ImapSecurity::Tls,
-                },
-                username: account.username.clone(),
-                password: account
-                    .password
-                    .as_ref()
-                    .map(|p| p.expose().to_string())
-                    .unwrap_or_default(),
-                mailbox: account.mailbox.clone(),
-                backfill: account.backfill,
-                ca_file: account.ca_file.clone(),
-            })
-            .collect(),
-        connect_timeout: settings.workers.timeouts.imap_connect,
-        message_timeout: settings.workers.timeouts.imap_message,
-        max_message_size: section.max_message_bytes,
-        max_body_chars: section.max_body_chars,
-        mail_limits: job_inbound_email_poller::MailLimits {
-            max_parts: section.max_mime_parts,
-            max_depth: section.max_mime_depth,
-            max_header_fields: section.max_header_fields,
-            max_header_bytes: section.max_header_bytes,
-        },
-        max_messages_per_account: section.max_messages_per_account,
-        max_message_attempts: section.max_message_attempts,
-        account_concurrency: section.account_concurrency,
-        events_exchange: settings.broker.topology.events_exchange.clone(),
-    }
+    let accounts = settings
+        .imap
+        .accounts
+        .iter()
+        .map(ImapAccount::poller)
+        .collect();
+    let events = &settings.broker.topology.events_exchange;
+    settings
+        .jobs
+        .inbound_email_poller
+        .job
+        .config(accounts, events)
 }
 
-/// Runs a timer job on its schedule, under the busy guard, the lease (when given) and the
-/// timeout.
-fn start_timer<J: worker_core::TimerJob>(
+/// Runs a timer job on its section's schedule, under the busy guard, the lease (when it
+/// holds one) and its section's timeout.
+fn timer<J: worker_core::TimerJob, S: TimerSection>(
     ctx: &JobsContext,
-    job: J,
-    schedule: &Schedule,
-    timeout: std::time::Duration,
-    lease: Option<Arc<AdvisoryLease>>,
-    wake: Option<Arc<Notify>>,
+    section: &Timer<S>,
+    lease: Lease,
+    built: Built<J>,
 ) -> JobEntry {
+    let Built { job, wake } = built;
     let stats = Arc::new(TimerStats::default());
     let entry = JobEntry {
         name: job.name().to_string(),
         stats: JobStats::Timer {
-            schedule: schedule.to_string(),
+            schedule: section.schedule.to_string(),
             stats: stats.clone(),
         },
     };
     let task = TimerTask {
         job: Arc::new(job),
-        schedule: schedule.clone(),
-        timeout,
-        lease,
+        schedule: section.schedule.clone(),
+        timeout: section.timeout(),
+        lease: match lease {
+            Lease::OneReplica => Some(ctx.lease.clone()),
+            Lease::EveryReplica => None,
+        },
         wake,
         stats,
         metrics: ctx.metrics.clone(),
@@ -398,10 +312,10 @@ fn start_timer<J: worker_core::TimerJob>(
     entry
 }
 
-/// The outbox drain: on its schedule, and at once when a row commits (LISTEN/NOTIFY). No
-/// lease: replicas share the rows through `FOR UPDATE SKIP LOCKED`.
-fn start_outbox_drain(ctx: &JobsContext) -> JobEntry {
-    let section = &ctx.settings.jobs.outbox_drain;
+/// The outbox drain, on its schedule and at once when a row commits (LISTEN/NOTIFY). Every
+/// replica drains: they share the rows through `FOR UPDATE SKIP LOCKED`.
+fn outbox_drain(ctx: &JobsContext) -> Built<job_outbox_drain::OutboxDrain> {
+    let section = &ctx.settings.jobs.outbox_drain.job;
     let wake = Arc::new(Notify::new());
     let drain = job_outbox_drain::OutboxDrain::new(
         ctx.pool.clone(),
@@ -415,47 +329,32 @@ fn start_outbox_drain(ctx: &JobsContext) -> JobEntry {
         wake.clone(),
         ctx.shutdown.child_token(),
     ));
-    let timeout = section
-        .timeout
-        .unwrap_or(ctx.settings.workers.timeouts.outbox_batch);
-    start_timer(ctx, drain, &section.schedule, timeout, None, Some(wake))
+    Built {
+        job: drain,
+        wake: Some(wake),
+    }
 }
 
-/// Runs `job` on its queue through the recoverability pipeline, with its section's prefetch,
-/// concurrency, attempts, timeout (else `default_timeout`), retry (else `workers.retry`) and
-/// in-process wait budget, draining within `workers.drain_deadline` on shutdown.
-pub fn start_consumer<J: worker_core::ConsumerJob>(
+/// Runs `job` on its section's queue through the recoverability pipeline, with the section's
+/// runner settings (its retry, else `workers.retry`), draining within
+/// `workers.drain_deadline` on shutdown.
+pub fn consumer<J: worker_core::ConsumerJob>(
     ctx: &JobsContext,
-    section: &str,
+    name: &str,
+    section: &dyn ConsumerSection,
     job: J,
-    default_timeout: std::time::Duration,
-) -> Result<JobEntry, worker_broker::TopologyError> {
+) -> Result<JobEntry, JobError> {
     let settings = &ctx.settings;
-    let (_, job_settings, defaults) = settings
-        .consumers()
-        .into_iter()
-        .find(|(name, _, _)| *name == section)
-        .ok_or_else(|| worker_broker::TopologyError::Invalid {
-            queue: String::new(),
-            key: section.to_string(),
-            problem: "is not a consumer job of this host".into(),
-        })?;
-    let queue = worker_broker::QueueTopology::from_settings(&job_settings.queue, defaults)?;
-    let consumer = worker_broker::ConsumerSettings {
-        prefetch: job_settings.prefetch,
-        concurrency: usize::try_from(job_settings.concurrency).unwrap_or(usize::MAX),
-        max_attempts: job_settings.max_attempts,
-        timeout: job_settings.timeout.unwrap_or(default_timeout),
-        retry: Some(
-            job_settings
-                .retry
-                .clone()
-                .unwrap_or_else(|| settings.workers.retry.clone()),
-        ),
-        in_process_wait: job_settings.in_process_wait,
-        drain_deadline: settings.workers.drain_deadline(),
-        ..worker_broker::ConsumerSettings::default()
-    };
+    let queue = worker_broker::QueueTopology::from_settings(
+        section.queue(),
+        section.queue_defaults(&settings.broker.topology),
+    )
+    .map_err(|e| job_error(name, e))?;
+    let mut runner = section.runner();
+    runner.retry = runner
+        .retry
+        .or_else(|| Some(settings.workers.retry.clone()));
+    runner.drain_deadline = settings.workers.drain_deadline();
     let observer = Arc::new(ConsumerObserver::new(
         job.name(),
         ctx.metrics.clone(),
@@ -468,7 +367,7 @@ pub fn start_consumer<J: worker_core::ConsumerJob>(
             stats: observer.stats.clone(),
         },
     };
-    let runner = worker_broker::ConsumerRunner::observed(job, queue, consumer, observer);
+    let runner = worker_broker::ConsumerRunner::observed(job, queue, runner, observer);
     let supervisor = ctx.supervisor.clone();
     let shutdown = ctx.shutdown.child_token();
     ctx.tracker

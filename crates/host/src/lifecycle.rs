@@ -113,7 +113,7 @@ fn start_sampler(
             pool: pool.clone(),
             supervisor: supervisor.clone(),
             health: started.health.clone(),
-            stuck_after: settings.jobs.reconciler.stuck_after,
+            stuck_after: settings.jobs.reconciler.job.stuck_after,
         },
         readings,
         alerts.clone(),
@@ -137,7 +137,7 @@ async fn serve_admin(
     let checks: Vec<Box<dyn ReadinessCheck>> = vec![
         Box::new(DatabaseCheck {
             health: started.health.clone(),
-            stale_after: settings.workers.timeouts.health * 3,
+            stale_after: settings.jobs.db_health.timeout() * 3,
         }),
         Box::new(BrokerCheck(supervisor.status())),
     ];

@@ -35,8 +35,8 @@ fn each_broken_file_exits_64_and_names_the_key() {
         ),
         (
             "zero duration",
-            format!("{SECRETS}[workers.timeouts]\nhealth = \"0s\"\n"),
-            "workers.timeouts.health",
+            format!("{SECRETS}[jobs.db_health]\ntimeout = \"0s\"\n"),
+            "jobs.db_health.timeout",
         ),
         (
             "wrong type",
@@ -117,7 +117,7 @@ fn a_good_file_prints_the_effective_settings_without_secrets() {
     }
     assert!(stdout.contains("[redacted]"));
     assert!(
-        stdout.contains("email_send = \"1m\""),
+        stdout.contains("[jobs.email_send]") && stdout.contains("timeout = \"1m\""),
         "effective timeouts are printed: {stdout}"
     );
 }

@@ -19,6 +19,19 @@ pub const AUTOMATION_ACTION: &str = "automation.action";
 /// The routing key (and default queue) of [`EmailSendCommand`].
 pub const EMAIL_SEND: &str = "email.send";
 
+/// The default queue of each consumer job. A command queue is named after its command's
+/// routing key, so a command published with that key reaches it on the commands exchange.
+pub mod queues {
+    /// Every domain event (bound with `#` on the events exchange), for the automation trigger.
+    pub const AUTOMATION_TRIGGER: &str = "automation.trigger";
+    /// The topic patterns the automation trigger's queue is bound with: every event.
+    pub const AUTOMATION_TRIGGER_EVENTS: &[&str] = &["#"];
+    /// [`ActionCommand`](crate::ActionCommand)s, for the automation action.
+    pub const AUTOMATION_ACTION: &str = crate::AUTOMATION_ACTION;
+    /// [`EmailSendCommand`](crate::EmailSendCommand)s, for the email send.
+    pub const EMAIL_SEND: &str = crate::EMAIL_SEND;
+}
+
 /// A domain event: something that happened, which automations may react to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DomainEvent {

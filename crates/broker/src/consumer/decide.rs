@@ -152,7 +152,7 @@ mod tests {
         };
         QueueTopology::from_settings(
             &settings,
-            QueueDefaults::email_send(&TopologySettings::default()),
+            QueueDefaults::command("email.send", &TopologySettings::default()),
         )
         .unwrap()
     }

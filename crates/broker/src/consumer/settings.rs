@@ -23,6 +23,7 @@ pub struct ConsumerSettings {
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
     /// The in-process retry policy; `None` uses the core's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
     /// Longest time one delivery may spend waiting between in-process tries (a throttled
     /// failure's `retry_after` included). A longer wait is not waited out in memory, holding
@@ -33,14 +34,16 @@ pub struct ConsumerSettings {
     pub in_process_wait: Duration,
     /// How long, once shutdown starts, the runner keeps working through the deliveries it
     /// already holds (prefetched ones too) before it cancels what is left and returns it to
-    /// the queue. Shorter than the host's shutdown grace.
-    #[serde(with = "humantime_serde")]
+    /// the queue. Shorter than the host's shutdown grace. Not a key of a job's section: the
+    /// host sets it for every consumer from its own shutdown settings.
+    #[serde(skip)]
     pub drain_deadline: Duration,
-    /// Longest wait before completed deliveries are acked.
-    #[serde(with = "humantime_serde")]
+    /// Longest wait before completed deliveries are acked. Tuned here, not in a job's section.
+    #[serde(skip)]
     pub ack_interval: Duration,
-    /// How long a park or dead-letter publish waits for its confirm.
-    #[serde(with = "humantime_serde")]
+    /// How long a park or dead-letter publish waits for its confirm. Tuned here, not in a
+    /// job's section.
+    #[serde(skip)]
     pub publish_timeout: Duration,
 }
 

@@ -13,7 +13,7 @@ pub fn scenario() -> Scenario {
                 repetition (between 20 % and 80 % of its sending window) and started again at \
                 once with the same settings; the pings sent meanwhile wait in IMAP. Work the \
                 dead process held comes back: unacked deliveries are redelivered, an email \
-                claimed `sending` is taken over once its claim is stale (`smtp.claim_stale_after`, \
+                claimed `sending` is taken over once its claim is stale (`jobs.email_send.claim_stale_after`, \
                 45 s here: the 10 s send timeout + the 30 s record budget + 5 s). \"Ready again\" is from the new process's start.",
         fault: Some(|| Box::new(HostKill9)),
         full: Load {

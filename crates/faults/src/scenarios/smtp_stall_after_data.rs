@@ -7,7 +7,7 @@ use super::sink_switch::SinkSwitch;
 use super::{Fault, Load, Scenario};
 use crate::run::Run;
 
-/// How late the answer comes: past the host's send timeout (`workers.timeouts.email_send`,
+/// How late the answer comes: past the host's send timeout (`jobs.email_send.timeout`,
 /// 10 s here).
 const LATE_BY_SECS: u64 = 15;
 

@@ -35,20 +35,21 @@ impl Settings {
     pub fn pool_needs(&self) -> Vec<Need> {
         let mut needs = Vec::new();
         let mut need = |what: String, connections: u32| needs.push(Need { what, connections });
-        for (name, job, _) in self.consumers() {
+        for job in self.jobs.consumers() {
+            let concurrency = job.section.runner().concurrency;
             need(
-                format!("jobs.{name}.concurrency {}", job.concurrency),
-                job.concurrency,
+                format!("jobs.{}.concurrency {concurrency}", job.name),
+                u32::try_from(concurrency).unwrap_or(u32::MAX),
             );
         }
-        let lanes = u32::try_from(self.jobs.outbox_drain.drain.batches_in_flight)
+        let lanes = u32::try_from(self.jobs.outbox_drain.job.drain.batches_in_flight)
             .unwrap_or(u32::MAX)
             .max(1);
         need(
             format!("jobs.outbox_drain.drain.batches_in_flight {lanes} × 2"),
             lanes.saturating_mul(2),
         );
-        let accounts = u32::try_from(self.jobs.inbound_email_poller.account_concurrency)
+        let accounts = u32::try_from(self.jobs.inbound_email_poller.job.account_concurrency)
             .unwrap_or(u32::MAX)
             .max(1);
         need(
@@ -70,7 +71,7 @@ impl Settings {
             ),
             2 * timers.len() as u32,
         );
-        let dead_queues = self.consumers().len() as u32;
+        let dead_queues = self.jobs.consumers().len() as u32;
         need(
             format!("the dead-letter archivers {dead_queues} (one per dead queue)"),
             dead_queues,

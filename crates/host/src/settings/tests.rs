@@ -1,3 +1,5 @@
+use std::path::Path;
+
 use super::*;
 
 fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> SettingsSource {
@@ -28,11 +30,11 @@ fn minimal_file_with_secrets_loads_with_defaults() {
     let settings = load_text(SECRETS).unwrap();
     assert_eq!(settings.database.port, 5432);
     assert_eq!(
-        settings.workers.timeouts.email_send,
+        settings.jobs.email_send.send.timeout,
         Duration::from_secs(60)
     );
     assert_eq!(
-        settings.workers.timeouts.automation,
+        settings.jobs.automation_trigger.runner.timeout,
         Duration::from_secs(30)
     );
     let topology = settings.topology().unwrap();
@@ -71,30 +73,28 @@ fn a_wrong_type_names_the_key_and_the_expected_type() {
 #[test]
 fn a_claim_age_within_the_send_and_record_time_is_rejected() {
     let error = only_error(&format!(
-        "{SECRETS}[workers.timeouts]\nemail_send = \"10s\"\n[smtp]\nclaim_stale_after = \"40s\"\n"
+        "{SECRETS}[jobs.email_send]\ntimeout = \"10s\"\nclaim_stale_after = \"40s\"\n"
     ));
-    assert_eq!(error.key, "smtp.claim_stale_after");
+    assert_eq!(error.key, "jobs.email_send.claim_stale_after");
     assert!(error.problem.contains("(40s)"), "{error}");
 }
 
 #[test]
 fn a_claim_age_above_the_send_and_record_time_is_taken() {
     let settings = load_text(&format!(
-        "{SECRETS}[workers.timeouts]\nemail_send = \"10s\"\n[smtp]\nclaim_stale_after = \"45s\"\n"
+        "{SECRETS}[jobs.email_send]\ntimeout = \"10s\"\nclaim_stale_after = \"45s\"\n"
     ))
     .expect("settings load");
     assert_eq!(
-        settings.smtp.claim_stale_after,
+        settings.jobs.email_send.claim_stale_after,
         Some(std::time::Duration::from_secs(45))
     );
 }
 
 #[test]
 fn a_zero_duration_is_rejected() {
-    let error = only_error(&format!(
-        "{SECRETS}[workers.timeouts]\nemail_send = \"0s\"\n"
-    ));
-    assert_eq!(error.key, "workers.timeouts.email_send");
+    let error = only_error(&format!("{SECRETS}[jobs.email_send]\ntimeout = \"0s\"\n"));
+    assert_eq!(error.key, "jobs.email_send.timeout");
     assert!(error.problem.contains("longer than zero"), "{error}");
 }
 
@@ -235,12 +235,20 @@ fn an_imap_account_backfills_only_when_it_says_so() {
 #[test]
 fn the_reply_limit_has_a_default_and_refuses_zero() {
     let settings = load_text(SECRETS).unwrap();
-    assert_eq!(settings.auto_replies.per_recipient, 10);
-    assert_eq!(settings.auto_replies.window, Duration::from_secs(3600));
-    let text = format!("{SECRETS}[auto_replies]\nper_recipient = 0\n");
-    assert_eq!(only_error(&text).key, "auto_replies.per_recipient");
-    let text = format!("{SECRETS}[auto_replies]\nwindow = \"0s\"\n");
-    assert_eq!(only_error(&text).key, "auto_replies.window");
+    let limit = &settings.jobs.automation_action.auto_replies;
+    assert_eq!(limit.per_recipient, 10);
+    assert_eq!(limit.window, Duration::from_secs(3600));
+    let section = "[jobs.automation_action.auto_replies]";
+    let text = format!("{SECRETS}{section}\nper_recipient = 0\n");
+    assert_eq!(
+        only_error(&text).key,
+        "jobs.automation_action.auto_replies.per_recipient"
+    );
+    let text = format!("{SECRETS}{section}\nwindow = \"0s\"\n");
+    assert_eq!(
+        only_error(&text).key,
+        "jobs.automation_action.auto_replies.window"
+    );
 }
 
 #[test]
@@ -265,7 +273,7 @@ fn the_environment_overrides_any_key() {
     let source = write(&dir, "s.toml", "[database]\npassword = \"pw\"\n");
     let settings = Settings::load(&source, &env).unwrap();
     assert_eq!(settings.database.port, 6543);
-    assert_eq!(settings.jobs.outbox_drain.drain.batch_size, 42);
+    assert_eq!(settings.jobs.outbox_drain.job.drain.batch_size, 42);
     assert_eq!(settings.broker.password.unwrap().expose(), "from-env");
 }
 
@@ -677,7 +685,13 @@ fn webhook_allow_under_another_consumer_is_rejected() {
     let error = only_error(&format!(
         "{SECRETS}[jobs.email_send]\nwebhook_allow = [\"127.0.0.1\"]\n"
     ));
-    assert_eq!(error.key, "jobs.email_send.webhook_allow", "{error}");
+    assert_eq!(error.key, "jobs.email_send", "{error}");
+    assert!(
+        error
+            .problem
+            .contains("unknown key `jobs.email_send.webhook_allow`"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -693,4 +707,22 @@ fn webhook_allow_can_come_from_the_environment() {
         settings.jobs.automation_action.webhook_allow,
         ["127.0.0.1:8080", "10.0.0.0/8"]
     );
+}
+
+#[test]
+fn a_bad_value_in_a_flattened_part_is_named_by_its_key_and_file() {
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.email_send]\nprefetch = 3\ntimeout = \"soon\"\n"
+    ));
+    assert_eq!(error.key, "jobs.email_send.timeout", "{error}");
+    assert!(
+        error
+            .source
+            .as_deref()
+            .unwrap()
+            .ends_with("worker-host.toml"),
+        "{error}"
+    );
+    let error = only_error(&format!("{SECRETS}[jobs.reconciler]\nstuck_after = 7\n"));
+    assert_eq!(error.key, "jobs.reconciler.stuck_after", "{error}");
 }

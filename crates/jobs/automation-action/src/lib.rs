@@ -75,21 +75,22 @@
 //! ## What the host wires
 //!
 //! ```text
-//! let executor = ActionExecutor::new(
-//!     pool.clone(),
-//!     topology.commands_exchange.clone(),
-//!     settings.workers.timeouts.webhook,      // each webhook call's own timeout
-//! )?
-//! .with_webhook_allow(WebhookAllow::parse(&settings.jobs.automation_action.webhook_allow)?)?;
-//! let runner = ConsumerRunner::new(executor, automation_action_queue, consumer_settings);
+//! Its section, [`AutomationActionSettings`] (`[jobs.automation_action]`):
+//!
+//! ```text
+//! let section = &settings.jobs.automation_action;
+//! let executor = ActionExecutor::from_settings(pool.clone(), topology.commands_exchange.clone(), section)?
+//!     .with_own_addresses([settings.smtp.from.as_str()]);
+//! let runner = ConsumerRunner::new(executor, automation_action_queue, section.runner());
 //! ```
 //!
-//! The unit's timeout (`workers.timeouts.automation`) should exceed the webhook timeout plus
-//! the record budget, so that the unit is not cancelled while it records a success.
+//! The unit's `timeout` should exceed `webhook_timeout` plus the record budget, so that the
+//! unit is not cancelled while it records a success.
 
 pub mod address;
 pub mod loops;
 pub mod render;
+pub mod settings;
 pub mod webhook;
 
 use std::collections::HashSet;
@@ -111,6 +112,7 @@ use worker_store::{ProcessedMessages, classify};
 
 pub use address::WebhookAllow;
 pub use render::{RenderedEmail, render_email};
+pub use settings::{AutoReplySettings, AutomationActionSettings};
 pub use webhook::WebhookClient;
 
 /// The job's name, in logs, metrics and the attempt log.
@@ -158,6 +160,9 @@ impl Default for ReplyLimit {
 pub enum BuildError {
     #[error("building the webhook HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    /// An entry of `webhook_allow` that does not read (validation names it before this).
+    #[error("webhook_allow: {0}")]
+    WebhookAllow(String),
 }
 
 /// The automation action executor. Input: an [`ActionCommand`].
@@ -260,7 +265,7 @@ impl Drop for InFlight {
 impl ActionExecutor {
     /// An executor that queues email-send commands to `commands_exchange` with the routing
     /// key `email.send` (see [`Self::with_email_routing_key`]) and gives each webhook call
-    /// `webhook_timeout` (the host passes `workers.timeouts.webhook`).
+    /// `webhook_timeout` (`jobs.automation_action.webhook_timeout`).
     pub fn new(
         pool: PgPool,
         commands_exchange: impl Into<String>,
@@ -286,6 +291,23 @@ impl ActionExecutor {
             own_addresses: Vec::new(),
             reply_limit: ReplyLimit::default(),
         })
+    }
+
+    /// An executor as its section describes it: the webhook timeout, the inside addresses
+    /// webhooks may reach and the reply limit.
+    pub fn from_settings(
+        pool: PgPool,
+        commands_exchange: impl Into<String>,
+        settings: &AutomationActionSettings,
+    ) -> Result<Self, BuildError> {
+        let allow = WebhookAllow::parse(&settings.webhook_allow)
+            .map_err(|e| BuildError::WebhookAllow(e.to_string()))?;
+        let limit = &settings.auto_replies;
+        Ok(
+            Self::new(pool, commands_exchange, settings.webhook_timeout)?
+                .with_webhook_allow(allow)?
+                .with_reply_limit(limit.per_recipient, limit.window),
+        )
     }
 
     /// The host's own sender addresses (`Name <a@b>` or `a@b`; the host passes `smtp.from`):

@@ -55,6 +55,7 @@
 
 pub mod condition;
 pub mod import;
+pub mod settings;
 
 use std::collections::HashSet;
 
@@ -70,6 +71,7 @@ use worker_store::outbox::{self, OutboxMessage};
 
 pub use condition::{Condition, ConditionError, ConditionSpec, Op};
 pub use import::{AutomationDefinition, ImportError, ImportReport, import_file};
+pub use settings::AutomationTriggerSettings;
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "automation-trigger";

@@ -44,6 +44,8 @@
 //! Before the first probe the status is [`HealthStatus::Unknown`] and the handle reports not
 //! ready.
 
+pub mod settings;
+
 use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -55,6 +57,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
+
+pub use settings::DbHealthSettings;
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "db-health";

@@ -413,7 +413,12 @@ mod tests {
 
     #[test]
     fn every_dead_queue_once() {
-        let topology = Topology::defaults();
+        let settings = worker_broker::TopologySettings::default();
+        let queues = ["automation.trigger", "automation.action", "email.send"].map(|name| {
+            let defaults = worker_broker::QueueDefaults::command(name, &settings);
+            worker_broker::QueueTopology::from_settings(&Default::default(), defaults).unwrap()
+        });
+        let topology = Topology::from_settings(&settings, queues).unwrap();
         let dead = dead_queues(&topology);
         assert_eq!(
             dead,

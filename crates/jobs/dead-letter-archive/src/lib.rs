@@ -85,6 +85,7 @@ pub mod maintenance;
 pub mod query;
 pub mod record;
 pub mod replay;
+pub mod settings;
 pub mod store;
 
 pub use archiver::{
@@ -104,4 +105,5 @@ pub use replay::{
     Action, Actor, ItemOutcome, PurgeReport, ReplayItem, ReplayReport, actions, count, purge,
     purge_dry_run, replay,
 };
+pub use settings::DeadLetterArchiveSettings;
 pub use store::{InsertReport, archive_failed_outbox, outbox_dedup_key, sweep};

@@ -34,18 +34,20 @@
 //! ## What the host wires
 //!
 //! ```text
-//! let expiry = DraftExpiry::new(pool.clone(), DraftExpiryConfig {
-//!     batch_size: settings.jobs.draft_expiry.batch_size.unwrap_or(1000),
-//!     max_batches_per_tick: 10,
-//! });
-//! scheduler.add(expiry, schedule, workers.timeouts.draft, lease);
+//! let section = &settings.jobs.draft_expiry; // a DraftExpirySettings, with its schedule
+//! let expiry = DraftExpiry::new(pool.clone(), section.config());
+//! scheduler.add(expiry, schedule, section.timeout, lease);
 //! ```
+
+pub mod settings;
 
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::time::Instant;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
+
+pub use settings::DraftExpirySettings;
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "draft-expiry";

@@ -72,7 +72,7 @@
 //! | bound | covers |
 //! |---|---|
 //! | `connect_timeout` ([`SmtpConfig`]) | TCP connect, greeting, STARTTLS and AUTH together; the NOOP on an idle connection |
-//! | `send_timeout` (a constructor parameter, the host's `workers.timeouts.email_send`) | the whole send: waiting for a connection, connecting, MAIL, RCPT, DATA and the answer to the final "." |
+//! | `send_timeout` (a constructor parameter, `jobs.email_send.timeout`) | the whole send: waiting for a connection, connecting, MAIL, RCPT, DATA and the answer to the final "." |
 //! | the record budget | recording the outcome, retried on database errors |
 //!
 //! ## Classification ([`classify`], the one place)
@@ -98,18 +98,24 @@
 //!
 //! ## What the host wires
 //!
+//! Its section, [`EmailSendSettings`] (`[jobs.email_send]`), and the `[smtp]` connection:
+//!
 //! ```text
 //! let smtp = SmtpConfig {
-//!     host: s.smtp.host, port: s.smtp.port, security: SmtpSecurity::Plain /* from s.smtp.security */,
+//!     host: s.smtp.host, port: s.smtp.port, security: s.smtp.security,
 //!     username: s.smtp.username, password: /* SecretString from s.smtp.password */,
 //!     ca_file: s.smtp.ca_file, pool_size: s.smtp.pool_size, connect_timeout: Duration::from_secs(10),
 //! };
-//! let sender = EmailSender::new(pool.clone(), &smtp, &s.smtp.from, s.workers.timeouts.email_send)?
+//! let sender = EmailSender::from_settings(pool.clone(), &smtp, &s.smtp.from, &s.jobs.email_send)?
 //!     .on_unknown(move || unknown_outcomes.add(1, &[]));
-//! let runner = ConsumerRunner::new(sender, email_send_queue, consumer_settings);
+//! // The runner's limit is the section's `runner().timeout`: the send's plus the record's.
+//! let runner = ConsumerRunner::new(sender, email_send_queue, s.jobs.email_send.runner());
 //! ```
 
+pub mod settings;
 mod smtp;
+
+pub use settings::{EmailSendSettings, runner_timeout};
 
 use std::fmt;
 use std::future::Future;
@@ -126,10 +132,9 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, TlsParameters};
 use lettre::transport::smtp::response::Response;
 use secrecy::{ExposeSecret, SecretString};
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
-use worker_core::{ConsumerJob, Failure, Handled, RetryPolicy, WorkContext, error_chain};
+use worker_core::{ConsumerJob, Failure, Handled, RetryPolicy, TlsMode, WorkContext, error_chain};
 use worker_messages::EmailSendCommand;
 use worker_store::{ProcessedMessages, classify as classify_db};
 
@@ -151,25 +156,12 @@ pub const DEFAULT_RECORD_BUDGET: Duration = Duration::from_secs(30);
 /// Added to the send timeout and the record budget to make the default stale-claim age.
 pub const CLAIM_MARGIN: Duration = Duration::from_secs(60);
 
-/// How the connection to the SMTP server is protected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SmtpSecurity {
-    /// No encryption: for a server on loopback only.
-    #[default]
-    Plain,
-    /// Plain connect, then STARTTLS, which is required (no fallback to plain).
-    Starttls,
-    /// TLS from the first byte (port 465, typically).
-    Tls,
-}
-
 /// Where and how to reach the SMTP server.
 #[derive(Debug, Clone)]
 pub struct SmtpConfig {
     pub host: String,
     pub port: u16,
-    pub security: SmtpSecurity,
+    pub security: TlsMode,
     /// Leave `None` for a server that takes mail without logging in.
     pub username: Option<String>,
     /// Required with a username. Redacted in `Debug`.
@@ -189,7 +181,7 @@ impl Default for SmtpConfig {
         Self {
             host: "127.0.0.1".into(),
             port: 2525,
-            security: SmtpSecurity::Plain,
+            security: TlsMode::Plain,
             username: None,
             password: None,
             ca_file: None,
@@ -374,7 +366,7 @@ enum Claim {
 impl EmailSender {
     /// A sender over a pool of `smtp.pool_size` connections to `smtp`, with `default_from`
     /// as the sender of rows that name none and every send bounded by `send_timeout` (the
-    /// host passes `workers.timeouts.email_send`). Nothing connects until the first send.
+    /// host passes `jobs.email_send.timeout`). Nothing connects until the first send.
     pub fn new(
         pool: PgPool,
         smtp: &SmtpConfig,
@@ -408,9 +400,9 @@ impl EmailSender {
             })
         };
         let security = match smtp.security {
-            SmtpSecurity::Plain => Security::Plain,
-            SmtpSecurity::Starttls => Security::Starttls(tls()?),
-            SmtpSecurity::Tls => Security::Tls(tls()?),
+            TlsMode::Plain => Security::Plain,
+            TlsMode::Starttls => Security::Starttls(tls()?),
+            TlsMode::Tls => Security::Tls(tls()?),
         };
         let credentials = match (&smtp.username, &smtp.password) {
             (Some(user), Some(password)) => Some(Credentials::new(
@@ -439,6 +431,21 @@ impl EmailSender {
             instance: Uuid::new_v4(),
             unknown_outcomes: Arc::new(AtomicU64::new(0)),
             on_unknown: None,
+        })
+    }
+
+    /// A sender as its section describes it: each send bounded by `timeout`, and the stale
+    /// claim age when the section sets one.
+    pub fn from_settings(
+        pool: PgPool,
+        smtp: &SmtpConfig,
+        default_from: &str,
+        settings: &EmailSendSettings,
+    ) -> Result<Self, SmtpConfigError> {
+        let sender = Self::new(pool, smtp, default_from, settings.send.timeout)?;
+        Ok(match settings.claim_stale_after {
+            Some(age) => sender.with_claim_stale_after(age),
+            None => sender,
         })
     }
 
@@ -840,22 +847,24 @@ impl ConsumerJob for EmailSender {
 
 #[cfg(test)]
 mod tests {
+    use serde::Deserialize;
+
     use super::*;
 
     #[test]
     fn security_reads_from_settings_words() {
         #[derive(Deserialize)]
         struct S {
-            security: SmtpSecurity,
+            security: TlsMode,
         }
         let read = |w: &str| {
             serde_json::from_str::<S>(&format!(r#"{{"security": "{w}"}}"#))
                 .map(|s| s.security)
                 .ok()
         };
-        assert_eq!(read("plain"), Some(SmtpSecurity::Plain));
-        assert_eq!(read("starttls"), Some(SmtpSecurity::Starttls));
-        assert_eq!(read("tls"), Some(SmtpSecurity::Tls));
+        assert_eq!(read("plain"), Some(TlsMode::Plain));
+        assert_eq!(read("starttls"), Some(TlsMode::Starttls));
+        assert_eq!(read("tls"), Some(TlsMode::Tls));
         assert_eq!(read("ssl"), None);
     }
 

@@ -13,7 +13,7 @@ use worker_core::{ConsumerJob, FailureClass, Handled, WorkContext, execute_once}
 use worker_messages::EmailSendCommand;
 use worker_testkit::TestDb;
 
-use job_email_send::{EmailSender, GUARD_SCOPE, JOB_NAME, SmtpConfig, SmtpSecurity};
+use job_email_send::{EmailSender, GUARD_SCOPE, JOB_NAME, SmtpConfig};
 
 fn ctx() -> WorkContext {
     WorkContext::new(JOB_NAME, CancellationToken::new())
@@ -25,7 +25,7 @@ fn smtp() -> SmtpConfig {
     SmtpConfig {
         host: host.into(),
         port: port.parse().unwrap(),
-        security: SmtpSecurity::Plain,
+        security: worker_core::TlsMode::Plain,
         pool_size: 2,
         ..SmtpConfig::default()
     }
@@ -476,7 +476,7 @@ async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<
     };
 
     let (err, status) = attempt(SmtpConfig {
-        security: SmtpSecurity::Starttls,
+        security: worker_core::TlsMode::Starttls,
         ..smtp()
     })
     .await;
@@ -495,7 +495,7 @@ async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<
     assert_eq!(status, "failed");
 
     let (err, status) = attempt(SmtpConfig {
-        security: SmtpSecurity::Tls,
+        security: worker_core::TlsMode::Tls,
         ..smtp()
     })
     .await;

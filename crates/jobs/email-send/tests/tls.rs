@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use job_email_send::{EmailSender, SmtpConfig, SmtpSecurity};
+use job_email_send::{EmailSender, SmtpConfig};
 use worker_core::{ConsumerJob, FailureClass};
 use worker_testkit::{SmtpSink, TestCa, TestDb};
 
@@ -18,7 +18,7 @@ fn starttls(sink: &SmtpSink, ca: &TestCa) -> SmtpConfig {
     SmtpConfig {
         // The certificate names localhost and 127.0.0.1; the name is checked too.
         host: "localhost".into(),
-        security: SmtpSecurity::Starttls,
+        security: worker_core::TlsMode::Starttls,
         ca_file: Some(ca.cert_path()),
         ..smtp_for(sink, 1)
     }
@@ -76,7 +76,7 @@ async fn a_ca_file_that_holds_no_certificate_is_refused_at_construction() {
     let path = dir.path().join("ca.pem");
     std::fs::write(&path, "not a certificate\n").unwrap();
     let config = SmtpConfig {
-        security: SmtpSecurity::Starttls,
+        security: worker_core::TlsMode::Starttls,
         ca_file: Some(path.clone()),
         ..SmtpConfig::default()
     };

@@ -19,9 +19,9 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-use worker_core::Failure;
+use worker_core::{Failure, TlsMode};
 
-use crate::{ImapAccount, Security};
+use crate::ImapAccount;
 
 /// The byte stream under a session: TCP, or TLS over TCP.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + fmt::Debug {}
@@ -239,18 +239,18 @@ pub async fn connect(
     // Latency matters more than throughput for a command-response protocol.
     let _ = tcp.set_nodelay(true);
     let client = match account.security {
-        Security::Plain => {
+        TlsMode::Plain => {
             let mut client = async_imap::Client::new(Box::new(tcp) as Box<dyn Io>);
             greeting(&mut client).await?;
             client
         }
-        Security::Tls => {
+        TlsMode::Tls => {
             let stream = handshake(tcp, account, tls).await?;
             let mut client = async_imap::Client::new(Box::new(stream) as Box<dyn Io>);
             greeting(&mut client).await?;
             client
         }
-        Security::Starttls => {
+        TlsMode::Starttls => {
             let mut plain = async_imap::Client::new(tcp);
             greeting(&mut plain).await?;
             plain

@@ -7,9 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use job_inbound_email_poller::{Security, event_id, inbound_email_id};
+use job_inbound_email_poller::{event_id, inbound_email_id};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
+use worker_core::TlsMode;
 use worker_core::{FailureClass, NoLease, SkipIfBusy, TickOutcome, tick_once};
 use worker_messages::{DomainEvent, EMAIL_RECEIVED, EmailReceived};
 use worker_testkit::TestDb;
@@ -399,7 +400,7 @@ async fn misconfigured_accounts_fail_permanently_and_a_tick_of_only_those_fails(
     let db = TestDb::create().await?;
     let u = user("poll-conf");
     let mut starttls = account("starttls", &u, "secret");
-    starttls.security = Security::Starttls;
+    starttls.security = TlsMode::Starttls;
     let mut missing = account("missing", &u, "secret");
     missing.mailbox = "No-Such-Folder".into();
     let poller = poller(&db.pool, config(vec![starttls, missing]));
@@ -445,7 +446,7 @@ async fn tls_to_a_plain_server_fails_the_handshake_for_that_account_only() -> an
     )
     .await?;
     let mut tls = account("tls", &u, "secret");
-    tls.security = Security::Tls;
+    tls.security = TlsMode::Tls;
     let poller = poller(&db.pool, config(vec![tls, account("plain", &u, "secret")]));
     let report = poll(&poller).await;
     let failures: Vec<_> = report.failed().collect();

@@ -7,13 +7,14 @@
 
 mod common;
 
-use job_inbound_email_poller::{ImapAccount, Security};
+use job_inbound_email_poller::ImapAccount;
 use worker_core::FailureClass;
+use worker_core::TlsMode;
 use worker_testkit::{Dovecot, TestCa, TestDb};
 
 use common::{account, append, config, poll, poller, raw_mail, user};
 
-fn secured(name: &str, user: &str, port: u16, security: Security, ca: &TestCa) -> ImapAccount {
+fn secured(name: &str, user: &str, port: u16, security: TlsMode, ca: &TestCa) -> ImapAccount {
     ImapAccount {
         // The certificate names localhost and 127.0.0.1; the name is checked too.
         host: "localhost".into(),
@@ -40,8 +41,8 @@ async fn tls_and_starttls_to_a_server_signed_by_the_given_ca_read_the_mail() -> 
     let poller = poller(
         &db.pool,
         config(vec![
-            secured("tls", &u, imaps, Security::Tls, &ca),
-            secured("starttls", &u, server.port, Security::Starttls, &ca),
+            secured("tls", &u, imaps, TlsMode::Tls, &ca),
+            secured("starttls", &u, server.port, TlsMode::Starttls, &ca),
         ]),
     );
     let report = poll(&poller).await;
@@ -63,8 +64,8 @@ async fn a_server_the_given_ca_does_not_vouch_for_is_refused_naming_the_server()
     let poller = poller(
         &db.pool,
         config(vec![
-            secured("tls", &u, imaps, Security::Tls, &other),
-            secured("starttls", &u, server.port, Security::Starttls, &other),
+            secured("tls", &u, imaps, TlsMode::Tls, &other),
+            secured("starttls", &u, server.port, TlsMode::Starttls, &other),
         ]),
     );
     let report = poll(&poller).await;

@@ -58,6 +58,7 @@
 //! `purge_interval`; [`OutboxDrain::purge`] runs it on demand.
 
 pub mod publish;
+pub mod settings;
 pub mod waker;
 
 use std::fmt;
@@ -76,6 +77,7 @@ use worker_store::outbox::{self, PublishFailure};
 use worker_store::{Tx, classify};
 
 pub use publish::Verdict;
+pub use settings::OutboxDrainJobSettings;
 pub use waker::{ListenerSettings, listen};
 
 /// The job's name, in logs, metrics and the attempt log.

@@ -81,6 +81,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod settings;
+
 use std::fmt;
 use std::time::Duration;
 
@@ -94,6 +96,8 @@ use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 use worker_messages::{AUTOMATION_ACTION, ActionCommand, EMAIL_SEND, EmailSendCommand};
 use worker_store::classify;
 use worker_store::outbox::{self, OutboxMessage};
+
+pub use settings::ReconcilerSettings;
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "reconciler";

@@ -46,12 +46,16 @@
 //! # let _ = outcome; }
 //! ```
 
+pub mod settings;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 use worker_store::ProcessedMessages;
+
+pub use settings::RetentionSettings;
 
 /// The job's name, in logs, metrics, the attempt log and its lease.
 pub const JOB_NAME: &str = "retention";

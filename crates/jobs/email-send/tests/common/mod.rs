@@ -12,7 +12,7 @@ use worker_core::WorkContext;
 use worker_messages::EmailSendCommand;
 use worker_testkit::SmtpSink;
 
-use job_email_send::{EmailSender, JOB_NAME, SmtpConfig, SmtpSecurity};
+use job_email_send::{EmailSender, JOB_NAME, SmtpConfig};
 
 pub fn ctx() -> WorkContext {
     WorkContext::new(JOB_NAME, CancellationToken::new())
@@ -29,7 +29,7 @@ pub fn smtp_for(sink: &SmtpSink, pool_size: u32) -> SmtpConfig {
     SmtpConfig {
         host: "127.0.0.1".into(),
         port: sink.port,
-        security: SmtpSecurity::Plain,
+        security: worker_core::TlsMode::Plain,
         pool_size,
         connect_timeout: Duration::from_secs(5),
         ..SmtpConfig::default()
@@ -112,7 +112,7 @@ impl Delivery {
                 delivery_limit: 10,
                 ..QueueSettings::default()
             },
-            QueueDefaults::email_send(&topo),
+            QueueDefaults::command(worker_messages::queues::EMAIL_SEND, &topo),
         )?;
         let topology = Topology::from_settings(&topo, [queue.clone()])?;
         let mut connection = ConnectionSettings::from_uri(&vhost.amqp_url())?;

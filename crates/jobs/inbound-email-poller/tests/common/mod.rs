@@ -9,9 +9,7 @@ pub mod hostile;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use job_inbound_email_poller::{
-    ImapAccount, InboundEmailPoller, PollReport, PollerConfig, Security,
-};
+use job_inbound_email_poller::{ImapAccount, InboundEmailPoller, PollReport, PollerConfig};
 use lettre::message::Mailbox;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use sqlx::PgPool;
@@ -39,7 +37,7 @@ pub fn account(name: &str, user: &str, password: &str) -> ImapAccount {
         name: name.into(),
         host,
         port,
-        security: Security::Plain,
+        security: worker_core::TlsMode::Plain,
         username: user.into(),
         password: password.into(),
         mailbox: "INBOX".into(),

@@ -1,0 +1,381 @@
+//! The host's own sections: the connections it opens for every job (database, broker, SMTP,
+//! IMAP accounts), telemetry, the admin endpoints, alerts, and what the workers share
+//! (shutdown, the default retry, dedup and attempt-log retention).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use worker_core::{RetryPolicy, TlsMode};
+
+use crate::secret::Secret;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub host: String,
+    pub port: u16,
+    pub name: String,
+    pub username: String,
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    /// Connections in the shared pool; the jobs' concurrency must fit in it (`budget`).
+    pub max_connections: u32,
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// Attempts to reach the database at start before giving up.
+    pub connect_attempts: u32,
+    pub migrate_on_start: bool,
+    /// How the connection is protected, as libpq's `sslmode`: `disable`, `prefer` (TLS when
+    /// the server offers it, the certificate not checked), `require` (TLS, not checked),
+    /// `verify-ca` (TLS, the certificate signed by a trusted CA) or `verify-full` (and naming
+    /// `host`).
+    pub ssl_mode: SslMode,
+    /// The CA certificates (PEM) that `verify-ca` and `verify-full` trust; unset: the
+    /// public web PKI's roots.
+    pub ssl_root_cert: Option<PathBuf>,
+    /// Lets the password go to a host that is not loopback with `ssl_mode` `disable` or
+    /// `prefer` (which falls back to plain text); refused otherwise.
+    pub allow_plaintext: bool,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 5432,
+            name: "worker_host".into(),
+            username: "worker_host".into(),
+            password: None,
+            password_file: None,
+            // What the default concurrency can ask at once (see `settings::budget`), with room.
+            max_connections: 64,
+            acquire_timeout: Duration::from_secs(10),
+            connect_attempts: 10,
+            migrate_on_start: true,
+            ssl_mode: SslMode::Prefer,
+            ssl_root_cert: None,
+            allow_plaintext: false,
+        }
+    }
+}
+
+/// `database.ssl_mode`: libpq's `sslmode` values, without `allow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    /// Whether the password may cross the network in plain text in this mode.
+    pub fn may_be_plaintext(self) -> bool {
+        matches!(self, Self::Disable | Self::Prefer)
+    }
+
+    /// Whether the server's certificate is checked against a CA in this mode.
+    pub fn verifies(self) -> bool {
+        matches!(self, Self::VerifyCa | Self::VerifyFull)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerSettings {
+    pub host: String,
+    pub port: u16,
+    pub vhost: String,
+    pub username: String,
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// `amqps` instead of `amqp`; the certificate is always checked, and must name `host`.
+    pub tls: bool,
+    /// The CA certificates (PEM) trusted for `amqps`; unset: the public web PKI's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Lets the password go to a host that is not loopback without `tls`; refused otherwise.
+    pub allow_plaintext: bool,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Attempts to reach the broker at start before giving up.
+    pub connect_attempts: u32,
+    /// First wait before reconnecting after the connection is lost; doubles each time.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_min: Duration,
+    /// Longest wait between reconnection attempts.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_max: Duration,
+    pub topology: worker_broker::TopologySettings,
+    pub publisher: worker_broker::PublisherSettings,
+}
+
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 5672,
+            // The host's own user on its own vhost (`scripts/services.sh` creates both), not
+            // guest: guest is an administrator of every vhost.
+            vhost: "worker_host".into(),
+            username: "worker_host".into(),
+            password: None,
+            password_file: None,
+            heartbeat: Duration::from_secs(10),
+            tls: false,
+            ca_file: None,
+            allow_plaintext: false,
+            connect_timeout: Duration::from_secs(10),
+            connect_attempts: 10,
+            reconnect_min: Duration::from_millis(500),
+            reconnect_max: Duration::from_secs(30),
+            topology: worker_broker::TopologySettings::default(),
+            publisher: worker_broker::PublisherSettings::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpSettings {
+    pub host: String,
+    pub port: u16,
+    pub security: TlsMode,
+    /// Leave empty for a server that takes mail without logging in.
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
+    /// public web PKI's roots. The certificate must name `host`.
+    pub ca_file: Option<PathBuf>,
+    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
+    /// otherwise.
+    pub allow_plaintext: bool,
+    /// The sender of mail that does not name one.
+    pub from: String,
+    /// Connections kept open to the server.
+    pub pool_size: u32,
+}
+
+impl Default for SmtpSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 2525,
+            security: TlsMode::Plain,
+            username: None,
+            password: None,
+            password_file: None,
+            ca_file: None,
+            allow_plaintext: false,
+            from: "worker-host@localhost".into(),
+            pool_size: 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImapSettings {
+    pub accounts: Vec<ImapAccount>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImapAccount {
+    /// A short name for logs, metrics and the poll state.
+    pub name: String,
+    #[serde(default = "default_imap_host")]
+    pub host: String,
+    #[serde(default = "default_imap_port")]
+    pub port: u16,
+    #[serde(default = "default_imap_security")]
+    pub security: TlsMode,
+    pub username: String,
+    #[serde(default)]
+    pub password: Option<Secret>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    #[serde(default = "default_mailbox")]
+    pub mailbox: String,
+    /// Announce the mail already in the mailbox at the account's first poll. Off (the
+    /// default), the first poll starts after the mail that arrived before the host first
+    /// watched the account, so that a new installation does not answer years of mail.
+    #[serde(default)]
+    pub backfill: bool,
+    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
+    /// public web PKI's roots. The certificate must name `host`.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
+    /// otherwise.
+    #[serde(default)]
+    pub allow_plaintext: bool,
+}
+
+impl ImapAccount {
+    /// The account as the poller takes it, its password exposed for the client library.
+    pub fn poller(&self) -> job_inbound_email_poller::ImapAccount {
+        job_inbound_email_poller::ImapAccount {
+            name: self.name.clone(),
+            host: self.host.clone(),
+            port: self.port,
+            security: self.security,
+            username: self.username.clone(),
+            password: self
+                .password
+                .as_ref()
+                .map(|p| p.expose().to_string())
+                .unwrap_or_default(),
+            mailbox: self.mailbox.clone(),
+            backfill: self.backfill,
+            ca_file: self.ca_file.clone(),
+        }
+    }
+}
+
+fn default_imap_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_imap_port() -> u16 {
+    10143
+}
+fn default_imap_security() -> TlsMode {
+    TlsMode::Plain
+}
+fn default_mailbox() -> String {
+    "INBOX".into()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySettings {
+    pub log_format: LogFormat,
+    /// A tracing filter (`info`, `worker_broker=debug,info`); `RUST_LOG` wins when set.
+    pub log_level: String,
+    /// The OTLP/HTTP endpoint (`http://127.0.0.1:4318`); traces are exported only when set.
+    pub otlp_endpoint: Option<String>,
+    pub service_name: String,
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: Duration,
+    /// How often metrics are pushed over OTLP (Prometheus pulls `/metrics` when it likes).
+    #[serde(with = "humantime_serde")]
+    pub metrics_interval: Duration,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            log_format: LogFormat::Human,
+            log_level: "info".into(),
+            otlp_endpoint: None,
+            service_name: "worker-host".into(),
+            export_timeout: Duration::from_secs(10),
+            metrics_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSettings {
+    pub enabled: bool,
+    /// Where `/healthz`, `/readyz` and the other admin endpoints listen; keep it on loopback.
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9180)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkersSettings {
+    /// How long a graceful shutdown may take before work in flight is abandoned.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// How long each consumer, once shutdown starts, keeps working through the deliveries it
+    /// already holds before it returns the rest to the queue; more than a second shorter than
+    /// `shutdown_grace`, which must leave time to cancel, return and close. Unset: two thirds
+    /// of `shutdown_grace`.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub drain_deadline: Option<Duration>,
+    /// How long processed-message marks are kept: longer than any retry tier or replay.
+    #[serde(with = "humantime_serde")]
+    pub dedup_retention: Duration,
+    /// The in-process retry policy of every consumer whose section does not set its own.
+    pub retry: RetryPolicy,
+    /// The attempt log: a row per failed try and per final outcome.
+    pub attempt_log: worker_store::AttemptLogSettings,
+}
+
+impl WorkersSettings {
+    /// The consumers' drain deadline: as set, else two thirds of the shutdown grace, which
+    /// leaves the rest of the grace to cancel, return what is left and close.
+    pub fn drain_deadline(&self) -> Duration {
+        self.drain_deadline
+            .unwrap_or(self.shutdown_grace.mul_f64(2.0 / 3.0))
+    }
+}
+
+impl Default for WorkersSettings {
+    fn default() -> Self {
+        Self {
+            shutdown_grace: Duration::from_secs(30),
+            drain_deadline: None,
+            dedup_retention: Duration::from_secs(7 * 24 * 3600),
+            retry: RetryPolicy::default(),
+            attempt_log: worker_store::AttemptLogSettings::default(),
+        }
+    }
+}
+
+/// `[alerts]`: thresholds; crossing one logs an error once and shows on `/status`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertSettings {
+    /// How often the readings are taken.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Dead letters waiting in one queue's archive (or its dead queue) above this.
+    pub dead_letter_depth: u64,
+    /// Dead letters archived in the last minute, over all queues, above this.
+    pub dead_letter_inflow_per_minute: u64,
+    /// The oldest pending outbox row older than this.
+    #[serde(with = "humantime_serde")]
+    pub outbox_oldest_pending: Duration,
+    /// Failed database probes in a row above this.
+    pub db_probe_failures: u32,
+    /// Stuck executions or emails (of either kind) above this.
+    pub stuck_work: u64,
+}
+
+impl Default for AlertSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(15),
+            dead_letter_depth: 100,
+            dead_letter_inflow_per_minute: 50,
+            outbox_oldest_pending: Duration::from_secs(300),
+            db_probe_failures: 3,
+            stuck_work: 0,
+        }
+    }
+}

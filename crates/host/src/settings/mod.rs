@@ -1,0 +1,152 @@
+//! The settings tree: one TOML file, every key overridable from the environment as
+//! `WORKER_HOST__SECTION__KEY`, validated as a whole before anything starts.
+//!
+//! Loading goes: defaults → the TOML file → the environment → secrets from `*_file` keys →
+//! validation. Every error names the file, the key and what was expected.
+//!
+//! Each job owns its section (`[jobs.<job>]`): the job's crate defines it with its defaults
+//! and a `validate` that names keys relative to the section; [`JobsSettings`] lists the
+//! sections and puts `jobs.<job>.` in front of their keys. The host's own sections (the
+//! connections, telemetry, admin, alerts, the workers' shared retry and shutdown) are here.
+//!
+//! - `load.rs`: figment, the file's syntax check, environment overrides, and
+//!   [`SettingsError`] (file, line and key; never a secret's value);
+//! - `secrets.rs`: passwords from `*_file` keys, and the missing ones;
+//! - `host.rs` and `validate.rs`: the host's own sections and their checks (TLS and
+//!   credentials among them);
+//! - `jobs.rs`: the list of job sections;
+//! - `budget.rs`: what the jobs may ask of the database pool at once.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use budget::{DEDICATED, Need};
+pub use host::{
+    AdminSettings, AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings,
+    LogFormat, SmtpSettings, SslMode, TelemetrySettings, WorkersSettings,
+};
+pub use jobs::{ConsumerEntry, JobsSettings, Timer};
+pub use load::{DEFAULT_PATH, ENV_PREFIX, SettingsError, SettingsSource, source_from};
+
+mod budget;
+mod host;
+mod jobs;
+mod load;
+mod secrets;
+mod validate;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Which client installation this host serves; a resource attribute of every trace.
+    pub installation: String,
+    /// Automation files (TOML or JSON) imported at start, by name: for demos and fixed
+    /// installations (the platform normally writes automations itself). A relative path is
+    /// relative to the settings file's folder.
+    pub automations_files: Vec<PathBuf>,
+    pub database: DatabaseSettings,
+    pub broker: BrokerSettings,
+    pub smtp: SmtpSettings,
+    pub imap: ImapSettings,
+    pub telemetry: TelemetrySettings,
+    pub admin: AdminSettings,
+    pub workers: WorkersSettings,
+    /// Each job's own section, `[jobs.<job>]`, defined by the job's crate.
+    pub jobs: JobsSettings,
+    pub alerts: AlertSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            installation: "local".into(),
+            automations_files: Vec::new(),
+            database: DatabaseSettings::default(),
+            broker: BrokerSettings::default(),
+            smtp: SmtpSettings::default(),
+            imap: ImapSettings::default(),
+            telemetry: TelemetrySettings::default(),
+            admin: AdminSettings::default(),
+            workers: WorkersSettings::default(),
+            jobs: JobsSettings::default(),
+            alerts: AlertSettings::default(),
+        }
+    }
+}
+
+/// When a timer job ticks: `every 5s` (any humantime duration) or a cron expression with
+/// optional seconds (`0 */5 * * * *`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Schedule {
+    Every(Duration),
+    Cron(String),
+}
+
+impl Schedule {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Some(interval) = text.strip_prefix("every ") {
+            let every = humantime::parse_duration(interval.trim()).map_err(|e| {
+                format!("`{text}`: the interval is not a duration like `5s` or `2m` ({e})")
+            })?;
+            if every.is_zero() {
+                return Err(format!("`{text}`: the interval must be longer than zero"));
+            }
+            return Ok(Self::Every(every));
+        }
+        crate::schedule::parse_cron(text)
+            .map(|_| Self::Cron(text.to_string()))
+            .map_err(|e| {
+                format!("`{text}` is neither `every <duration>` nor a valid cron expression: {e}")
+            })
+    }
+}
+
+impl TryFrom<String> for Schedule {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
+impl From<Schedule> for String {
+    fn from(schedule: Schedule) -> Self {
+        schedule.to_string()
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Every(every) => write!(f, "every {}", humantime::format_duration(*every)),
+            Self::Cron(expr) => f.write_str(expr),
+        }
+    }
+}
+
+impl Settings {
+    /// The effective settings as TOML, with every secret redacted.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("# the settings could not be printed: {e}\n"))
+    }
+
+    /// The broker topology the settings describe: the exchanges and, for each consumer job,
+    /// its queue with retry tiers and dead letters.
+    pub fn topology(&self) -> Result<worker_broker::Topology, worker_broker::TopologyError> {
+        let queues = self
+            .jobs
+            .consumers()
+            .into_iter()
+            .map(|job| job.queue(&self.broker.topology))
+            .collect::<Result<Vec<_>, _>>()?;
+        worker_broker::Topology::from_settings(&self.broker.topology, queues)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,91 @@
+//! Secrets: each password from its key, the environment or its `*_file`, and a missing one
+//! named by the key and the variable that would set it, never by a value.
+
+use std::path::PathBuf;
+
+use super::load::env_var_for;
+use super::{Settings, SettingsError};
+use crate::secret::Secret;
+
+impl Settings {
+    pub(super) fn resolve_secrets(&mut self, file: &str, errors: &mut Vec<SettingsError>) {
+        resolve(
+            file,
+            "database",
+            &mut self.database.password,
+            &self.database.password_file,
+            true,
+            errors,
+        );
+        resolve(
+            file,
+            "broker",
+            &mut self.broker.password,
+            &self.broker.password_file,
+            true,
+            errors,
+        );
+        let smtp_needs = self.smtp.username.is_some();
+        resolve(
+            file,
+            "smtp",
+            &mut self.smtp.password,
+            &self.smtp.password_file,
+            smtp_needs,
+            errors,
+        );
+        for (i, account) in self.imap.accounts.iter_mut().enumerate() {
+            let section = format!("imap.accounts[{i}]");
+            resolve(
+                file,
+                &section,
+                &mut account.password,
+                &account.password_file,
+                true,
+                errors,
+            );
+        }
+    }
+}
+
+fn resolve(
+    file: &str,
+    section: &str,
+    password: &mut Option<Secret>,
+    password_file: &Option<PathBuf>,
+    required: bool,
+    errors: &mut Vec<SettingsError>,
+) {
+    let key = format!("{section}.password_file");
+    match (password.as_ref(), password_file) {
+        (Some(_), Some(_)) => errors.push(SettingsError {
+            source: Some(file.to_string()),
+            key,
+            problem: format!(
+                "set either `{section}.password` or `{section}.password_file`, not both"
+            ),
+        }),
+        (None, Some(path)) => match Secret::from_file(path) {
+            Ok(secret) => *password = Some(secret),
+            Err(e) => errors.push(SettingsError {
+                source: Some(file.to_string()),
+                key,
+                problem: format!(
+                    "expected a readable file holding the secret, but {} cannot be read: {e}",
+                    path.display()
+                ),
+            }),
+        },
+        (None, None) if required => {
+            let env = env_var_for(&format!("{section}.password"));
+            errors.push(SettingsError {
+                source: Some(file.to_string()),
+                key: format!("{section}.password"),
+                problem: format!(
+                    "missing secret: expected `{section}.password`, the environment variable {env}, or `{section}.password_file`"
+                ),
+            })
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,308 @@
+//! The checks of the host's own sections, and the calls to each job section's `validate`
+//! (keys put under `jobs.<job>.`). TLS and credentials: no password in plain text to a host
+//! that is not loopback unless the section allows it; a CA file that is readable and used.
+
+use std::path::Path;
+use std::time::Duration;
+
+use worker_core::TlsMode;
+
+use super::{ImapAccount, Settings, SettingsError};
+
+impl Settings {
+    pub(super) fn validate(&self, file: &str, errors: &mut Vec<SettingsError>) {
+        let mut fail = |key: &str, problem: String| {
+            errors.push(SettingsError {
+                source: Some(file.to_string()),
+                key: key.to_string(),
+                problem,
+            })
+        };
+        if self.installation.trim().is_empty() {
+            fail(
+                "installation",
+                "expected the name of this client installation, found an empty string".into(),
+            );
+        }
+        for (key, port) in [
+            ("database.port", self.database.port),
+            ("broker.port", self.broker.port),
+            ("smtp.port", self.smtp.port),
+        ] {
+            if port == 0 {
+                fail(
+                    key,
+                    "expected a port number from 1 to 65535, found 0".into(),
+                );
+            }
+        }
+        for (key, value) in [
+            ("database.max_connections", self.database.max_connections),
+            ("database.connect_attempts", self.database.connect_attempts),
+            ("broker.connect_attempts", self.broker.connect_attempts),
+            ("smtp.pool_size", self.smtp.pool_size),
+        ] {
+            if value == 0 {
+                fail(key, "expected a positive number, found 0".into());
+            }
+        }
+        let mut durations: Vec<(String, Duration)> = vec![
+            (
+                "database.acquire_timeout".into(),
+                self.database.acquire_timeout,
+            ),
+            ("broker.heartbeat".into(), self.broker.heartbeat),
+            ("broker.connect_timeout".into(), self.broker.connect_timeout),
+            ("broker.reconnect_min".into(), self.broker.reconnect_min),
+            ("broker.reconnect_max".into(), self.broker.reconnect_max),
+            (
+                "telemetry.export_timeout".into(),
+                self.telemetry.export_timeout,
+            ),
+            (
+                "telemetry.metrics_interval".into(),
+                self.telemetry.metrics_interval,
+            ),
+            ("workers.shutdown_grace".into(), self.workers.shutdown_grace),
+            (
+                "workers.dedup_retention".into(),
+                self.workers.dedup_retention,
+            ),
+            (
+                "workers.retry.max_delay".into(),
+                self.workers.retry.max_delay,
+            ),
+        ];
+        if let Some(drain) = self.workers.drain_deadline {
+            durations.push(("workers.drain_deadline".into(), drain));
+            if drain + worker_broker::consumer::CANCEL_WAIT >= self.workers.shutdown_grace {
+                fail(
+                    "workers.drain_deadline",
+                    format!(
+                        "expected a deadline more than {} shorter than workers.shutdown_grace ({}), which must leave time to cancel what is left, return it to the queue and close; found {}",
+                        humantime::format_duration(worker_broker::consumer::CANCEL_WAIT),
+                        humantime::format_duration(self.workers.shutdown_grace),
+                        humantime::format_duration(drain)
+                    ),
+                );
+            }
+        }
+        if let Err(problem) = self.workers.retry.validate() {
+            fail("workers.retry", problem);
+        }
+        if let Err(problem) = self.workers.attempt_log.validate() {
+            fail("workers.attempt_log", problem);
+        }
+        durations.push(("alerts.interval".into(), self.alerts.interval));
+        durations.push((
+            "alerts.outbox_oldest_pending".into(),
+            self.alerts.outbox_oldest_pending,
+        ));
+        if let Err(e) = self.topology() {
+            let key = match &e {
+                worker_broker::TopologyError::Invalid { queue, key, .. } => {
+                    self.jobs
+                        .consumers()
+                        .into_iter()
+                        .find(|job| {
+                            let section = job.section;
+                            let name = section.queue().name.clone().unwrap_or_else(|| {
+                                section.queue_defaults(&self.broker.topology).name
+                            });
+                            name == *queue
+                        })
+                        .map(|job| format!("jobs.{}.queue.{key}", job.name))
+                        .unwrap_or_else(|| format!("broker.topology.{key}"))
+                }
+                _ => "broker.topology".to_string(),
+            };
+            fail(&key, e.to_string());
+        }
+        for problem in self.jobs.validate() {
+            fail(&format!("jobs.{}", problem.key), problem.problem);
+        }
+        let accounts: Vec<_> = self.imap.accounts.iter().map(ImapAccount::poller).collect();
+        for problem in job_inbound_email_poller::validate_accounts(&accounts) {
+            fail(&format!("imap.accounts{}", problem.key), problem.problem);
+        }
+        if let Err(problem) = self.check_pool_budget() {
+            fail("database.max_connections", problem);
+        }
+        for (key, duration) in durations {
+            if duration.is_zero() {
+                fail(
+                    &key,
+                    "expected a duration longer than zero (like `30s`), found 0".into(),
+                );
+            }
+        }
+        for (i, file) in self.automations_files.iter().enumerate() {
+            if let Err(e) = job_automation_trigger::import::load_file(file) {
+                fail(
+                    &format!("automations_files[{i}]"),
+                    format!("expected a valid automations file: {e}"),
+                );
+            }
+        }
+        if let Some(endpoint) = &self.telemetry.otlp_endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            fail(
+                "telemetry.otlp_endpoint",
+                format!("expected an http:// or https:// URL, found `{endpoint}`"),
+            );
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level) {
+            fail(
+                "telemetry.log_level",
+                format!("expected a level or tracing filter like `info`: {e}"),
+            );
+        }
+        self.validate_transport(&mut fail);
+    }
+
+    /// TLS and credentials: no password in plain text to a host that is not loopback unless
+    /// the section says `allow_plaintext = true`; a CA file that is readable PEM and is used.
+    fn validate_transport(&self, fail: &mut impl FnMut(&str, String)) {
+        let plain = |what: &str, host: &str, fix: &str, key: &str| {
+            format!(
+                "{what} would cross the network to {host} in plain text: {fix}, or set `{key}.allow_plaintext = true` if the network is trusted"
+            )
+        };
+        let db = &self.database;
+        if db.ssl_mode.may_be_plaintext() && !db.allow_plaintext && !is_loopback(&db.host) {
+            fail(
+                "database.ssl_mode",
+                plain(
+                    "the database password",
+                    &db.host,
+                    "set `ssl_mode = \"verify-full\"` (with `ssl_root_cert` for a private CA)",
+                    "database",
+                ),
+            );
+        }
+        if let Some(path) = &db.ssl_root_cert {
+            check_ca_file(
+                fail,
+                "database.ssl_root_cert",
+                path,
+                db.ssl_mode.verifies(),
+                "`ssl_mode` is `verify-ca` or `verify-full`",
+            );
+        }
+        let broker = &self.broker;
+        if !broker.tls && !broker.allow_plaintext && !is_loopback(&broker.host) {
+            fail(
+                "broker.tls",
+                plain(
+                    "the broker password",
+                    &broker.host,
+                    "set `tls = true` (with `ca_file` for a private CA)",
+                    "broker",
+                ),
+            );
+        }
+        if let Some(path) = &broker.ca_file {
+            check_ca_file(fail, "broker.ca_file", path, broker.tls, "`tls = true`");
+        }
+        let smtp = &self.smtp;
+        if smtp.security == TlsMode::Plain
+            && smtp.username.is_some()
+            && !smtp.allow_plaintext
+            && !is_loopback(&smtp.host)
+        {
+            fail(
+                "smtp.security",
+                plain(
+                    "the SMTP login",
+                    &smtp.host,
+                    "set `security = \"starttls\"` or `\"tls\"` (with `ca_file` for a private CA)",
+                    "smtp",
+                ),
+            );
+        }
+        if let Some(path) = &smtp.ca_file {
+            check_ca_file(
+                fail,
+                "smtp.ca_file",
+                path,
+                smtp.security != TlsMode::Plain,
+                "`security` is `starttls` or `tls`",
+            );
+        }
+        for (i, account) in self.imap.accounts.iter().enumerate() {
+            let section = format!("imap.accounts[{i}]");
+            if account.security == TlsMode::Plain
+                && !account.allow_plaintext
+                && !is_loopback(&account.host)
+            {
+                fail(
+                    &format!("{section}.security"),
+                    plain(
+                        "the IMAP login",
+                        &account.host,
+                        "set `security = \"tls\"` or `\"starttls\"` (with `ca_file` for a private CA)",
+                        &section,
+                    ),
+                );
+            }
+            if let Some(path) = &account.ca_file {
+                check_ca_file(
+                    fail,
+                    &format!("{section}.ca_file"),
+                    path,
+                    account.security != TlsMode::Plain,
+                    "`security` is `starttls` or `tls`",
+                );
+            }
+        }
+    }
+}
+
+/// Whether `host` is this machine: `localhost`, a loopback address, or (for PostgreSQL) a
+/// Unix socket folder. A name that merely resolves to loopback does not count.
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare.starts_with('/')
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A CA file must be readable PEM holding at least one certificate, and be used (`used`, else
+/// the installation believes a certificate is checked that is not).
+fn check_ca_file(
+    fail: &mut impl FnMut(&str, String),
+    key: &str,
+    path: &Path,
+    used: bool,
+    when: &str,
+) {
+    if !used {
+        fail(
+            key,
+            format!("the CA file is only used when {when}; without it no certificate is checked"),
+        );
+        return;
+    }
+    match std::fs::read(path) {
+        Err(e) => fail(
+            key,
+            format!(
+                "expected a readable PEM file of CA certificates, but {} cannot be read: {e}",
+                path.display()
+            ),
+        ),
+        Ok(bytes) if !String::from_utf8_lossy(&bytes).contains("-----BEGIN CERTIFICATE-----") => {
+            fail(
+                key,
+                format!(
+                    "expected PEM CA certificates (`-----BEGIN CERTIFICATE-----`), but {} holds none",
+                    path.display()
+                ),
+            )
+        }
+        Ok(_) => {}
+    }
+}

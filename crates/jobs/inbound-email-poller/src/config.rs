@@ -1,0 +1,195 @@
+//! What the poller runs with: its accounts ([`ImapAccount`]) and limits ([`PollerConfig`]),
+//! and the one check of an account list ([`validate_accounts`]), which the host's settings
+//! validation calls too.
+
+use std::fmt;
+use std::time::Duration;
+
+use worker_core::{SettingError, TlsMode};
+
+use crate::MailLimits;
+
+/// One IMAP account to poll.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ImapAccount {
+    /// A short, unique name: in logs, metrics, the poll state and the events.
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    pub security: TlsMode,
+    pub username: String,
+    /// Resolved by the host (from the environment or a file); never printed.
+    pub password: String,
+    pub mailbox: String,
+    /// Announce the mail already in the mailbox at the first poll. Off: the first poll
+    /// starts after the mail that arrived before the poller started watching the account
+    /// (see the crate docs, "The first poll").
+    pub backfill: bool,
+    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
+    /// a private CA. The server's certificate must also name `host`.
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl fmt::Debug for ImapAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImapAccount")
+            .field("name", &self.name)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("security", &self.security)
+            .field("username", &self.username)
+            .field("password", &"[redacted]")
+            .field("mailbox", &self.mailbox)
+            .field("backfill", &self.backfill)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// Everything the poller needs from the settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PollerConfig {
+    pub accounts: Vec<ImapAccount>,
+    /// Connect, TLS, greeting and login of one account.
+    pub connect_timeout: Duration,
+    /// One message (existence check, fetch, parse, store), and each other command of the
+    /// session (SELECT, SEARCH, the size FETCH, LOGOUT).
+    pub message_timeout: Duration,
+    /// Mail larger than this (RFC822.SIZE, bytes) is recorded as skipped without its body.
+    pub max_message_size: u64,
+    /// The text and the HTML body are each cut at this many characters.
+    pub max_body_chars: usize,
+    /// Mail past any of these (parts, nesting, header fields, header bytes) is recorded as
+    /// skipped without being parsed; see [`limits`].
+    pub mail_limits: MailLimits,
+    /// Messages handled per account per tick; the rest waits for the next tick.
+    pub max_messages_per_account: u32,
+    /// A message that fails this many times in a row is recorded as skipped.
+    pub max_message_attempts: u32,
+    /// Accounts polled at once.
+    pub account_concurrency: usize,
+    /// The exchange the `email.received` events go to.
+    pub events_exchange: String,
+}
+
+impl Default for PollerConfig {
+    fn default() -> Self {
+        Self {
+            accounts: Vec::new(),
+            connect_timeout: Duration::from_secs(60),
+            message_timeout: Duration::from_secs(30),
+            max_message_size: 25 * 1024 * 1024,
+            max_body_chars: 100_000,
+            mail_limits: MailLimits::default(),
+            max_messages_per_account: 100,
+            max_message_attempts: 3,
+            account_concurrency: 4,
+            events_exchange: "events".into(),
+        }
+    }
+}
+
+/// A configuration the poller cannot run with; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct ConfigError {
+    /// `accounts[1].name`, `message_timeout`, ...
+    pub field: String,
+    pub problem: String,
+}
+
+impl PollerConfig {
+    /// Checks what the poller relies on: unique non-empty account names, non-empty hosts,
+    /// user names and mailboxes, non-zero limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field: String, problem: &str| ConfigError {
+            field,
+            problem: problem.to_string(),
+        };
+        if let Some(problem) = validate_accounts(&self.accounts).into_iter().next() {
+            return Err(ConfigError {
+                field: format!("accounts{}", problem.key),
+                problem: problem.problem,
+            });
+        }
+        for (field, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("message_timeout", self.message_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(err(field.into(), "must be longer than zero"));
+            }
+        }
+        for (field, zero) in [
+            ("max_message_size", self.max_message_size == 0),
+            ("max_body_chars", self.max_body_chars == 0),
+            ("mail_limits.max_parts", self.mail_limits.max_parts == 0),
+            ("mail_limits.max_depth", self.mail_limits.max_depth == 0),
+            (
+                "mail_limits.max_header_fields",
+                self.mail_limits.max_header_fields == 0,
+            ),
+            (
+                "mail_limits.max_header_bytes",
+                self.mail_limits.max_header_bytes == 0,
+            ),
+            (
+                "max_messages_per_account",
+                self.max_messages_per_account == 0,
+            ),
+            ("max_message_attempts", self.max_message_attempts == 0),
+            ("account_concurrency", self.account_concurrency == 0),
+        ] {
+            if zero {
+                return Err(err(field.into(), "must be at least 1"));
+            }
+        }
+        if self.events_exchange.trim().is_empty() {
+            return Err(err("events_exchange".into(), "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// Every problem of an account list, keyed relative to the list (`[1].name`): unique,
+/// non-empty names; non-empty hosts, user names and mailboxes; a port.
+pub fn validate_accounts(accounts: &[ImapAccount]) -> Vec<SettingError> {
+    let mut problems = Vec::new();
+    let mut fail = |key: String, problem: String| problems.push(SettingError::new(key, problem));
+    let mut seen = std::collections::HashSet::new();
+    for (i, account) in accounts.iter().enumerate() {
+        if account.name.trim().is_empty() {
+            fail(
+                format!("[{i}].name"),
+                "expected a short account name, found an empty string".into(),
+            );
+        } else if !seen.insert(account.name.as_str()) {
+            fail(
+                format!("[{i}].name"),
+                format!(
+                    "expected a unique account name, but `{}` is used twice",
+                    account.name
+                ),
+            );
+        }
+        for (field, value) in [
+            ("host", &account.host),
+            ("username", &account.username),
+            ("mailbox", &account.mailbox),
+        ] {
+            if value.trim().is_empty() {
+                fail(
+                    format!("[{i}].{field}"),
+                    format!("expected the account's {field}, found an empty string"),
+                );
+            }
+        }
+        if account.port == 0 {
+            fail(
+                format!("[{i}].port"),
+                "expected a port number from 1 to 65535, found 0".into(),
+            );
+        }
+    }
+    problems
+}

@@ -1,0 +1,98 @@
+//! What one tick did, per account and in total: the tick's report.
+
+use worker_core::Failure;
+
+/// What happened to the messages of one account in one tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MessageCounts {
+    /// Stored and announced (parse errors included).
+    pub stored: u64,
+    /// Of `stored`, those that did not parse.
+    pub parse_errors: u64,
+    /// Recorded as skipped because of their size.
+    pub too_large: u64,
+    /// Recorded as skipped, unparsed, because their structure passed a [`MailLimits`] bound.
+    pub too_complex: u64,
+    /// Recorded as skipped after failing `max_message_attempts` times.
+    pub gave_up: u64,
+    /// Already stored under their UID, or (after a UIDVALIDITY change) their Message-ID.
+    pub duplicates: u64,
+    /// Gone from the mailbox between the search and the fetch.
+    pub vanished: u64,
+}
+
+impl MessageCounts {
+    /// Messages that got a row this tick.
+    pub fn recorded(&self) -> u64 {
+        self.stored + self.too_large + self.too_complex + self.gave_up
+    }
+}
+
+/// One account's part of a tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountReport {
+    pub account: String,
+    pub counts: MessageCounts,
+    /// Why the account's poll ended early; the counts say what was done before.
+    pub failure: Option<Failure>,
+    /// More new messages were waiting than one tick handles.
+    pub more_waiting: bool,
+    /// The UIDVALIDITY changed and the mailbox was started over.
+    pub rescanned: bool,
+}
+
+/// What one tick did, account by account.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PollReport {
+    pub accounts: Vec<AccountReport>,
+    /// The tick's token fired before every account was done.
+    pub cancelled: bool,
+}
+
+impl PollReport {
+    /// The accounts whose poll failed, with why.
+    pub fn failed(&self) -> impl Iterator<Item = (&str, &Failure)> {
+        self.accounts
+            .iter()
+            .filter_map(|a| a.failure.as_ref().map(|f| (a.account.as_str(), f)))
+    }
+
+    /// The counts of all accounts together.
+    pub fn totals(&self) -> MessageCounts {
+        self.accounts
+            .iter()
+            .fold(MessageCounts::default(), |mut t, a| {
+                t.stored += a.counts.stored;
+                t.parse_errors += a.counts.parse_errors;
+                t.too_large += a.counts.too_large;
+                t.too_complex += a.counts.too_complex;
+                t.gave_up += a.counts.gave_up;
+                t.duplicates += a.counts.duplicates;
+                t.vanished += a.counts.vanished;
+                t
+            })
+    }
+
+    /// One line for the tick's log: the counts and each failed account.
+    pub fn summary(&self) -> String {
+        let t = self.totals();
+        let failed: Vec<String> = self
+            .failed()
+            .map(|(name, f)| format!("{name} ({}: {f})", f.class()))
+            .collect();
+        let mut line = format!(
+            "{} accounts: stored {} ({} unparsed), skipped {} too large, {} too complex and {} failing, {} duplicates",
+            self.accounts.len(),
+            t.stored,
+            t.parse_errors,
+            t.too_large,
+            t.too_complex,
+            t.gave_up,
+            t.duplicates
+        );
+        if !failed.is_empty() {
+            line.push_str(&format!("; {} failed: {}", failed.len(), failed.join(", ")));
+        }
+        line
+    }
+}

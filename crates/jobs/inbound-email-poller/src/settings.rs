@@ -1,0 +1,126 @@
+//! `[jobs.inbound_email_poller]`: the limits of a tick, a connection, a message and a mail.
+//! The accounts are the host's (`[imap]`, with their secrets), checked by
+//! [`validate_accounts`](crate::validate_accounts); the host adds the `schedule`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use worker_core::{Problems, Section, SettingError, TimerSection};
+
+use crate::{ImapAccount, MailLimits, PollerConfig};
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InboundEmailPollerSettings {
+    /// One tick over every account.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Connect, TLS, greeting and login of one account.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// One message (existence check, fetch, parse, store), and each other command of a
+    /// session.
+    #[serde(with = "humantime_serde")]
+    pub message_timeout: Duration,
+    /// Mail larger than this many bytes is recorded as skipped, without its body.
+    pub max_message_bytes: u64,
+    /// The text and the HTML body are each cut at this many characters.
+    pub max_body_chars: usize,
+    /// Mail past any of these four is recorded as skipped without being parsed (a cheap
+    /// pre-scan, before the parser): MIME parts at all levels together,
+    pub max_mime_parts: usize,
+    /// multiparts and attached messages inside one another,
+    pub max_mime_depth: usize,
+    /// header fields in all header sections together,
+    pub max_header_fields: usize,
+    /// and bytes of one header section.
+    pub max_header_bytes: usize,
+    /// Messages handled per account per tick; the rest waits for the next tick.
+    pub max_messages_per_account: u32,
+    /// A message that fails this many ticks in a row is recorded as skipped.
+    pub max_message_attempts: u32,
+    /// Accounts polled at once.
+    pub account_concurrency: usize,
+}
+
+impl Default for InboundEmailPollerSettings {
+    fn default() -> Self {
+        let config = PollerConfig::default();
+        Self {
+            timeout: Duration::from_secs(300),
+            connect_timeout: config.connect_timeout,
+            message_timeout: config.message_timeout,
+            max_message_bytes: config.max_message_size,
+            max_body_chars: config.max_body_chars,
+            max_mime_parts: config.mail_limits.max_parts,
+            max_mime_depth: config.mail_limits.max_depth,
+            max_header_fields: config.mail_limits.max_header_fields,
+            max_header_bytes: config.mail_limits.max_header_bytes,
+            max_messages_per_account: config.max_messages_per_account,
+            max_message_attempts: config.max_message_attempts,
+            account_concurrency: config.account_concurrency,
+        }
+    }
+}
+
+impl InboundEmailPollerSettings {
+    /// The poller's configuration: these limits, the accounts, and the exchange its events go
+    /// to.
+    pub fn config(&self, accounts: Vec<ImapAccount>, events_exchange: &str) -> PollerConfig {
+        PollerConfig {
+            accounts,
+            connect_timeout: self.connect_timeout,
+            message_timeout: self.message_timeout,
+            max_message_size: self.max_message_bytes,
+            max_body_chars: self.max_body_chars,
+            mail_limits: MailLimits {
+                max_parts: self.max_mime_parts,
+                max_depth: self.max_mime_depth,
+                max_header_fields: self.max_header_fields,
+                max_header_bytes: self.max_header_bytes,
+            },
+            max_messages_per_account: self.max_messages_per_account,
+            max_message_attempts: self.max_message_attempts,
+            account_concurrency: self.account_concurrency,
+            events_exchange: events_exchange.to_string(),
+        }
+    }
+}
+
+impl Section for InboundEmailPollerSettings {
+    fn validate(&self) -> Vec<SettingError> {
+        let mut problems = Problems::new();
+        for (key, value) in [
+            ("timeout", self.timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("message_timeout", self.message_timeout),
+        ] {
+            problems.nonzero(key, value);
+        }
+        for (key, value) in [
+            ("max_message_bytes", self.max_message_bytes),
+            ("max_body_chars", self.max_body_chars as u64),
+            ("max_mime_parts", self.max_mime_parts as u64),
+            ("max_mime_depth", self.max_mime_depth as u64),
+            ("max_header_fields", self.max_header_fields as u64),
+            ("max_header_bytes", self.max_header_bytes as u64),
+            (
+                "max_messages_per_account",
+                u64::from(self.max_messages_per_account),
+            ),
+            ("max_message_attempts", u64::from(self.max_message_attempts)),
+            ("account_concurrency", self.account_concurrency as u64),
+        ] {
+            problems.positive(key, value);
+        }
+        problems.into_vec()
+    }
+}
+
+impl TimerSection for InboundEmailPollerSettings {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
