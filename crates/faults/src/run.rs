@@ -581,7 +581,7 @@ username = {account:?}
 password = "secret"
 {imap_port}
 [jobs.inbound_email_poller]
-schedule = "every 500ms"
+schedule = "every 1s"
 
 # Every ping comes from one sender: the reply limit must not count it as a mail cannon.
 [auto_replies]
