@@ -128,7 +128,7 @@ result column, and one that does not hold fails the scenario.
 ## How each figure is counted
 
 Every scenario has a database (`worker_testkit::TestDb`), a RabbitMQ vhost (`TestVhost`), an
-IMAP account the host polls (every 500 ms) and a sender's mailbox of its own, and runs the
+IMAP account the host polls (every second) and a sender's mailbox of its own, and runs the
 release binary with a settings file of its own (the demo automation: a reply to every mail
 whose subject contains `ping`; retry tiers of 2 s, 5 s, 10 s with 30 attempts, so the retry
 ladder outlasts an email's stale claim, `jobs.email_send.claim_stale_after` 45 s; a 10 s send timeout).

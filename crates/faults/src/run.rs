@@ -576,7 +576,7 @@ username = {account:?}
 password = "secret"
 {imap_port}
 [jobs.inbound_email_poller]
-schedule = "every 500ms"
+schedule = "every 1s"
 
 [jobs.dead_letter_archive]
 schedule = "every 2s"

@@ -40,12 +40,14 @@ pub fn attempt_log_env() -> Vec<(String, String)> {
 }
 
 /// Settings for the two-replica scenarios: every tick written (as [`attempt_log_env`]), the
-/// poller every 200 ms and the other leased jobs every second (their defaults are minutes),
-/// so that the replicas meet on every leased job many times a repetition.
+/// poller and the other leased jobs every second (the shortest interval a schedule may have;
+/// their defaults are minutes), so that the replicas meet on every leased job many times a
+/// repetition: both processes tick at the same second of the clock, so they contend for each
+/// lease at every tick.
 pub fn replica_env() -> Vec<(String, String)> {
     let mut env = attempt_log_env();
     for (key, every) in [
-        ("INBOUND_EMAIL_POLLER__SCHEDULE", "every 200ms"),
+        ("INBOUND_EMAIL_POLLER__SCHEDULE", "every 1s"),
         ("DRAFT_EXPIRY__SCHEDULE", "every 1s"),
         ("DEAD_LETTER_ARCHIVE__SCHEDULE", "every 1s"),
         ("RETENTION__SCHEDULE", "every 1s"),

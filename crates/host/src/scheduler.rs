@@ -1,22 +1,36 @@
 //! Runs timer jobs on their schedules.
 //!
-//! A small loop over the `croner` cron parser rather than tokio-cron-scheduler: that crate's
-//! open defects are exactly the guarantees we need (a repeating job stops for good once its
-//! next tick falls behind, #113; no overlap guard; detached spawns), and the loop is short.
+//! tokio-cron-scheduler is the ticker and nothing more. Its fixed-interval jobs stop for good
+//! once a tick is late (its #113, fix unmerged), it has no overlap guard, and it spawns a
+//! detached task for every fire, so it is never handed a job's work. Each timer job gets a
+//! cron-expression job of its own ([`CronTicker`]) whose only act is [`offer`]: a `try_send` of
+//! a unit into a channel of capacity one, which never waits. The host's loop
+//! ([`TimerTask::drive`]) drains that channel and runs each tick through the host's task
+//! tracker and [`worker_core::tick_once`]: the busy guard (a tick that finds the previous one
+//! still running is skipped and counted), the lease (one replica at a time), then the timeout.
+//! `every` schedules run as cron expressions too ([`crate::schedule::every_as_cron`]).
 //!
-//! Each due tick is spawned through the host's task tracker and goes through
-//! [`worker_core::tick_once`]: the busy guard (a tick that finds the previous one still
-//! running is skipped and counted), the lease (one replica at a time), then the timeout. The
-//! loop itself never waits for a tick, so a slow tick or a starved runtime costs skipped or
-//! missed ticks, counted, and never stops the schedule.
+//! Two counts say what a schedule lost, and neither stops it:
+//! - *skipped* (`skipped_busy`, `skipped_lease`): the tick reached the loop, but the previous
+//!   tick was still running, or another replica held the lease;
+//! - *missed*: the tick never reached the loop, because the channel was full (the loop had not
+//!   yet taken the previous tick: a starved runtime), or because the ticker fired late and
+//!   passed over whole moments of the schedule ([`crate::schedule::passed_over`]). A missed
+//!   tick is never queued or run late.
+//!
+//! Besides the schedule, a `wake` (the outbox drain's NOTIFY) ticks at once, and on shutdown
+//! the loop stops taking ticks, ticks in flight see the same cancellation, and the ticker's
+//! scheduler is shut down with the loop.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
+use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::time::Instant;
+use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use worker_core::{
@@ -24,7 +38,7 @@ use worker_core::{
 };
 
 use crate::metrics::Metrics;
-use crate::settings::Schedule;
+use crate::schedule::{Schedule, parse_cron, passed_over};
 use crate::status::TimerStats;
 
 /// One timer job and how the host runs it.
@@ -51,32 +65,83 @@ impl<J, L> std::fmt::Debug for TimerTask<J, L> {
     }
 }
 
-/// When the next tick is due, counted from `now`, and how many due ticks were missed since
-/// `planned` (the tick the loop meant to fire). For an interval, ticks stay on the grid that
-/// started at the first tick; ticks that passed while the loop could not fire are skipped,
-/// not fired in a burst.
-pub fn next_due(schedule: &Schedule, planned: Instant, now: Instant) -> (Instant, u64) {
-    match schedule {
-        Schedule::Every(every) => {
-            let every = (*every).max(Duration::from_millis(1));
-            let mut next = planned + every;
-            let mut missed = 0;
-            if next <= now {
-                let behind = now.duration_since(next);
-                let skipped = (behind.as_nanos() / every.as_nanos()) as u64 + 1;
-                missed = skipped;
-                next += every * u32::try_from(skipped).unwrap_or(u32::MAX);
-            }
-            (next, missed)
+/// Hands one tick to the loop without waiting. A full channel means the loop has not taken
+/// the previous tick yet: this one is counted as missed and dropped, never queued, so that a
+/// stalled loop catches up with one tick, not a burst. Returns whether the loop got it.
+pub fn offer(ticks: &mpsc::Sender<()>, stats: &TimerStats, job: &str) -> bool {
+    match ticks.try_send(()) {
+        Ok(()) => true,
+        Err(TrySendError::Full(())) => {
+            stats.missed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                job,
+                "the timer loop had not taken the previous tick; this one is missed, not queued"
+            );
+            false
         }
-        Schedule::Cron(expression) => {
-            let wait = crate::schedule::parse_cron(expression)
-                .ok()
-                .and_then(|cron| cron.find_next_occurrence(&Utc::now(), false).ok())
-                .and_then(|at| (at - Utc::now()).to_std().ok())
-                // Unreachable for an expression that passed validation; wait a minute rather than spin.
-                .unwrap_or(Duration::from_secs(60));
-            (now + wait, 0)
+        // The loop has ended (shutdown): nothing is waiting for ticks.
+        Err(TrySendError::Closed(())) => false,
+    }
+}
+
+/// How long to wait before trying again to start a ticker that would not start.
+const TICKER_RETRY: Duration = Duration::from_secs(10);
+
+/// A tokio-cron-scheduler instance that fires one timer job's cron expression into its loop.
+///
+/// One instance per job rather than one for the host: its lifetime is then exactly its loop's
+/// (started and shut down in [`TimerTask::run`], no handle threaded through the host's
+/// start-up, which is synchronous while the scheduler's construction is `async`), and a
+/// ticker that fails touches one job. The cost is the crate's small idle tasks per job.
+pub struct CronTicker {
+    scheduler: JobScheduler,
+}
+
+impl std::fmt::Debug for CronTicker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CronTicker").finish_non_exhaustive()
+    }
+}
+
+impl CronTicker {
+    /// Starts firing `expression` (six fields, as [`Schedule::cron`] gives) into `ticks`.
+    pub async fn start(
+        expression: &str,
+        job: &str,
+        ticks: mpsc::Sender<()>,
+        stats: Arc<TimerStats>,
+    ) -> Result<Self, JobSchedulerError> {
+        let cron = parse_cron(expression).map_err(|_| JobSchedulerError::ParseSchedule)?;
+        let job_name = job.to_string();
+        let mut last_fired: Option<DateTime<Utc>> = None;
+        // An async cron job, never a repeated one (#113) nor a synchronous one (it would run
+        // on the crate's actor task): the closure offers a tick and returns an empty future,
+        // so the task the crate spawns for it holds no work of ours.
+        let fire = Job::new_async(expression, move |_, _| {
+            let now = Utc::now();
+            let (passed, fired) = match last_fired {
+                Some(after) => passed_over(&cron, after, now),
+                None => (0, now),
+            };
+            last_fired = Some(fired);
+            if passed > 0 {
+                stats.missed.fetch_add(passed, Ordering::Relaxed);
+                tracing::warn!(job = %job_name, missed = passed, "the ticker fell behind; missed ticks are skipped, not run late");
+            }
+            offer(&ticks, &stats, &job_name);
+            Box::pin(async {})
+        })?;
+        let scheduler = JobScheduler::new().await?;
+        scheduler.add(fire).await?;
+        scheduler.start().await?;
+        Ok(Self { scheduler })
+    }
+
+    /// Stops the crate's ticking. Its own idle actor tasks stay parked until the runtime ends;
+    /// a late fire from them finds the loop's channel closed and does nothing.
+    pub async fn shutdown(mut self) {
+        if let Err(e) = self.scheduler.shutdown().await {
+            tracing::warn!(error = %e, "the cron ticker did not shut down cleanly");
         }
     }
 }
@@ -85,19 +150,58 @@ impl<J: TimerJob, L: SingletonLease + 'static> TimerTask<J, L>
 where
     L::Guard: 'static,
 {
-    /// Runs the schedule until `shutdown` fires. Ticks in flight then see the same token.
+    /// Runs the schedule until `shutdown` fires: a [`CronTicker`] fires it, [`Self::drive`]
+    /// runs the ticks. Ticks in flight then see the same token.
     pub async fn run(self, tracker: TaskTracker, shutdown: CancellationToken) {
+        let name = self.job.name().to_string();
+        let expression = match self.schedule.cron() {
+            Ok(expression) => expression,
+            // Unreachable for a schedule that passed validation; said loudly if not.
+            Err(problem) => {
+                tracing::error!(job = %name, schedule = %self.schedule, %problem, "the timer job cannot be scheduled");
+                self.stats.record_failure(problem);
+                return;
+            }
+        };
+        let (sender, ticks) = mpsc::channel(1);
+        if self.schedule.ticks_at_start() {
+            offer(&sender, &self.stats, &name);
+        }
+        let ticker = loop {
+            match CronTicker::start(&expression, &name, sender.clone(), self.stats.clone()).await {
+                Ok(ticker) => break ticker,
+                Err(e) => {
+                    tracing::error!(job = %name, error = %e, retry_in = ?TICKER_RETRY, "the cron ticker would not start");
+                    self.stats
+                        .record_failure(format!("the cron ticker would not start: {e}"));
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(TICKER_RETRY) => {}
+                    }
+                }
+            }
+        };
+        tracing::info!(job = %name, schedule = %self.schedule, cron = %expression, timeout = ?self.timeout, "timer job scheduled");
+        self.drive(ticks, tracker, shutdown).await;
+        ticker.shutdown().await;
+        tracing::debug!(job = %name, "timer job stopped");
+    }
+
+    /// Runs a tick for each one taken from `ticks` and for each wake, until `shutdown` fires.
+    /// The loop never waits for a tick: each is spawned through `tracker`, so that the
+    /// channel is drained at once and the busy guard, not the channel, decides what a slow
+    /// tick costs.
+    pub async fn drive(
+        self,
+        mut ticks: mpsc::Receiver<()>,
+        tracker: TaskTracker,
+        shutdown: CancellationToken,
+    ) {
         let task = Arc::new(self);
         let name = task.job.name().to_string();
         let busy = Arc::new(SkipIfBusy::new(name.clone()));
         let mut sequence: u64 = 0;
         let rerun = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut planned = Instant::now();
-        let mut due = match &task.schedule {
-            Schedule::Every(_) => planned,
-            cron @ Schedule::Cron(_) => next_due(cron, planned, planned).0,
-        };
-        tracing::info!(job = %name, schedule = %task.schedule, timeout = ?task.timeout, "timer job scheduled");
         loop {
             let woken = async {
                 match &task.wake {
@@ -107,15 +211,7 @@ where
             };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep_until(due) => {
-                    planned = due;
-                    let (next, missed) = next_due(&task.schedule, planned, Instant::now());
-                    if missed > 0 {
-                        task.stats.missed.fetch_add(missed, Ordering::Relaxed);
-                        tracing::warn!(job = %name, missed, "the schedule fell behind; missed ticks are skipped, not run late");
-                    }
-                    due = next;
-                }
+                Some(()) = ticks.recv() => {}
                 _ = woken => {
                     if busy.is_busy() {
                         // A wake is a hint, not a schedule: coalesce it into one more tick
@@ -129,7 +225,6 @@ where
             let ctx = WorkContext::new(name.as_str(), shutdown.child_token()).with_tick(sequence);
             tracker.spawn(tick(task.clone(), busy.clone(), ctx, rerun.clone()));
         }
-        tracing::debug!(job = %name, "timer job stopped");
     }
 }
 

@@ -43,7 +43,7 @@ const QUIET: Duration = Duration::from_secs(3);
 
 impl Host {
     /// Starts the host on the test's database and vhost, polling the IMAP account `account`
-    /// every 500 ms, with short retry tiers for email.send, and waits until `/readyz` is 200.
+    /// every second, with short retry tiers for email.send, and waits until `/readyz` is 200.
     async fn start(db: &TestDb, vhost: &TestVhost, account: &str) -> anyhow::Result<Self> {
         Self::launch("MAIL_LOOP_SHOW_LOG", |dir, port| {
             let automations = write_automation(dir)?;

@@ -53,7 +53,7 @@ struct HostConfig {
     telemetry: String,
     /// Whole sections appended to the file.
     sections: String,
-    /// An IMAP account (user name, password `secret`) the poller reads every 500 ms, and the
+    /// An IMAP account (user name, password `secret`) the poller reads every second, and the
     /// demo automation.
     mail_account: Option<String>,
 }

@@ -153,7 +153,7 @@ max_attempts = 1
 max_attempts = 1
 
 [jobs.inbound_email_poller]
-schedule = "every 500ms"
+schedule = "every 1s"
 
 {imap}
 "#

@@ -16,7 +16,7 @@ use crate::run::{HostId, Run, Setup};
 use crate::timers::{self, HolderSamples};
 
 /// The poller's interval in the replica settings ([`timers::replica_env`]).
-const INTERVAL: Duration = Duration::from_millis(200);
+const INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a held lease's session may stay silent before its holder counts it as lost
 /// (`worker_store::lease::DEFAULT_CHECK_TIMEOUT`): the margin of the takeover's bound.
@@ -29,8 +29,8 @@ const LOOK: Duration = Duration::from_secs(30);
 pub fn scenario() -> Scenario {
     Scenario {
         name: "timer-lease-kill",
-        about: "Two host processes with the same settings (as `timer-replicas`: the poller every \
-                200 ms, the other leased jobs every second), IMAP reached through a TCP proxy \
+        about: "Two host processes with the same settings (as `timer-replicas`: the poller and the \
+                other leased jobs every second), IMAP reached through a TCP proxy \
                 that makes every chunk wait 50 ms, so that a poll lasts about a second and the \
                 poller's lease (a PostgreSQL advisory lock held for the tick) is held most of \
                 the time. At a random moment of each repetition the harness finds which process \
@@ -73,8 +73,8 @@ struct TimerLeaseKill {
 impl Fault for TimerLeaseKill {
     async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
         let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
-        // A poll lasts about a second, several intervals: the poller's lease is held most of
-        // the time, and the kill lands mid-tick.
+        // A poll lasts about a second, about its interval, and both processes tick on the
+        // same second: the poller's lease is held most of the time, and the kill lands mid-tick.
         proxy.slow(IMAP_DELAY);
         let setup = Setup {
             env: timers::replica_env(),

@@ -22,10 +22,10 @@ pub fn scenario() -> Scenario {
         name: "timer-replicas",
         about: "Two host processes with the same settings (database, vhost, IMAP account), each \
                 with its own admin port and log, both started before the pings: their consumers \
-                share the queues and their timers compete for the leases (the poller every \
-                200 ms, draft expiry, dead-letter maintenance, retention and the reconciler \
-                every second); IMAP is reached through a TCP proxy that makes every chunk wait \
-                50 ms, so that a poll lasts about a second, several intervals, and the two \
+                share the queues and their timers compete for the leases (the poller, \
+                draft expiry, dead-letter maintenance, retention and the reconciler \
+                every second, on the same second of the clock in both); IMAP is reached through a TCP proxy that makes every chunk wait \
+                50 ms, so that a poll lasts about a second, about its interval, and the two \
                 processes' polls contend for the lease. No fault is applied: for a stretch of each repetition the harness \
                 samples every 20 ms which process's session holds each leased job's advisory \
                 lock (`pg_locks`, the session's client port matched to the process's sockets in \

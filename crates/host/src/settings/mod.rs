@@ -17,12 +17,11 @@
 //! - `jobs.rs`: the list of job sections;
 //! - `budget.rs`: what the jobs may ask of the database pool at once.
 
-use std::fmt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::schedule::Schedule;
 pub use budget::{DEDICATED, Need};
 pub use host::{
     AdminSettings, AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings,
@@ -73,57 +72,6 @@ impl Default for Settings {
             workers: WorkersSettings::default(),
             jobs: JobsSettings::default(),
             alerts: AlertSettings::default(),
-        }
-    }
-}
-
-/// When a timer job ticks: `every 5s` (any humantime duration) or a cron expression with
-/// optional seconds (`0 */5 * * * *`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Schedule {
-    Every(Duration),
-    Cron(String),
-}
-
-impl Schedule {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        if let Some(interval) = text.strip_prefix("every ") {
-            let every = humantime::parse_duration(interval.trim()).map_err(|e| {
-                format!("`{text}`: the interval is not a duration like `5s` or `2m` ({e})")
-            })?;
-            if every.is_zero() {
-                return Err(format!("`{text}`: the interval must be longer than zero"));
-            }
-            return Ok(Self::Every(every));
-        }
-        crate::schedule::parse_cron(text)
-            .map(|_| Self::Cron(text.to_string()))
-            .map_err(|e| {
-                format!("`{text}` is neither `every <duration>` nor a valid cron expression: {e}")
-            })
-    }
-}
-
-impl TryFrom<String> for Schedule {
-    type Error = String;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::parse(&value)
-    }
-}
-
-impl From<Schedule> for String {
-    fn from(schedule: Schedule) -> Self {
-        schedule.to_string()
-    }
-}
-
-impl fmt::Display for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Every(every) => write!(f, "every {}", humantime::format_duration(*every)),
-            Self::Cron(expr) => f.write_str(expr),
         }
     }
 }

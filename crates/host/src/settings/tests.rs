@@ -163,6 +163,29 @@ fn a_bad_cron_expression_is_rejected() {
 }
 
 #[test]
+fn an_interval_the_cron_ticker_cannot_keep_is_refused_naming_the_key() {
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.inbound_email_poller]\nschedule = \"every 500ms\"\n"
+    ));
+    assert_eq!(error.key, "jobs.inbound_email_poller.schedule", "{error}");
+    assert!(
+        error.problem.contains("whole number of seconds")
+            && error
+                .problem
+                .contains("an interval may be 1, 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 seconds"),
+        "{error}"
+    );
+    let error = only_error(&format!(
+        "{SECRETS}[jobs.dead_letter_archive]\nmaintenance_schedule = \"every 90s\"\n"
+    ));
+    assert_eq!(
+        error.key, "jobs.dead_letter_archive.maintenance_schedule",
+        "{error}"
+    );
+    assert!(error.problem.contains("does not fit the clock"), "{error}");
+}
+
+#[test]
 fn schedules_parse_as_intervals_or_cron() {
     let settings =
         load_text(&format!("{SECRETS}[jobs.draft_expiry]\nschedule = \"0 */5 * * * *\"\n[jobs.db_health]\nschedule = \"every 2s\"\n"))

@@ -84,7 +84,7 @@ shutdown_grace = "5s"
     )
 }
 
-/// The IMAP account `account` (password `secret`), which the poller reads every 500 ms.
+/// The IMAP account `account` (password `secret`), which the poller reads every second.
 pub fn mail_account_settings(account: &str) -> String {
     format!(
         r#"
@@ -94,7 +94,7 @@ username = {account:?}
 password = "secret"
 
 [jobs.inbound_email_poller]
-schedule = "every 500ms"
+schedule = "every 1s"
 "#
     )
 }
