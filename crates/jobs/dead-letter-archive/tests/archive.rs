@@ -356,6 +356,11 @@ async fn publish_all(publisher: &Publisher, messages: &[Outgoing]) -> anyhow::Re
     Ok(())
 }
 
+/// `dlq replay` of what `filter` matches, at once (no dry run, no rate), through the harness.
+async fn replay_now(h: &Harness, filter: &Filter) -> anyhow::Result<ReplayReport> {
+    Ok(replay(h.pool(), &h.publisher(), filter, false, None, &actor()).await?)
+}
+
 /// Inserts one outbox row that gave up (`failed`, routed to the `orders` queue); its id.
 async fn failed_outbox_row(pool: &PgPool, message_id: &str) -> anyhow::Result<i64> {
     failed_outbox_row_with(pool, message_id, "first failure").await
@@ -465,25 +470,9 @@ async fn a_thousand_dead_letters_are_archived_once_and_replayed_once_each_to_the
     assert_eq!(h.events.inserted.load(Ordering::SeqCst), 1000);
 
     // Replayed: all of them, and never a second time.
-    let all = replay(
-        h.pool(),
-        &publisher,
-        &Filter::default(),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let all = replay_now(&h, &Filter::default()).await?;
     assert_eq!((all.matched, all.replayed, all.failed), (1000, 1000, 0));
-    let again = replay(
-        h.pool(),
-        &publisher,
-        &Filter::default(),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let again = replay_now(&h, &Filter::default()).await?;
     assert_eq!(again.matched, 0, "a replayed row is never sent again");
 
     // Delivered: each message exactly once, in its original queue.
@@ -683,15 +672,7 @@ async fn a_broker_dead_letter_is_archived_as_such_and_replayed_without_the_broke
             .contains("delivery_limit")
     );
 
-    let r = replay(
-        h.pool(),
-        &h.publisher(),
-        &by_reason(DELIVERY_LIMIT),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let r = replay_now(&h, &by_reason(DELIVERY_LIMIT)).await?;
     assert_eq!(r.replayed, 1);
     let back = take_all(&h.channel().await?, ORDERS, 10).await?;
     assert_eq!(back.len(), 1);
@@ -952,15 +933,7 @@ async fn a_replayed_message_keeps_its_body_and_properties_and_says_where_it_came
     let message = runner_dead_letter(ORDERS, "r-1", "gave-up", "transient", 5, "timed out");
     archive_directly(h.pool(), std::slice::from_ref(&message)).await?;
 
-    let r = replay(
-        h.pool(),
-        &h.publisher(),
-        &Filter::default(),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let r = replay_now(&h, &Filter::default()).await?;
     assert_eq!(r.replayed, 1);
     let back = take_all(&h.channel().await?, ORDERS, 10).await?;
     assert_eq!(back.len(), 1);
@@ -990,15 +963,7 @@ async fn a_replay_whose_queue_is_gone_fails_and_leaves_the_row_dead() -> anyhow:
     let h = Harness::start(1).await?;
     archive_bare(&h.archiver(), "gone", &["g-1"]).await?;
 
-    let r = replay(
-        h.pool(),
-        &h.publisher(),
-        &by_queue("gone"),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let r = replay_now(&h, &by_queue("gone")).await?;
     assert_eq!((r.matched, r.replayed, r.failed), (1, 0, 1));
     assert!(
         r.items[0].error.as_deref().unwrap().contains("unroutable"),
@@ -1100,15 +1065,7 @@ async fn a_replayed_outbox_row_goes_to_its_exchange_and_routing_key_with_its_hea
     failed_outbox_row(h.pool(), "o-2").await?;
     assert_eq!(archive_failed_outbox(h.pool(), 10).await?.inserted, 2);
 
-    let r = replay(
-        h.pool(),
-        &h.publisher(),
-        &by_queue(OUTBOX_QUEUE),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let r = replay_now(&h, &by_queue(OUTBOX_QUEUE)).await?;
     assert_eq!(r.replayed, 2);
     let back = take_all(&h.channel().await?, ORDERS, 10).await?;
     assert_eq!(back.len(), 2, "commands/orders routes to the orders queue");
@@ -1127,15 +1084,7 @@ async fn a_replayed_outbox_row_is_not_published_again_by_outbox_retry() -> anyho
     let id = failed_outbox_row(h.pool(), "o-replayed").await?;
     assert_eq!(archive_failed_outbox(h.pool(), 10).await?.inserted, 1);
 
-    let r = replay(
-        h.pool(),
-        &h.publisher(),
-        &by_queue(OUTBOX_QUEUE),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let r = replay_now(&h, &by_queue(OUTBOX_QUEUE)).await?;
     assert_eq!(r.replayed, 1, "{r:?}");
     let replayed = take_all(&h.channel().await?, ORDERS, 10).await?;
     assert_eq!(replayed.len(), 1, "the replayed copy");
@@ -1218,15 +1167,7 @@ async fn a_dead_letter_whose_outbox_row_was_retried_is_not_replayed() -> anyhow:
         worker_store::outbox::RetryResult::Requeued
     );
 
-    let r = replay(
-        h.pool(),
-        &h.publisher(),
-        &by_queue(OUTBOX_QUEUE),
-        false,
-        None,
-        &actor(),
-    )
-    .await?;
+    let r = replay_now(&h, &by_queue(OUTBOX_QUEUE)).await?;
     assert_eq!(
         (r.matched, r.replayed),
         (0, 0),
