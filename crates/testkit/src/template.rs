@@ -85,13 +85,16 @@ async fn build(
     pool.close().await;
     migrated.context("migrating the template database")?;
     // The server ends a closed connection's backend a moment later; the rename waits for it.
+    // (Autovacuum workers on the fresh tables do not count: the rename ends them itself.)
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let sessions: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
-                .bind(&building)
-                .fetch_one(&mut *admin)
-                .await?;
+        let sessions: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = $1 AND backend_type = 'client backend'",
+        )
+        .bind(&building)
+        .fetch_one(&mut *admin)
+        .await?;
         if sessions == 0 {
             break;
         }
