@@ -9,6 +9,9 @@
 //!
 //! ## The pipeline, for every delivery
 //!
+//! Where it sits among the host's layers (timer ticks included) is written once, in
+//! ARCHITECTURE.md under "The layer order".
+//!
 //! ```text
 //! delivery ─▶ x-attempt ok? ─no──────────────────────────────▶ dead letter "malformed"
 //!                 │ yes

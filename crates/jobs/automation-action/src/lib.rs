@@ -72,17 +72,10 @@
 //! execution stays `pending` with the last error; the dead letter says `gave-up`. Database
 //! errors are classified once, by [`worker_store::classify_sqlx`].
 //!
-//! ## What the host wires
+//! ## How the host runs it
 //!
-//! ```text
-//! Its section, [`AutomationActionSettings`] (`[jobs.automation_action]`):
-//!
-//! ```text
-//! let section = &settings.jobs.automation_action;
-//! let executor = ActionExecutor::from_settings(pool.clone(), topology.commands_exchange.clone(), section)?
-//!     .with_own_addresses([settings.smtp.from.as_str()]);
-//! let runner = ConsumerRunner::new(executor, automation_action_queue, section.runner());
-//! ```
+//! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
+//! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 //!
 //! The unit's `timeout` should exceed `webhook_timeout` plus the record budget, so that the
 //! unit is not cancelled while it records a success.

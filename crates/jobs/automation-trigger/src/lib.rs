@@ -43,15 +43,10 @@
 //! a lost connection, a timeout or a table that a rolling migration has not created yet is
 //! transient and retried.
 //!
-//! ## What the host wires
+//! ## How the host runs it
 //!
-//! ```text
-//! let trigger = AutomationTrigger::new(pool.clone(), topology.commands_exchange.clone());
-//! let runner = ConsumerRunner::new(trigger, automation_trigger_queue, consumer_settings);
-//! // CLI: worker-host automations import FILE
-//! let report = job_automation_trigger::import::import_file(&pool, path).await?;
-//! println!("{report}");
-//! ```
+//! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
+//! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 
 pub mod condition;
 pub mod import;

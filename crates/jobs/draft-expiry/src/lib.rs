@@ -31,13 +31,10 @@
 //!   another transaction holds (the platform sending it, say), and the outer `status = 'draft'`
 //!   re-check means a draft sent meanwhile stays sent.
 //!
-//! ## What the host wires
+//! ## How the host runs it
 //!
-//! ```text
-//! let section = &settings.jobs.draft_expiry; // a DraftExpirySettings, with its schedule
-//! let expiry = DraftExpiry::new(pool.clone(), section.config());
-//! scheduler.add(expiry, schedule, section.timeout, lease);
-//! ```
+//! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
+//! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 
 pub mod settings;
 

@@ -96,21 +96,10 @@
 //! without angle brackets); `Date`; and `Auto-Submitted: auto-replied` (a reply) or
 //! `auto-generated` (RFC 3834), so that well-behaved auto-responders do not answer back.
 //!
-//! ## What the host wires
+//! ## How the host runs it
 //!
-//! Its section, [`EmailSendSettings`] (`[jobs.email_send]`), and the `[smtp]` connection:
-//!
-//! ```text
-//! let smtp = SmtpConfig {
-//!     host: s.smtp.host, port: s.smtp.port, security: s.smtp.security,
-//!     username: s.smtp.username, password: /* SecretString from s.smtp.password */,
-//!     ca_file: s.smtp.ca_file, pool_size: s.smtp.pool_size, connect_timeout: Duration::from_secs(10),
-//! };
-//! let sender = EmailSender::from_settings(pool.clone(), &smtp, &s.smtp.from, &s.jobs.email_send)?
-//!     .on_unknown(move || unknown_outcomes.add(1, &[]));
-//! // The runner's limit is the section's `runner().timeout`: the send's plus the record's.
-//! let runner = ConsumerRunner::new(sender, email_send_queue, s.jobs.email_send.runner());
-//! ```
+//! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
+//! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 
 pub mod settings;
 mod smtp;

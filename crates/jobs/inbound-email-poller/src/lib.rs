@@ -81,16 +81,10 @@
 //! An empty or not yet existing mailbox starts at its beginning. [`ImapAccount::backfill`]
 //! announces the history instead.
 //!
-//! ## What the host wires
+//! ## How the host runs it
 //!
-//! ```text
-//! // The section's limits (`[jobs.inbound_email_poller]`), the host's accounts (`[imap]`,
-//! // passwords resolved, checked by `validate_accounts`) and the events exchange.
-//! let config = settings.jobs.inbound_email_poller.config(accounts, &topology.events_exchange);
-//! let poller = InboundEmailPoller::new(pool.clone(), config)?;   // validates the config
-//! let stats = poller.stats();                                    // for metrics
-//! scheduler.add(poller, schedule, tick_timeout, lease);          // with the lease
-//! ```
+//! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
+//! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 //!
 //! The tick's timeout should exceed `connect_timeout` plus the time to handle a batch, or a
 //! slow account's batch is cut short at every tick (nothing is lost: it resumes at the next).

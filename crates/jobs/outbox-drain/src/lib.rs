@@ -37,18 +37,10 @@
 //! * **A broker outage burns no attempts.** Rows that could not be tried because the broker
 //!   is away stay pending as they were; the tick fails transiently and the next one retries.
 //!
-//! ## What the host wires
+//! ## How the host runs it
 //!
-//! ```text
-//! let wake = Arc::new(Notify::new());
-//! let drain = OutboxDrain::new(pool.clone(), supervisor.publisher(..), settings)
-//!     .wake_on_backlog(wake.clone());
-//! tracker.spawn(waker::listen(pool.clone(), ListenerSettings::default(), wake.clone(), token.child_token()));
-//! loop {
-//!     select! { schedule tick, wake.notified(), shutdown }
-//!     tick_once(&drain, &busy, None::<&NoLease>, timeout, &ctx).await;  // no lease needed
-//! }
-//! ```
+//! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
+//! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 //!
 //! A tick starts no new batch once its `tick_budget` is spent (keep it below the tick's
 //! timeout, which would drop the batches in flight and publish them again); with a backlog
