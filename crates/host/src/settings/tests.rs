@@ -177,12 +177,9 @@ fn an_interval_the_cron_ticker_cannot_keep_is_refused_naming_the_key() {
         "{error}"
     );
     let error = only_error(&format!(
-        "{SECRETS}[jobs.dead_letter_archive]\nmaintenance_schedule = \"every 90s\"\n"
+        "{SECRETS}[jobs.dead_letter_archive]\nschedule = \"every 90s\"\n"
     ));
-    assert_eq!(
-        error.key, "jobs.dead_letter_archive.maintenance_schedule",
-        "{error}"
-    );
+    assert_eq!(error.key, "jobs.dead_letter_archive.schedule", "{error}");
     assert!(error.problem.contains("does not fit the clock"), "{error}");
 }
 

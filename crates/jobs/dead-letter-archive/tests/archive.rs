@@ -52,6 +52,8 @@ struct Harness {
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     events: Arc<Counts>,
+    /// The connections behind [`Harness::channel`]'s channels.
+    kept: std::sync::Mutex<Vec<Connection>>,
 }
 
 impl Harness {
@@ -84,6 +86,7 @@ impl Harness {
             shutdown,
             tasks,
             events: Arc::new(Counts::default()),
+            kept: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -119,9 +122,16 @@ impl Harness {
         Ok(connection_settings(&self.vhost)?.connect().await?)
     }
 
-    /// A channel on a connection of the test's own (the connection lives as long as it).
+    /// A channel on a connection of the test's own, kept open until the harness goes: a
+    /// dropped lapin `Connection` starts closing, and its channels with it.
     async fn channel(&self) -> anyhow::Result<Channel> {
-        Ok(self.connection().await?.create_channel().await?)
+        let connection = self.connection().await?;
+        let channel = connection.create_channel().await?;
+        self.kept
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the kept connections' lock is poisoned"))?
+            .push(connection);
+        Ok(channel)
     }
 
     async fn stop(mut self) -> anyhow::Result<()> {
