@@ -37,7 +37,7 @@ use serde::Deserialize;
 use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use worker_broker::consumer::{ConsumerEvents, ConsumerRunner, ConsumerSettings, Settled};
+use worker_broker::consumer::{ConsumerEvents, ConsumerRunner, ConsumerSettings, DeliveryReport};
 use worker_broker::{
     ConnectionSettings, Outgoing, Publisher, PublisherSettings, QueueDefaults, QueueSettings,
     QueueTopology, Session, Topology, TopologySettings, declare,
@@ -129,7 +129,7 @@ struct Counter {
 }
 
 impl ConsumerEvents for Counter {
-    fn on_settled(&self, _s: &Settled<'_>) {
+    fn on_settled(&self, _s: &DeliveryReport<'_>) {
         if self.settled.fetch_add(1, Ordering::Relaxed) + 1 == self.target {
             self.done.notify_one();
         }

@@ -138,7 +138,7 @@ pub use connection::{
 };
 pub use consumer::{
     ConsumeLoop, ConsumeSettings, ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason,
-    Outcome, Scope, SessionEnd, Settle, Settled,
+    DeliveryReport, Outcome, Scope, SessionEnd, Settle,
 };
 pub use message::{Delivery, HeaderValue, Headers, Properties};
 pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings, headers_from_json};

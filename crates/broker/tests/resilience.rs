@@ -146,7 +146,7 @@ async fn ten_thousand_messages_through_closed_connections_and_a_broker_restart()
         max_attempts: 5,
         timeout: Duration::from_secs(10),
         retry: Some(RetryPolicy {
-            max_attempts: 3,
+            max_tries: 3,
             base_delay: ms(50),
             factor: 2.0,
             max_delay: ms(500),

@@ -17,7 +17,7 @@ impl Backoff {
     pub fn doubling(first: Duration, max: Duration) -> Self {
         Self {
             policy: RetryPolicy {
-                max_attempts: u32::MAX,
+                max_tries: u32::MAX,
                 base_delay: first,
                 factor: 2.0,
                 max_delay: max.max(first),

@@ -16,7 +16,7 @@
 //! * [`timeout`] — [`run_unit`] runs one unit of work under a child cancellation token with a
 //!   deadline. Work that ignores its token is dropped at the deadline anyway, and a panic
 //!   becomes a transient failure of that unit rather than a crash of the host.
-//! * [`retry`] — [`RetryPolicy`] (settings: attempts, exponential delay with cap and jitter)
+//! * [`retry`] — [`RetryPolicy`] (settings: tries, exponential delay with cap and jitter)
 //!   and [`Retry`], the bounded in-process loop for micro-failures. It stops early on a
 //!   permanent failure, honours a throttled failure's `retry_after`, can be bounded by a total
 //!   budget, stops at once when its parent token fires, and reports every try to an

@@ -23,13 +23,16 @@ use crate::timeout::{UnitError, run_unit};
 /// `max_delay`; with `jitter` on, the actual wait is drawn from `[d/2, d]` ("equal jitter")
 /// so that replicas failing together do not retry in lock step.
 ///
-/// In TOML: `max_attempts = 3`, `base_delay = "200ms"`, `factor = 2.0`, `max_delay = "30s"`,
-/// `jitter = true`; every key is optional and unknown keys are rejected.
+/// "Tries" are in-process runs of one unit of work; "attempts" are deliveries of a message
+/// across parks (`ConsumerSettings::max_attempts`). In TOML: `max_tries = 3`,
+/// `base_delay = "200ms"`, `factor = 2.0`, `max_delay = "30s"`, `jitter = true`; every key is
+/// optional and unknown keys are rejected (`max_attempts`, this key's old name, still reads).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
-    /// Tries in all, the first included. Zero is read as one (see [`RetryPolicy::attempts`]).
-    pub max_attempts: u32,
+    /// Tries in all, the first included. Zero is read as one (see [`RetryPolicy::tries`]).
+    #[serde(alias = "max_attempts")]
+    pub max_tries: u32,
     /// The wait before the second try.
     #[serde(with = "humantime_serde")]
     pub base_delay: Duration,
@@ -45,7 +48,7 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_attempts: 3,
+            max_tries: 3,
             base_delay: Duration::from_millis(200),
             factor: 2.0,
             max_delay: Duration::from_secs(30),
@@ -58,31 +61,31 @@ impl RetryPolicy {
     /// A policy that tries once and never waits.
     pub fn no_retry() -> Self {
         Self {
-            max_attempts: 1,
+            max_tries: 1,
             ..Self::default()
         }
     }
 
-    /// Tries in all: `max_attempts`, with a floor of one.
-    pub fn attempts(&self) -> u32 {
-        self.max_attempts.max(1)
+    /// Tries in all: `max_tries`, with a floor of one.
+    pub fn tries(&self) -> u32 {
+        self.max_tries.max(1)
     }
 
-    /// The wait before try `attempt` (1-based), without jitter: zero for the first try, then
-    /// `base_delay * factor^(attempt-2)` capped at `max_delay`.
+    /// The wait before try `try_number` (1-based), without jitter: zero for the first try, then
+    /// `base_delay * factor^(try_number-2)` capped at `max_delay`.
     ///
-    /// Total for every input: a factor below one, NaN or infinite, a huge attempt number or
-    /// a base above the cap never panic; the result never decreases as `attempt` grows and
+    /// Total for every input: a factor below one, NaN or infinite, a huge try number or
+    /// a base above the cap never panic; the result never decreases as `try_number` grows and
     /// never exceeds `max_delay`. A factor that is not a number, or below one, counts as one.
-    pub fn delay_for(&self, attempt: u32) -> Duration {
-        if attempt <= 1 {
+    pub fn delay_for(&self, try_number: u32) -> Duration {
+        if try_number <= 1 {
             return Duration::ZERO;
         }
         let cap = self.max_delay;
         let base = self.base_delay.min(cap);
         // `f64::max` returns the other operand for NaN, so NaN and anything below one become one.
         let factor = self.factor.max(1.0);
-        let exponent = attempt - 2;
+        let exponent = try_number - 2;
         if base.is_zero() || exponent == 0 || factor == 1.0 {
             return base;
         }
@@ -98,10 +101,10 @@ impl RetryPolicy {
         Duration::new(secs, subsec).min(cap)
     }
 
-    /// The wait before try `attempt` as actually slept: with `jitter` on, uniformly drawn
-    /// from `[d/2, d]` where `d = delay_for(attempt)`; otherwise exactly `d`.
-    pub fn jittered_delay_for(&self, attempt: u32) -> Duration {
-        let delay = self.delay_for(attempt);
+    /// The wait before try `try_number` as actually slept: with `jitter` on, uniformly drawn
+    /// from `[d/2, d]` where `d = delay_for(try_number)`; otherwise exactly `d`.
+    pub fn jittered_delay_for(&self, try_number: u32) -> Duration {
+        let delay = self.delay_for(try_number);
         if !self.jitter || delay.is_zero() {
             return delay;
         }
@@ -163,7 +166,7 @@ impl fmt::Display for TryOutcome {
 pub struct TryRecord<'a> {
     pub job: &'a str,
     /// The try number within this run, from 1.
-    pub attempt: u32,
+    pub try_number: u32,
     pub outcome: TryOutcome,
     /// Set when `outcome` is [`TryOutcome::Failed`].
     pub failure: Option<&'a Failure>,
@@ -188,31 +191,31 @@ impl AttemptObserver for NoObserver {
 
 static NO_OBSERVER: NoObserver = NoObserver;
 
-/// How a [`Retry::run`] ended; `attempts` counts the tries made.
+/// How a [`Retry::run`] ended; `tries` counts the tries made.
 #[derive(Debug)]
 pub enum RetryOutcome<T> {
     Succeeded {
         value: T,
-        attempts: u32,
+        tries: u32,
     },
     /// The last failure: permanent, the tries ran out, or the budget had no room for another.
     Failed {
         failure: Failure,
-        attempts: u32,
+        tries: u32,
     },
     /// The parent token fired, during a try or a wait.
     Cancelled {
-        attempts: u32,
+        tries: u32,
     },
 }
 
 impl<T> RetryOutcome<T> {
     /// The number of tries made.
-    pub fn attempts(&self) -> u32 {
+    pub fn tries(&self) -> u32 {
         match self {
-            Self::Succeeded { attempts, .. }
-            | Self::Failed { attempts, .. }
-            | Self::Cancelled { attempts } => *attempts,
+            Self::Succeeded { tries, .. }
+            | Self::Failed { tries, .. }
+            | Self::Cancelled { tries } => *tries,
         }
     }
 }
@@ -288,7 +291,7 @@ impl<'a> Retry<'a> {
         self
     }
 
-    /// Tries `op` up to `policy.attempts()` times.
+    /// Tries `op` up to `policy.tries()` times.
     ///
     /// Each try gets a copy of `base` whose `cancel` is a child of the parent token, cancelled
     /// at the try's deadline, and whose `try_number` is the try's number; it runs through
@@ -304,14 +307,14 @@ impl<'a> Retry<'a> {
         T: Send,
     {
         let started = Instant::now();
-        let max_attempts = self.policy.attempts();
-        let mut attempt = 0;
+        let max_tries = self.policy.tries();
+        let mut try_number = 0;
         let mut waited = Duration::ZERO;
         loop {
             if self.parent.is_cancelled() {
-                return RetryOutcome::Cancelled { attempts: attempt };
+                return RetryOutcome::Cancelled { tries: try_number };
             }
-            attempt += 1;
+            try_number += 1;
             let limit = match self.budget {
                 Some(total) => self
                     .per_try_timeout
@@ -322,34 +325,34 @@ impl<'a> Retry<'a> {
             let result = run_unit(self.job, limit, self.parent, |token| {
                 let mut ctx = base.clone();
                 ctx.cancel = token;
-                ctx.try_number = attempt;
+                ctx.try_number = try_number;
                 op(ctx)
             })
             .await;
             let duration = try_started.elapsed();
             let failure = match result {
                 Ok(value) => {
-                    self.report(attempt, TryOutcome::Succeeded, None, duration, false);
+                    self.report(try_number, TryOutcome::Succeeded, None, duration, false);
                     return RetryOutcome::Succeeded {
                         value,
-                        attempts: attempt,
+                        tries: try_number,
                     };
                 }
                 Err(UnitError::Cancelled) => {
-                    self.report(attempt, TryOutcome::Cancelled, None, duration, false);
-                    return RetryOutcome::Cancelled { attempts: attempt };
+                    self.report(try_number, TryOutcome::Cancelled, None, duration, false);
+                    return RetryOutcome::Cancelled { tries: try_number };
                 }
                 Err(UnitError::Failed(failure)) => failure,
             };
-            let wait = if !failure.retries_in_process() || attempt >= max_attempts {
+            let wait = if !failure.retries_in_process() || try_number >= max_tries {
                 None
             } else {
-                let wait = self.wait_before(attempt + 1, &failure);
+                let wait = self.wait_before(try_number + 1, &failure);
                 (self.fits_budget(started, wait) && self.fits_wait_budget(waited, wait))
                     .then_some(wait)
             };
             self.report(
-                attempt,
+                try_number,
                 TryOutcome::Failed,
                 Some(&failure),
                 duration,
@@ -358,12 +361,12 @@ impl<'a> Retry<'a> {
             let Some(wait) = wait else {
                 return RetryOutcome::Failed {
                     failure,
-                    attempts: attempt,
+                    tries: try_number,
                 };
             };
             tracing::warn!(
                 job = self.job,
-                attempt,
+                try_number,
                 class = failure.class().as_str(),
                 error = %failure,
                 retry_in = %humantime::format_duration(wait),
@@ -371,15 +374,15 @@ impl<'a> Retry<'a> {
             );
             tokio::select! {
                 biased;
-                () = self.parent.cancelled() => return RetryOutcome::Cancelled { attempts: attempt },
+                () = self.parent.cancelled() => return RetryOutcome::Cancelled { tries: try_number },
                 () = tokio::time::sleep(wait) => {}
             }
             waited += wait;
         }
     }
 
-    fn wait_before(&self, next_attempt: u32, failure: &Failure) -> Duration {
-        let backoff = self.policy.jittered_delay_for(next_attempt);
+    fn wait_before(&self, next_try: u32, failure: &Failure) -> Duration {
+        let backoff = self.policy.jittered_delay_for(next_try);
         failure
             .retry_after()
             .map_or(backoff, |least| backoff.max(least))
@@ -404,7 +407,7 @@ impl<'a> Retry<'a> {
 
     fn report(
         &self,
-        attempt: u32,
+        try_number: u32,
         outcome: TryOutcome,
         failure: Option<&Failure>,
         duration: Duration,
@@ -412,7 +415,7 @@ impl<'a> Retry<'a> {
     ) {
         self.observer.on_try(&TryRecord {
             job: self.job,
-            attempt,
+            try_number,
             outcome,
             failure,
             duration,
@@ -422,7 +425,7 @@ impl<'a> Retry<'a> {
 }
 
 /// Runs `op` until it succeeds or `budget` is spent, retrying every failure whatever its
-/// class, on `policy`'s growing delays (its `max_attempts` is ignored).
+/// class, on `policy`'s growing delays (its `max_tries` is ignored).
 ///
 /// For recording an outcome that is already decided (the SMTP server accepted the mail, the
 /// webhook answered 2xx): giving up early, or on a "permanent" database error, would record
@@ -440,7 +443,7 @@ where
     T: Send,
 {
     let policy = RetryPolicy {
-        max_attempts: u32::MAX,
+        max_tries: u32::MAX,
         ..policy.clone()
     };
     let never = CancellationToken::new();
@@ -448,9 +451,9 @@ where
     let outcome = Retry::new(job, &policy, budget, &never)
         .budget(budget)
         .run(&ctx, |_| {
-            let attempt = op();
+            let this_try = op();
             async move {
-                attempt.await.map_err(|failure| match failure {
+                this_try.await.map_err(|failure| match failure {
                     Failure::Transient { .. } => failure,
                     other => Failure::transient(other),
                 })
@@ -477,9 +480,9 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    fn steady(max_attempts: u32, base: Duration) -> RetryPolicy {
+    fn steady(max_tries: u32, base: Duration) -> RetryPolicy {
         RetryPolicy {
-            max_attempts,
+            max_tries,
             base_delay: base,
             factor: 2.0,
             max_delay: Duration::from_secs(30),
@@ -487,7 +490,7 @@ mod tests {
         }
     }
 
-    /// One reported try: attempt, outcome, failure text, will_retry, duration.
+    /// One reported try: try_number, outcome, failure text, will_retry, duration.
     type Seen = (u32, TryOutcome, Option<String>, bool, Duration);
 
     /// Records what the observer saw, in order.
@@ -500,7 +503,7 @@ mod tests {
         fn on_try(&self, r: &TryRecord<'_>) {
             assert_eq!(r.job, "mailer");
             self.tries.lock().unwrap().push((
-                r.attempt,
+                r.try_number,
                 r.outcome,
                 r.failure.map(ToString::to_string),
                 r.will_retry,
@@ -517,17 +520,11 @@ mod tests {
     fn defaults_match_the_documented_policy() {
         let p = RetryPolicy::default();
         assert_eq!(
-            (
-                p.max_attempts,
-                p.base_delay,
-                p.factor,
-                p.max_delay,
-                p.jitter
-            ),
+            (p.max_tries, p.base_delay, p.factor, p.max_delay, p.jitter),
             (3, ms(200), 2.0, Duration::from_secs(30), true)
         );
         assert_eq!(p.validate(), Ok(()));
-        assert_eq!(RetryPolicy::no_retry().attempts(), 1);
+        assert_eq!(RetryPolicy::no_retry().tries(), 1);
     }
 
     #[test]
@@ -558,13 +555,13 @@ mod tests {
     fn delay_for_survives_hostile_settings() {
         let cap = Duration::from_secs(10);
         let mut p = RetryPolicy {
-            max_attempts: 0,
+            max_tries: 0,
             base_delay: ms(100),
             factor: f64::NAN,
             max_delay: cap,
             jitter: false,
         };
-        assert_eq!(p.attempts(), 1);
+        assert_eq!(p.tries(), 1);
         assert_eq!(p.delay_for(50), ms(100), "NaN factor counts as one");
         p.factor = f64::INFINITY;
         assert_eq!(p.delay_for(2), ms(100));
@@ -584,7 +581,7 @@ mod tests {
     #[test]
     fn jitter_stays_within_half_to_full_delay() {
         let p = RetryPolicy {
-            max_attempts: 10,
+            max_tries: 10,
             ..RetryPolicy::default()
         };
         let mut seen_below_full = false;
@@ -624,13 +621,19 @@ mod tests {
     }
 
     #[test]
+    fn the_old_key_max_attempts_still_reads_as_max_tries() {
+        let p: RetryPolicy = serde_json::from_str(r#"{"max_attempts": 7}"#).unwrap();
+        assert_eq!(p.max_tries, 7);
+    }
+
+    #[test]
     fn policy_reads_humane_durations_and_rejects_unknown_keys() {
         let p: RetryPolicy =
-            serde_json::from_str(r#"{"max_attempts": 5, "base_delay": "1s 500ms"}"#).unwrap();
+            serde_json::from_str(r#"{"max_tries": 5, "base_delay": "1s 500ms"}"#).unwrap();
         assert_eq!(
             p,
             RetryPolicy {
-                max_attempts: 5,
+                max_tries: 5,
                 base_delay: ms(1_500),
                 ..RetryPolicy::default()
             }
@@ -655,7 +658,7 @@ mod tests {
             })
             .await;
         assert!(
-            matches!(outcome, RetryOutcome::Failed { attempts: 4, ref failure } if failure.detail() == "connection reset")
+            matches!(outcome, RetryOutcome::Failed { tries: 4, ref failure } if failure.detail() == "connection reset")
         );
         assert_eq!(
             *starts.lock().unwrap(),
@@ -691,7 +694,7 @@ mod tests {
                 outcome,
                 RetryOutcome::Succeeded {
                     value: 20,
-                    attempts: 2
+                    tries: 2
                 }
             ),
             "{outcome:?}"
@@ -722,7 +725,7 @@ mod tests {
         });
         let ((), outcome) = tokio::join!(canceller, run);
         assert!(
-            matches!(outcome, RetryOutcome::Cancelled { attempts: 1 }),
+            matches!(outcome, RetryOutcome::Cancelled { tries: 1 }),
             "{outcome:?}"
         );
         assert_eq!(
@@ -762,7 +765,7 @@ mod tests {
         });
         let ((), outcome) = tokio::join!(canceller, run);
         assert!(
-            matches!(outcome, RetryOutcome::Cancelled { attempts: 1 }),
+            matches!(outcome, RetryOutcome::Cancelled { tries: 1 }),
             "{outcome:?}"
         );
         assert_eq!(begin.elapsed(), Duration::from_secs(2));
@@ -792,7 +795,7 @@ mod tests {
             })
             .await;
         assert!(
-            matches!(outcome, RetryOutcome::Cancelled { attempts: 0 }),
+            matches!(outcome, RetryOutcome::Cancelled { tries: 0 }),
             "{outcome:?}"
         );
         assert_eq!(calls.load(Ordering::SeqCst), 0);
@@ -813,8 +816,8 @@ mod tests {
             })
             .await;
         match outcome {
-            RetryOutcome::Failed { failure, attempts } => {
-                assert_eq!(attempts, 1);
+            RetryOutcome::Failed { failure, tries } => {
+                assert_eq!(tries, 1);
                 assert_eq!(failure, Failure::permanent("smtp-5xx", "550 no such user"));
             }
             other => panic!("expected a failure, got {other:?}"),
@@ -850,7 +853,7 @@ mod tests {
                 outcome,
                 RetryOutcome::Succeeded {
                     value: "sent",
-                    attempts: 3
+                    tries: 3
                 }
             ),
             "{outcome:?}"
@@ -881,8 +884,8 @@ mod tests {
                 .await;
         // try 1 at 0s, wait 1s, try 2 at 1s; the next wait (2s) would end at 3s > 2.5s.
         match outcome {
-            RetryOutcome::Failed { failure, attempts } => {
-                assert_eq!(attempts, 2);
+            RetryOutcome::Failed { failure, tries } => {
+                assert_eq!(tries, 2);
                 assert_eq!(failure.detail(), "try 2 failed", "the last failure is kept");
             }
             other => panic!("expected a failure, got {other:?}"),
@@ -950,8 +953,8 @@ mod tests {
             })
             .await;
         match outcome {
-            RetryOutcome::Failed { failure, attempts } => {
-                assert_eq!(attempts, 1);
+            RetryOutcome::Failed { failure, tries } => {
+                assert_eq!(tries, 1);
                 assert_eq!(failure.retry_after(), Some(Duration::from_secs(3600)));
             }
             other => panic!("expected the throttled failure back, got {other:?}"),
@@ -983,10 +986,7 @@ mod tests {
                 }
             })
             .await;
-        assert!(matches!(
-            outcome,
-            RetryOutcome::Succeeded { attempts: 3, .. }
-        ));
+        assert!(matches!(outcome, RetryOutcome::Succeeded { tries: 3, .. }));
         assert_eq!(begin.elapsed(), Duration::from_secs(8));
     }
 
@@ -1002,8 +1002,8 @@ mod tests {
             })
             .await;
         match outcome {
-            RetryOutcome::Failed { failure, attempts } => {
-                assert_eq!(attempts, 1);
+            RetryOutcome::Failed { failure, tries } => {
+                assert_eq!(tries, 1);
                 assert!(failure.is_unknown());
                 assert_eq!(
                     failure.class(),
@@ -1028,8 +1028,8 @@ mod tests {
             })
             .await;
         match outcome {
-            RetryOutcome::Failed { failure, attempts } => {
-                assert_eq!(attempts, 1);
+            RetryOutcome::Failed { failure, tries } => {
+                assert_eq!(tries, 1);
                 assert_eq!(failure.detail(), "job `mailer` exceeded its 3s timeout");
             }
             other => panic!("expected a failure, got {other:?}"),
@@ -1059,13 +1059,7 @@ mod tests {
             })
             .await;
         assert!(
-            matches!(
-                outcome,
-                RetryOutcome::Succeeded {
-                    value: 3,
-                    attempts: 3
-                }
-            ),
+            matches!(outcome, RetryOutcome::Succeeded { value: 3, tries: 3 }),
             "{outcome:?}"
         );
         assert_eq!(
@@ -1102,7 +1096,7 @@ mod tests {
                 async { Err::<(), _>(Failure::transient("x")) }
             })
             .await;
-        assert_eq!(outcome.attempts(), 2);
+        assert_eq!(outcome.tries(), 2);
         let tokens = tokens.lock().unwrap();
         assert_eq!(tokens.len(), 2);
         assert!(
@@ -1131,7 +1125,7 @@ mod tests {
                 outcome,
                 RetryOutcome::Succeeded {
                     value: "recovered",
-                    attempts: 2
+                    tries: 2
                 }
             ),
             "{outcome:?}"

@@ -40,8 +40,8 @@ fn any_policy() -> impl Strategy<Value = RetryPolicy> {
         any::<bool>(),
     )
         .prop_map(
-            |(max_attempts, base_delay, factor, max_delay, jitter)| RetryPolicy {
-                max_attempts,
+            |(max_tries, base_delay, factor, max_delay, jitter)| RetryPolicy {
+                max_tries,
                 base_delay,
                 factor,
                 max_delay,
@@ -53,8 +53,8 @@ fn any_policy() -> impl Strategy<Value = RetryPolicy> {
 /// Policies that pass `validate`, so the schedule is the documented one.
 fn valid_policy() -> impl Strategy<Value = RetryPolicy> {
     (0u32..20, 0u64..10_000, 1.0f64..8.0, 0u64..600_000).prop_map(
-        |(max_attempts, base, factor, extra)| RetryPolicy {
-            max_attempts,
+        |(max_tries, base, factor, extra)| RetryPolicy {
+            max_tries,
             base_delay: Duration::from_millis(base),
             factor,
             max_delay: Duration::from_millis(base + extra),
@@ -74,9 +74,9 @@ proptest! {
     }
 
     #[test]
-    fn attempts_is_at_least_one(policy in any_policy()) {
-        prop_assert!(policy.attempts() >= 1);
-        prop_assert_eq!(policy.attempts(), policy.max_attempts.max(1));
+    fn tries_is_at_least_one(policy in any_policy()) {
+        prop_assert!(policy.tries() >= 1);
+        prop_assert_eq!(policy.tries(), policy.max_tries.max(1));
     }
 
     #[test]
@@ -101,7 +101,7 @@ proptest! {
     fn delay_for_never_panics(
         base_delay in duration(), max_delay in duration(), factor in any::<f64>(), a in any::<u32>(), jitter in any::<bool>()
     ) {
-        let policy = RetryPolicy { max_attempts: a, base_delay, factor, max_delay, jitter };
+        let policy = RetryPolicy { max_tries: a, base_delay, factor, max_delay, jitter };
         let d = policy.delay_for(a);
         let j = policy.jittered_delay_for(a);
         prop_assert!(j <= d && j >= d / 2);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use opentelemetry::KeyValue;
-use worker_broker::{ConsumerEvents, Outcome, Settled};
+use worker_broker::{ConsumerEvents, DeliveryReport, Outcome};
 use worker_core::TryRecord;
 use worker_store::AttemptLog;
 
@@ -75,7 +75,7 @@ impl ConsumerEvents for ConsumerObserver {
         self.count_try(record);
     }
 
-    fn on_settled(&self, settled: &Settled<'_>) {
+    fn on_settled(&self, settled: &DeliveryReport<'_>) {
         let mut labels = vec![
             KeyValue::new("job", self.job.clone()),
             KeyValue::new("queue", settled.queue.to_string()),

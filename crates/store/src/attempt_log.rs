@@ -132,7 +132,7 @@ impl AttemptRecord {
             message_id: ctx.and_then(|c| c.message_id.clone()),
             tick: ctx.and_then(|c| c.tick),
             attempt: ctx.map_or(1, |c| c.attempt),
-            try_number: to_i32(record.attempt),
+            try_number: to_i32(record.try_number),
             outcome: record.outcome.as_str().to_string(),
             is_final: false,
             failure_class: record.failure.map(|f| f.class().as_str().to_string()),
@@ -682,7 +682,7 @@ mod tests {
         let f = failure();
         observer.on_try(&TryRecord {
             job: "mailer",
-            attempt: 1,
+            try_number: 1,
             outcome: TryOutcome::Failed,
             failure: Some(&f),
             duration: Duration::from_millis(5),
@@ -690,7 +690,7 @@ mod tests {
         });
         observer.on_try(&TryRecord {
             job: "mailer",
-            attempt: 2,
+            try_number: 2,
             outcome: TryOutcome::Succeeded,
             failure: None,
             duration: Duration::from_millis(5),
@@ -752,7 +752,7 @@ mod tests {
         log.record_try(
             &TryRecord {
                 job: "executor",
-                attempt: 2,
+                try_number: 2,
                 outcome: TryOutcome::Failed,
                 failure: Some(&f),
                 duration: Duration::from_millis(3),

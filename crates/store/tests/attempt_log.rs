@@ -51,7 +51,7 @@ async fn run_flaky(log: &AttemptLog, message_id: &str, fails: u32) -> RetryOutco
         .with_attempt(2);
     let observer = log.for_unit(&ctx);
     let policy = RetryPolicy {
-        max_attempts: 5,
+        max_tries: 5,
         base_delay: Duration::from_millis(1),
         factor: 1.0,
         max_delay: Duration::from_millis(1),
@@ -82,10 +82,7 @@ async fn failed_tries_and_final_outcomes_are_written_successes_only_on_request()
     let task = tokio::spawn(writer.run(shutdown.clone()));
 
     let outcome = run_flaky(&log, "m-1", 2).await;
-    assert!(matches!(
-        outcome,
-        RetryOutcome::Succeeded { attempts: 3, .. }
-    ));
+    assert!(matches!(outcome, RetryOutcome::Succeeded { tries: 3, .. }));
     log.record_outcome(
         "mailer",
         Some("m-1"),

@@ -158,10 +158,7 @@ mod tests {
     }
 
     fn failed(failure: Failure) -> RetryOutcome<Handled> {
-        RetryOutcome::Failed {
-            failure,
-            attempts: 3,
-        }
+        RetryOutcome::Failed { failure, tries: 3 }
     }
 
     #[test]
@@ -169,16 +166,16 @@ mod tests {
         let q = queue();
         let ok = RetryOutcome::Succeeded {
             value: Handled::Done,
-            attempts: 1,
+            tries: 1,
         };
         assert_eq!(decide(&ok, 1, 5, &q), Decision::Ack(Outcome::Succeeded));
         let dup = RetryOutcome::Succeeded {
             value: Handled::Duplicate,
-            attempts: 1,
+            tries: 1,
         };
         assert_eq!(decide(&dup, 1, 5, &q), Decision::Ack(Outcome::Duplicate));
         assert_eq!(
-            decide(&RetryOutcome::Cancelled { attempts: 1 }, 1, 5, &q),
+            decide(&RetryOutcome::Cancelled { tries: 1 }, 1, 5, &q),
             Decision::Requeue
         );
 

@@ -8,7 +8,7 @@ use super::Outcome;
 
 /// One settled delivery, as reported to [`ConsumerEvents`].
 #[derive(Debug, Clone)]
-pub struct Settled<'a> {
+pub struct DeliveryReport<'a> {
     pub queue: &'a str,
     pub message_id: Option<&'a str>,
     pub attempt: u32,
@@ -33,7 +33,7 @@ pub trait ConsumerEvents: Send + Sync {
     ) {
         self.on_try(queue, record);
     }
-    fn on_settled(&self, _settled: &Settled<'_>) {}
+    fn on_settled(&self, _settled: &DeliveryReport<'_>) {}
 }
 
 /// Events that go nowhere.

@@ -69,7 +69,7 @@ mod settings;
 
 pub use acks::Settle;
 pub use decide::{DeadReason, Decision, Outcome, decide};
-pub use events::{ConsumerEvents, NoEvents, Settled};
+pub use events::{ConsumerEvents, DeliveryReport, NoEvents};
 pub use headers::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,
     DEAD_ERROR_MAX, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER, attempt_of,

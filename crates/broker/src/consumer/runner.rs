@@ -16,8 +16,8 @@ use super::dead_letter::{Fate, Mover, Verdict};
 use super::events::TryForwarder;
 use super::session::{ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
 use super::{
-    ConsumerEvents, ConsumerSettings, Decision, NoEvents, Outcome, Settle, Settled, attempt_of,
-    decide,
+    ConsumerEvents, ConsumerSettings, Decision, DeliveryReport, NoEvents, Outcome, Settle,
+    attempt_of, decide,
 };
 use crate::connection::{Session, Supervisor};
 use crate::message::Delivery;
@@ -161,7 +161,7 @@ async fn process<J: ConsumerJob>(
         let span = tracing::Span::current();
         span.record("attempt", attempt);
         span.record("outcome", outcome.as_str());
-        shared.events.on_settled(&Settled {
+        shared.events.on_settled(&DeliveryReport {
             queue: &shared.queue.name,
             message_id: delivery.message_id(),
             attempt,
@@ -226,8 +226,8 @@ async fn pipeline<J: ConsumerJob>(
         _ => String::new(),
     };
     let (fate, class) = match decision {
-        Decision::Ack(outcome) => return (attempt, result.attempts(), outcome),
-        Decision::Requeue => return (attempt, result.attempts(), Outcome::Abandoned),
+        Decision::Ack(outcome) => return (attempt, result.tries(), outcome),
+        Decision::Requeue => return (attempt, result.tries(), Outcome::Abandoned),
         Decision::DeadLetter { reason, class } => {
             tracing::warn!(reason = reason.as_str(), class = class.as_str(), error = %why, "dead-lettering");
             (Fate::Dead(reason), class)
@@ -244,7 +244,7 @@ async fn pipeline<J: ConsumerJob>(
         attempt,
         why: why.into(),
     };
-    (attempt, result.attempts(), mover.apply(verdict).await)
+    (attempt, result.tries(), mover.apply(verdict).await)
 }
 
 /// The attempt and the decoded input; a malformed delivery gives its attempt (1 when the

@@ -107,7 +107,7 @@ mod tests {
         assert_eq!(s.concurrency, 8);
         assert_eq!(s.max_attempts, 5);
         assert_eq!(s.timeout, Duration::from_secs(5));
-        assert_eq!(s.retry.unwrap().max_attempts, 2);
+        assert_eq!(s.retry.unwrap().max_tries, 2);
         assert!(toml::from_str::<ConsumerSettings>("prefech = 1").is_err());
         assert_eq!(ConsumerSettings::default().validate(), Ok(()));
         let zero = ConsumerSettings {

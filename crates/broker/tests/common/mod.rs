@@ -15,7 +15,9 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
-use worker_broker::consumer::{ConsumerEvents, ConsumerRunner, ConsumerSettings, Outcome, Settled};
+use worker_broker::consumer::{
+    ConsumerEvents, ConsumerRunner, ConsumerSettings, DeliveryReport, Outcome,
+};
 use worker_broker::{
     ConnectionSettings, QueueDefaults, QueueSettings, QueueTopology, Supervisor, Topology,
     TopologySettings,
@@ -52,7 +54,7 @@ pub fn consumer_settings(max_attempts: u32) -> ConsumerSettings {
         max_attempts,
         timeout: Duration::from_secs(5),
         retry: Some(RetryPolicy {
-            max_attempts: 2,
+            max_tries: 2,
             base_delay: ms(10),
             factor: 2.0,
             max_delay: ms(50),
@@ -264,7 +266,7 @@ impl ConsumerEvents for Recorder {
         *self.tries.lock().unwrap() += 1;
     }
 
-    fn on_settled(&self, s: &Settled<'_>) {
+    fn on_settled(&self, s: &DeliveryReport<'_>) {
         self.settled.lock().unwrap().push(Event {
             message_id: s.message_id.map(str::to_string),
             attempt: s.attempt,

@@ -275,7 +275,7 @@ impl ActionExecutor {
             stale_after: webhook_timeout + DEFAULT_RECORD_BUDGET + STALE_CLAIM_MARGIN,
             record_budget: DEFAULT_RECORD_BUDGET,
             record_backoff: RetryPolicy {
-                max_attempts: u32::MAX,
+                max_tries: u32::MAX,
                 base_delay: Duration::from_millis(100),
                 factor: 2.0,
                 max_delay: Duration::from_secs(2),

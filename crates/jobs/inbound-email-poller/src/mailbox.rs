@@ -120,15 +120,15 @@ impl InboundEmailPoller {
                 Ok(Ok(handled)) => {
                     self.forgive(&key);
                     match handled {
-                        Handled::Stored { parse_error } => {
+                        Disposition::Stored { parse_error } => {
                             report.counts.stored += 1;
                             report.counts.parse_errors += u64::from(parse_error);
                         }
-                        Handled::TooLarge => report.counts.too_large += 1,
-                        Handled::TooComplex => report.counts.too_complex += 1,
-                        Handled::GaveUp => report.counts.gave_up += 1,
-                        Handled::Duplicate => report.counts.duplicates += 1,
-                        Handled::Vanished => report.counts.vanished += 1,
+                        Disposition::TooLarge => report.counts.too_large += 1,
+                        Disposition::TooComplex => report.counts.too_complex += 1,
+                        Disposition::GaveUp => report.counts.gave_up += 1,
+                        Disposition::Duplicate => report.counts.duplicates += 1,
+                        Disposition::Vanished => report.counts.vanished += 1,
                     }
                 }
                 Ok(Err(failed)) => {

@@ -16,7 +16,7 @@ use crate::store::{Identity, NewInbound};
 use crate::*;
 
 /// How one message went.
-pub(crate) enum Handled {
+pub(crate) enum Disposition {
     Stored { parse_error: bool },
     TooLarge,
     TooComplex,
@@ -25,7 +25,7 @@ pub(crate) enum Handled {
     Vanished,
 }
 
-impl Handled {
+impl Disposition {
     /// The `outcome` of the message's `poll` span.
     pub(crate) fn as_str(&self) -> &'static str {
         match self {
@@ -123,7 +123,7 @@ impl InboundEmailPoller {
         uidvalidity: u32,
         uid: u32,
         size: Option<u32>,
-    ) -> Result<Handled, MessageFailure> {
+    ) -> Result<Disposition, MessageFailure> {
         let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
         let pool = &self.pool;
         let limit = self.config.message_timeout;
@@ -134,13 +134,13 @@ impl InboundEmailPoller {
             store::skip_past(pool, name, mailbox, uidvalidity, uid)
                 .await
                 .map_err(MessageFailure::db)?;
-            return Ok(Handled::Duplicate);
+            return Ok(Disposition::Duplicate);
         }
         let Some(size) = size else {
             store::skip_past(pool, name, mailbox, uidvalidity, uid)
                 .await
                 .map_err(MessageFailure::db)?;
-            return Ok(Handled::Vanished);
+            return Ok(Disposition::Vanished);
         };
         let id = inbound_email_id(name, mailbox, uidvalidity, uid);
         let key = (name.to_string(), mailbox.to_string(), uidvalidity, uid);
@@ -168,7 +168,7 @@ impl InboundEmailPoller {
             store::record(pool, &row, None)
                 .await
                 .map_err(MessageFailure::db)?;
-            return Ok(Handled::GaveUp);
+            return Ok(Disposition::GaveUp);
         }
 
         if u64::from(size) > self.config.max_message_size {
@@ -190,7 +190,7 @@ impl InboundEmailPoller {
                 .recorded_before(account, uidvalidity, uid, size, &parsed, &hash)
                 .await?
             {
-                return Ok(Handled::Duplicate);
+                return Ok(Disposition::Duplicate);
             }
             let reason = format!(
                 "the message is {size} bytes, over the limit of {} bytes; its body was not fetched",
@@ -218,7 +218,7 @@ impl InboundEmailPoller {
             store::record(pool, &row, None)
                 .await
                 .map_err(MessageFailure::db)?;
-            return Ok(Handled::TooLarge);
+            return Ok(Disposition::TooLarge);
         }
 
         let raw = timed(
@@ -232,7 +232,7 @@ impl InboundEmailPoller {
             store::skip_past(pool, name, mailbox, uidvalidity, uid)
                 .await
                 .map_err(MessageFailure::db)?;
-            return Ok(Handled::Vanished);
+            return Ok(Disposition::Vanished);
         };
         let hash = content_hash(b"mail\0", &raw);
         let parsed =
@@ -249,7 +249,7 @@ impl InboundEmailPoller {
             .recorded_before(account, uidvalidity, uid, size, &parsed, &hash)
             .await?
         {
-            return Ok(Handled::Duplicate);
+            return Ok(Disposition::Duplicate);
         }
         if let Some(error) = &parsed.parse_error {
             tracing::warn!(job = JOB_NAME, account = name, uid, %error, "a message did not parse; it is stored and announced with its parse error");
@@ -285,11 +285,11 @@ impl InboundEmailPoller {
         .await
         .map_err(MessageFailure::db)?;
         if inserted {
-            Ok(Handled::Stored {
+            Ok(Disposition::Stored {
                 parse_error: parsed.parse_error.is_some(),
             })
         } else {
-            Ok(Handled::Duplicate)
+            Ok(Disposition::Duplicate)
         }
     }
 
@@ -303,7 +303,7 @@ impl InboundEmailPoller {
         size: u32,
         set_aside: parse::SetAside,
         hash: &str,
-    ) -> Result<Handled, MessageFailure> {
+    ) -> Result<Disposition, MessageFailure> {
         let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
         let pool = &self.pool;
         let id = inbound_email_id(name, mailbox, uidvalidity, uid);
@@ -314,7 +314,7 @@ impl InboundEmailPoller {
             .recorded_before(account, uidvalidity, uid, size, &parsed, hash)
             .await?
         {
-            return Ok(Handled::Duplicate);
+            return Ok(Disposition::Duplicate);
         }
         let reason = format!("{refused}, over the poller's mail limits; not parsed");
         tracing::warn!(job = JOB_NAME, account = name, uid, size, %reason, "a message past the mail limits is recorded as skipped");
@@ -333,7 +333,7 @@ impl InboundEmailPoller {
         store::record(pool, &row, None)
             .await
             .map_err(MessageFailure::db)?;
-        Ok(Handled::TooComplex)
+        Ok(Disposition::TooComplex)
     }
 
     /// Whether this mail was recorded before from this mailbox under another UID (moved out

@@ -108,7 +108,7 @@ impl Default for OutboxDrainSettings {
             batches_in_flight: 3,
             max_attempts: 10,
             backoff: RetryPolicy {
-                max_attempts: 10,
+                max_tries: 10,
                 base_delay: Duration::from_secs(1),
                 factor: 2.0,
                 max_delay: Duration::from_secs(300),
@@ -560,7 +560,7 @@ mod tests {
     fn backoff_grows_with_the_attempts_and_is_capped() {
         let settings = OutboxDrainSettings {
             backoff: RetryPolicy {
-                max_attempts: 1,
+                max_tries: 1,
                 base_delay: Duration::from_secs(1),
                 factor: 2.0,
                 max_delay: Duration::from_secs(10),

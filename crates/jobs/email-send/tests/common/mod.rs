@@ -126,7 +126,7 @@ impl Delivery {
             max_attempts: 5,
             timeout,
             retry: Some(worker_core::RetryPolicy {
-                max_attempts: tries,
+                max_tries: tries,
                 base_delay: Duration::from_millis(50),
                 factor: 2.0,
                 max_delay: Duration::from_millis(200),

@@ -42,7 +42,7 @@ pub fn settings(batch_size: u32, max_attempts: u32) -> OutboxDrainSettings {
         batch_size,
         max_attempts,
         backoff: RetryPolicy {
-            max_attempts,
+            max_tries: max_attempts,
             base_delay: ms(50),
             factor: 2.0,
             max_delay: ms(200),
