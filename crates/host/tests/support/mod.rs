@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::TryStreamExt;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 use lettre::message::Mailbox;
 use lettre::transport::smtp::AsyncSmtpTransport;
 use lettre::{AsyncTransport, Message, Tokio1Executor};
@@ -486,42 +484,9 @@ fn parse_labels(text: &str) -> BTreeMap<String, String> {
 // Broker
 // ---------------------------------------------------------------------------------------------
 
-/// Publishes `messages` (persistent properties given, confirmed, mandatory) to `exchange` of
-/// the test's vhost with `routing_key`, on one connection; fails on a message returned
-/// unroutable.
-pub async fn publish_confirmed(
-    vhost: &TestVhost,
-    exchange: &str,
-    routing_key: &str,
-    messages: &[(BasicProperties, &[u8])],
-) -> anyhow::Result<()> {
-    let connection =
-        Connection::connect(&vhost.amqp_url(), ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    for (properties, body) in messages {
-        let confirm = channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                body,
-                properties.clone(),
-            )
-            .await?
-            .await?;
-        if confirm.take_message().is_some() {
-            bail!("the message to {exchange}/{routing_key} was returned unroutable");
-        }
-    }
-    let _ = connection.close(200, "done".into()).await;
-    Ok(())
-}
+// Not every test file publishes.
+#[allow(unused_imports)]
+pub use worker_testkit::amqp::publish_confirmed;
 
 // ---------------------------------------------------------------------------------------------
 // Mail
