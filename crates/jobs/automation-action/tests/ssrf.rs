@@ -119,86 +119,45 @@ async fn assert_refused(
     assert!(last_error.unwrap_or_default().contains(why));
 }
 
-#[tokio::test]
-async fn a_webhook_to_loopback_is_refused_without_a_call() -> anyhow::Result<()> {
+/// A webhook to `url(port)`, `port` a receiver's on this machine, is refused as `kind` by an
+/// executor with the default allow list, and never reaches the receiver.
+async fn refused_with_defaults(url: impl FnOnce(u16) -> String, kind: &str) -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let (port, calls) = receiver().await;
     let job = default_executor(&db.pool);
-    assert_refused(
-        &db,
-        &job,
-        &format!("http://127.0.0.1:{port}/hook"),
-        &calls,
-        "loopback",
-    )
-    .await;
+    assert_refused(&db, &job, &url(port), &calls, kind).await;
     Ok(())
+}
+
+#[tokio::test]
+async fn a_webhook_to_loopback_is_refused_without_a_call() -> anyhow::Result<()> {
+    refused_with_defaults(|port| format!("http://127.0.0.1:{port}/hook"), "loopback").await
 }
 
 #[tokio::test]
 async fn a_name_that_resolves_to_loopback_is_refused() -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let (port, calls) = receiver().await;
-    let job = default_executor(&db.pool);
-    assert_refused(
-        &db,
-        &job,
-        &format!("http://localhost:{port}/hook"),
-        &calls,
-        "loopback",
-    )
-    .await;
-    Ok(())
+    refused_with_defaults(|port| format!("http://localhost:{port}/hook"), "loopback").await
 }
 
 #[tokio::test]
 async fn an_ipv4_mapped_ipv6_loopback_is_refused() -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let (port, calls) = receiver().await;
-    let job = default_executor(&db.pool);
-    assert_refused(
-        &db,
-        &job,
-        &format!("http://[::ffff:127.0.0.1]:{port}/hook"),
-        &calls,
+    refused_with_defaults(
+        |port| format!("http://[::ffff:127.0.0.1]:{port}/hook"),
         "loopback",
     )
-    .await;
-    Ok(())
+    .await
 }
 
 #[tokio::test]
 async fn a_decimal_ipv4_loopback_is_refused() -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let (port, calls) = receiver().await;
-    let job = default_executor(&db.pool);
     // 2130706433 is 127.0.0.1 written as one number; URL parsers accept it.
-    assert_refused(
-        &db,
-        &job,
-        &format!("http://2130706433:{port}/hook"),
-        &calls,
-        "loopback",
-    )
-    .await;
-    Ok(())
+    refused_with_defaults(|port| format!("http://2130706433:{port}/hook"), "loopback").await
 }
 
 #[tokio::test]
 async fn a_webhook_to_the_unspecified_address_is_refused() -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let (port, calls) = receiver().await;
-    let job = default_executor(&db.pool);
     // 0.0.0.0 connects to the local host on Linux.
-    assert_refused(
-        &db,
-        &job,
-        &format!("http://0.0.0.0:{port}/hook"),
-        &calls,
-        "unspecified",
-    )
-    .await;
-    Ok(())
+    refused_with_defaults(|port| format!("http://0.0.0.0:{port}/hook"), "unspecified").await
 }
 
 fn allowing(pool: &PgPool, entries: &[String]) -> ActionExecutor {
