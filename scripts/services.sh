@@ -26,6 +26,9 @@
 #                      (e.g. .services/smtp-fail/bob@localhost), its first line is the reply to
 #                      RCPT for that address (e.g. `451 4.3.0 try later`); delete it to recover.
 #
+# Browser      Debian's chromium and chromium-driver are installed too (not started: each browser
+#              test starts its own ChromeDriver on a free port, headless).
+#
 # Everything this script creates lives in ${WH_SERVICES_DIR:-<repo>/.services}, a folder that
 # must belong to the user running the script and that no one else may write (checked, and the
 # script refuses a symbolic link there: as root it would write wherever the link points) (PostgreSQL's
@@ -191,6 +194,8 @@ install_missing() {
     if ! port_open "$SMTP_PORT"; then
         smtp_python >/dev/null || pkgs+=(python3-aiosmtpd)
     fi
+    # The console's browser tests drive Debian's Chromium through its ChromeDriver.
+    { command -v chromium && command -v chromedriver; } >/dev/null || pkgs+=(chromium chromium-driver)
     [ "${#pkgs[@]}" -gt 0 ] || return 0
     command -v apt-get >/dev/null || die "missing: ${pkgs[*]}; no apt-get here, install them by hand"
     local logf="$DIR/apt.log"
@@ -742,6 +747,8 @@ export WH_TEST_RABBIT_API=http://guest:guest@$HOST:$RABBIT_API_PORT
 export WH_TEST_IMAP=$HOST:$IMAP_PORT
 export WH_TEST_SMTP=$HOST:$SMTP_PORT
 export WH_SERVICES_DIR=$dir
+export WH_TEST_CHROMEDRIVER=$(command -v chromedriver || echo /usr/bin/chromedriver)
+export WH_TEST_CHROMIUM=$(command -v chromium || echo /usr/bin/chromium)
 EOF
 }
 

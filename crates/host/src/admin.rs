@@ -1,5 +1,6 @@
-//! The admin HTTP server: `/healthz` (the process is alive) and `/readyz` (the database and
-//! the broker are reachable), on a loopback port from settings.
+//! The admin HTTP server: `/healthz` (the process is alive), `/readyz` (the database and
+//! the broker are reachable), `/status`, `/metrics` and the operator's [`console`](crate::console),
+//! on `admin.listen`. Every response carries the console's security headers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +14,8 @@ use axum::routing::get;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::console::Console;
+use crate::console::page::secure;
 use crate::metrics::PrometheusReader;
 use crate::status::StatusBoard;
 
@@ -27,6 +30,7 @@ pub struct AdminState {
     checks: Arc<Vec<Box<dyn ReadinessCheck>>>,
     prometheus: Option<PrometheusReader>,
     status: Option<StatusBoard>,
+    console: Option<Arc<Console>>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -44,7 +48,14 @@ impl AdminState {
             checks: Arc::new(checks),
             prometheus: None,
             status: None,
+            console: None,
         }
+    }
+
+    /// Serves the operator's console beside the endpoints.
+    pub fn with_console(mut self, console: Arc<Console>) -> Self {
+        self.console = Some(console);
+        self
     }
 
     /// Serves `/status` from this board.
@@ -61,12 +72,18 @@ impl AdminState {
 }
 
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let console = state.console.clone();
+    let endpoints = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
-        .with_state(state)
+        .with_state(state);
+    let router = match console {
+        Some(console) => endpoints.merge(crate::console::routes(console)),
+        None => endpoints,
+    };
+    router.layer(axum::middleware::map_response(secure))
 }
 
 /// Binds the admin port (failing at start, with the address, when it is taken) and serves
@@ -80,7 +97,9 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("the admin server cannot listen on {listen}: {e}"))?;
     tracing::info!(%listen, "admin server listening");
-    Ok(axum::serve(listener, router(state))
+    // The peer's address: the console records where an operator signed in from.
+    let service = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    Ok(axum::serve(listener, service)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .into_future())
 }

@@ -49,6 +49,11 @@ pub enum Command {
         #[command(subcommand)]
         action: OutboxAction,
     },
+    /// Pause and resume timer jobs on every replica.
+    Jobs {
+        #[command(subcommand)]
+        action: JobsAction,
+    },
     /// Manage the broker topology.
     Topology {
         #[command(subcommand)]
@@ -91,6 +96,30 @@ pub enum OutboxAction {
         /// Every failed row.
         #[arg(long)]
         all_failed: bool,
+        #[command(flatten)]
+        actor: crate::commands::actor::ActorArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsAction {
+    /// The timer jobs, and which of them an operator paused (by whom, since when).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hold back a timer job's scheduled ticks on every replica until it is resumed.
+    Pause {
+        /// The job, as `jobs list` names it (`draft-expiry`, say).
+        job: String,
+        #[command(flatten)]
+        actor: crate::commands::actor::ActorArgs,
+    },
+    /// Let a paused timer job tick on its schedule again.
+    Resume {
+        job: String,
+        #[command(flatten)]
+        actor: crate::commands::actor::ActorArgs,
     },
 }
 

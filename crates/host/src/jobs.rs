@@ -14,7 +14,8 @@ use worker_store::{AdvisoryLease, AttemptLog};
 
 use crate::metrics::Metrics;
 use crate::observe::ConsumerObserver;
-use crate::scheduler::TimerTask;
+use crate::scheduler::control::PauseCheck;
+use crate::scheduler::{TimerHandle, TimerTask};
 use crate::settings::{ImapAccount, Settings, Timer};
 use crate::status::{JobEntry, JobStats, TimerStats};
 
@@ -30,6 +31,8 @@ pub struct JobsContext {
     pub metrics: Metrics,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
+    /// Where timer jobs read whether an operator paused them (every replica reads the same).
+    pub pauses: Option<Arc<dyn PauseCheck>>,
 }
 
 /// A job that cannot be built from the settings; names the job and why.
@@ -63,6 +66,35 @@ pub enum Lease {
     /// Every replica ticks: its own readiness depends on it, or the job shares its rows
     /// with the other replicas by itself (`FOR UPDATE SKIP LOCKED`).
     EveryReplica,
+}
+
+/// The timer jobs of [`start_all`], by name, in its order: what `jobs pause` and the console
+/// take (a test holds the two lists together).
+pub const TIMERS: &[&str] = &[
+    job_outbox_drain::JOB_NAME,
+    job_inbound_email_poller::JOB_NAME,
+    job_db_health::JOB_NAME,
+    job_draft_expiry::JOB_NAME,
+    job_dead_letter_archive::MAINTENANCE_JOB_NAME,
+    job_retention::JOB_NAME,
+    job_reconciler::JOB_NAME,
+];
+
+/// Whether an operator may pause `job`: any timer job but the database probe, which drives
+/// readiness (paused, it would take the host out of its load balancer).
+pub fn pausable(job: &str) -> Result<(), String> {
+    if job == job_db_health::JOB_NAME {
+        return Err(format!(
+            "{job} drives readiness (/readyz) and cannot be paused"
+        ));
+    }
+    if !TIMERS.contains(&job) {
+        return Err(format!(
+            "no timer job is called `{job}`; the timer jobs are {}",
+            TIMERS.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// Starts every job through the tracker: the list of jobs this host runs, one a line.
@@ -287,12 +319,17 @@ fn timer<J: worker_core::TimerJob, S: TimerSection>(
 ) -> JobEntry {
     let Built { job, wake } = built;
     let stats = Arc::new(TimerStats::default());
+    let (handle, control) = TimerHandle::new(
+        job.name(),
+        section.schedule.clone(),
+        section.timeout(),
+        lease == Lease::OneReplica,
+        stats.clone(),
+        ctx.pauses.clone(),
+    );
     let entry = JobEntry {
         name: job.name().to_string(),
-        stats: JobStats::Timer {
-            schedule: section.schedule.to_string(),
-            stats: stats.clone(),
-        },
+        stats: JobStats::Timer(handle),
     };
     let task = TimerTask {
         job: Arc::new(job),
@@ -306,6 +343,7 @@ fn timer<J: worker_core::TimerJob, S: TimerSection>(
         stats,
         metrics: ctx.metrics.clone(),
         attempt_log: ctx.attempt_log.clone(),
+        control,
     };
     ctx.tracker
         .spawn(task.run(ctx.tracker.clone(), ctx.shutdown.child_token()));

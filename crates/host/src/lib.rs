@@ -3,7 +3,7 @@
 //! Only this crate knows the settings file, signals, the telemetry exporters, the admin
 //! endpoints and the list of jobs. It loads and validates [`settings::Settings`], sets up
 //! [`telemetry`], reaches the database and the broker ([`connections`]), serves the admin
-//! endpoints ([`admin`]) and runs until SIGTERM or SIGINT ([`lifecycle`]). Each command of the
+//! endpoints and the operator's console ([`admin`], [`console`]) and runs until SIGTERM or SIGINT ([`lifecycle`]). Each command of the
 //! binary is a file of [`commands`]; [`exit`] holds the exit codes.
 
 pub mod admin;
@@ -11,6 +11,7 @@ pub mod alerts;
 pub mod cli;
 pub mod commands;
 pub mod connections;
+pub mod console;
 pub mod exit;
 pub mod jobs;
 pub mod lifecycle;

@@ -1,7 +1,7 @@
 //! The host's lifecycle: reach the services, migrate, serve the admin endpoints, run until
 //! a signal, then shut down within the grace period.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -11,6 +11,7 @@ use crate::admin::{self, AdminState, ReadinessCheck};
 use crate::alerts::AlertBook;
 use crate::commands::topology::{declare_topology, topology_failure};
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
+use crate::console::{Access, BulkRuns, Console, Views};
 use crate::exit::Fatal;
 use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
@@ -53,10 +54,13 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         metrics: observability.metrics.clone(),
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
+        pauses: Some(Arc::new(crate::scheduler::control::DatabasePauses(
+            pool.clone(),
+        ))),
     };
     let started = jobs::start_all(&jobs_context).map_err(Fatal::usage)?;
 
-    let alerts = start_sampler(
+    let (alerts, readings) = start_sampler(
         &settings,
         &pool,
         &supervisor,
@@ -70,7 +74,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
             &settings,
             &supervisor,
             started,
-            alerts,
+            Sampled { alerts, readings },
             &observability,
             &tracker,
             &shutdown,
@@ -104,9 +108,9 @@ fn start_sampler(
     observability: &Observability,
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
-) -> Arc<AlertBook> {
+) -> (Arc<AlertBook>, Arc<RwLock<sampler::Readings>>) {
     let alerts = Arc::new(AlertBook::default());
-    let readings = Arc::new(std::sync::RwLock::new(sampler::Readings::default()));
+    let readings = Arc::new(RwLock::new(sampler::Readings::default()));
     sampler::register_gauges(&observability.metrics, readings.clone());
     tracker.spawn(sampler::run(
         sampler::Sources {
@@ -114,22 +118,37 @@ fn start_sampler(
             supervisor: supervisor.clone(),
             health: started.health.clone(),
             stuck_after: settings.jobs.reconciler.job.stuck_after,
+            replica: worker_store::replicas::Replica {
+                name: settings.replica_name(),
+                installation: settings.installation.clone(),
+                host: whoami::fallible::hostname().unwrap_or_else(|_| "unknown".into()),
+                pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                started_at: chrono::Utc::now(),
+                last_seen: chrono::Utc::now(),
+            },
         },
-        readings,
+        readings.clone(),
         alerts.clone(),
         settings.alerts.clone(),
         shutdown.child_token(),
     ));
-
-    alerts
+    (alerts, readings)
 }
 
-/// `/healthz`, `/readyz`, `/status` and `/metrics` on `admin.listen`, until shutdown.
+/// What the sampler keeps up to date: the alerts and the readings.
+struct Sampled {
+    alerts: Arc<AlertBook>,
+    readings: Arc<RwLock<sampler::Readings>>,
+}
+
+/// `/healthz`, `/readyz`, `/status`, `/metrics` and the console on `admin.listen`, until
+/// shutdown.
 async fn serve_admin(
     settings: &Settings,
     supervisor: &worker_broker::Supervisor,
     started: jobs::Started,
-    alerts: Arc<AlertBook>,
+    sampled: Sampled,
     observability: &Observability,
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
@@ -146,14 +165,24 @@ async fn serve_admin(
         started_at: chrono::Utc::now(),
         jobs: started.entries,
         broker: supervisor.status(),
-        alerts: alerts.clone(),
+        alerts: sampled.alerts.clone(),
         database: Arc::new(DatabaseReading(started.health.clone())),
     };
+    let console = console(
+        settings,
+        supervisor,
+        board.clone(),
+        sampled.readings,
+        tracker,
+        shutdown,
+    )
+    .await?;
     let server = admin::serve(
         settings.admin.listen,
         AdminState::new(checks)
             .with_metrics(observability.prometheus.clone())
-            .with_status(board),
+            .with_status(board)
+            .with_console(Arc::new(console)),
         shutdown.clone(),
     )
     .await
@@ -164,6 +193,45 @@ async fn serve_admin(
         }
     });
     Ok(())
+}
+
+/// The operator's console, on a pool of its own.
+async fn console(
+    settings: &Settings,
+    supervisor: &worker_broker::Supervisor,
+    board: StatusBoard,
+    readings: Arc<RwLock<sampler::Readings>>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Result<Console, Fatal> {
+    let mut options = connections::pool_options(&settings.database);
+    options.connect = options.connect.application_name("worker-host console");
+    options.max_connections = settings.admin.console_connections;
+    options.min_connections = 0;
+    let pool = worker_store::connect(&options)
+        .await
+        .map_err(Fatal::unavailable)?;
+    let views = Views::new()
+        .map_err(|e| Fatal::software(format!("the console's pages do not compile: {e:#}")))?;
+    let admin = &settings.admin;
+    Ok(Console {
+        pool,
+        publisher: supervisor.publisher(settings.broker.publisher.clone()),
+        board,
+        readings,
+        access: Access::new(
+            admin.operator_token.clone(),
+            admin.listen.ip().is_loopback(),
+            admin.session_idle,
+        ),
+        bulk: BulkRuns::default(),
+        views,
+        replica: settings.replica_name(),
+        archive_retention: settings.jobs.dead_letter_archive.job.archiver.retention,
+        bulk_rate: admin.bulk_rate,
+        tracker: tracker.clone(),
+        shutdown: shutdown.clone(),
+    })
 }
 
 /// Reaches the database (migrating it, if asked, and importing the automation files) and the

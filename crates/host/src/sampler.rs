@@ -35,6 +35,29 @@ pub struct Readings {
     pub broker_reconnects: u64,
     /// Stuck rows by kind (`execution`, `email`), as the reconciler defines them.
     pub stuck_work: BTreeMap<&'static str, u64>,
+    /// Every queue of the topology with its retry tiers and dead queue, as the broker last
+    /// counted them (`None` for a queue it did not answer for).
+    pub queues: Vec<QueueReading>,
+}
+
+/// One consumer queue, its retry tiers and its dead queue, with their depths.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct QueueReading {
+    pub queue: String,
+    pub ready: Option<u64>,
+    /// Each tier's queue and its delay, with the messages parked in it.
+    pub tiers: Vec<TierReading>,
+    pub dead_queue: String,
+    /// Messages in the dead queue, not yet archived.
+    pub dead_waiting: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct TierReading {
+    pub queue: String,
+    #[serde(with = "humantime_serde")]
+    pub delay: Duration,
+    pub parked: Option<u64>,
 }
 
 /// What the sampler reads from.
@@ -45,6 +68,8 @@ pub struct Sources {
     pub health: job_db_health::HealthHandle,
     /// `jobs.reconciler.stuck_after`: what counts as stuck.
     pub stuck_after: Duration,
+    /// This replica, as it reports itself on every round (the console lists them).
+    pub replica: worker_store::replicas::Replica,
 }
 
 /// Registers the gauges over `readings` on the meter. The callbacks read the last readings.
@@ -220,8 +245,13 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
         r.dead_letter_inflow_per_minute = inflow;
     }
 
+    if let Err(e) = worker_store::replicas::report(pool, &sources.replica).await {
+        tracing::debug!(error = %e, "this replica's report to the database failed; trying again next round");
+    }
+
     let mut dead = archived;
     if let Some(depths) = broker_depths(&sources.supervisor).await {
+        r.queues = queue_readings(sources.supervisor.topology(), &depths);
         for queue in &sources.supervisor.topology().queues {
             if let Some(depth) = depths.get(&queue.name) {
                 r.queue_depth.insert(queue.name.clone(), *depth);
@@ -236,7 +266,32 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
     r
 }
 
-/// The broker's count of ready messages in each consumer queue and dead queue, through a
+fn queue_readings(
+    topology: &worker_broker::Topology,
+    depths: &BTreeMap<String, u64>,
+) -> Vec<QueueReading> {
+    topology
+        .queues
+        .iter()
+        .map(|queue| QueueReading {
+            queue: queue.name.clone(),
+            ready: depths.get(&queue.name).copied(),
+            tiers: queue
+                .tiers
+                .iter()
+                .map(|tier| TierReading {
+                    queue: tier.queue.clone(),
+                    delay: tier.delay,
+                    parked: depths.get(&tier.queue).copied(),
+                })
+                .collect(),
+            dead_queue: queue.dead_queue.clone(),
+            dead_waiting: depths.get(&queue.dead_queue).copied(),
+        })
+        .collect()
+}
+
+/// The broker's count of ready messages in each consumer queue, retry tier and dead queue, through a
 /// passive declare on a short-lived channel; `None` while the link is down.
 async fn broker_depths(supervisor: &worker_broker::Supervisor) -> Option<BTreeMap<String, u64>> {
     let session = supervisor.sessions().borrow().clone()?;
@@ -246,7 +301,11 @@ async fn broker_depths(supervisor: &worker_broker::Supervisor) -> Option<BTreeMa
     let names: Vec<&str> = topology
         .queues
         .iter()
-        .flat_map(|q| [q.name.as_str(), q.dead_queue.as_str()])
+        .flat_map(|q| {
+            std::iter::once(q.name.as_str())
+                .chain(q.tiers.iter().map(|t| t.queue.as_str()))
+                .chain(std::iter::once(q.dead_queue.as_str()))
+        })
         .collect();
     session.queue_depths(names).await
 }

@@ -61,6 +61,13 @@ impl Schedule {
     pub fn ticks_at_start(&self) -> bool {
         matches!(self, Self::Every(_))
     }
+
+    /// The first moment after `after` that the ticker fires; `None` for a schedule that never
+    /// fires again (or one that failed validation).
+    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let cron = parse_cron(&self.cron().ok()?).ok()?;
+        cron.find_next_occurrence(&after, false).ok()
+    }
 }
 
 /// The cron expression (with seconds) that ticks every `every`, on the clock's grid: `every 5s`
@@ -173,6 +180,25 @@ mod tests {
         assert!(parse_cron("0 */5 * * * *").is_ok());
         assert!(parse_cron("every five minutes").is_err());
         assert!(parse_cron("61 * * * *").is_err());
+    }
+
+    #[test]
+    fn the_next_run_is_the_next_moment_the_ticker_fires() {
+        let at = |text: &str| {
+            DateTime::parse_from_rfc3339(text)
+                .unwrap()
+                .with_timezone(&Utc)
+        };
+        let every = Schedule::parse("every 5m").unwrap();
+        assert_eq!(
+            every.next_after(at("2026-12-01T10:07:30Z")),
+            Some(at("2026-12-01T10:10:00Z"))
+        );
+        let nightly = Schedule::parse("0 3 * * *").unwrap();
+        assert_eq!(
+            nightly.next_after(at("2026-12-01T10:07:30Z")),
+            Some(at("2026-12-02T03:00:00Z"))
+        );
     }
 
     #[test]

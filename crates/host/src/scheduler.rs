@@ -41,6 +41,10 @@ use crate::metrics::Metrics;
 use crate::schedule::{Schedule, parse_cron, passed_over};
 use crate::status::TimerStats;
 
+pub mod control;
+
+pub use control::{Control, TimerHandle, TimerView, TriggerRefused};
+
 /// One timer job and how the host runs it.
 pub struct TimerTask<J, L> {
     pub job: Arc<J>,
@@ -54,6 +58,8 @@ pub struct TimerTask<J, L> {
     pub metrics: Metrics,
     /// Where failed ticks (and, if asked, every tick) are written.
     pub attempt_log: worker_store::AttemptLog,
+    /// An operator's triggers and the paused state ([`control`]).
+    pub control: Control,
 }
 
 impl<J, L> std::fmt::Debug for TimerTask<J, L> {
@@ -192,11 +198,12 @@ where
     /// channel is drained at once and the busy guard, not the channel, decides what a slow
     /// tick costs.
     pub async fn drive(
-        self,
+        mut self,
         mut ticks: mpsc::Receiver<()>,
         tracker: TaskTracker,
         shutdown: CancellationToken,
     ) {
+        let mut triggers = self.control.triggers.take();
         let task = Arc::new(self);
         let name = task.job.name().to_string();
         let busy = Arc::new(SkipIfBusy::new(name.clone()));
@@ -209,9 +216,17 @@ where
                     None => std::future::pending().await,
                 }
             };
+            let triggered = async {
+                match triggers.as_mut() {
+                    Some(triggers) => triggers.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let mut manual = false;
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(()) = ticks.recv() => {}
+                Some(()) = triggered => manual = true,
                 _ = woken => {
                     if busy.is_busy() {
                         // A wake is a hint, not a schedule: coalesce it into one more tick
@@ -223,7 +238,7 @@ where
             }
             sequence += 1;
             let ctx = WorkContext::new(name.as_str(), shutdown.child_token()).with_tick(sequence);
-            tracker.spawn(tick(task.clone(), busy.clone(), ctx, rerun.clone()));
+            tracker.spawn(tick(task.clone(), busy.clone(), ctx, rerun.clone(), manual));
         }
     }
 }
@@ -233,9 +248,22 @@ async fn tick<J: TimerJob, L: SingletonLease>(
     busy: Arc<SkipIfBusy>,
     ctx: WorkContext,
     rerun: Arc<std::sync::atomic::AtomicBool>,
+    manual: bool,
 ) {
     let job = task.job.as_ref();
     let stats = &task.stats;
+    if !manual
+        && let Some(pauses) = &task.control.pauses
+        && control::paused(pauses.as_ref(), job.name()).await
+    {
+        stats.skipped_paused.fetch_add(1, Ordering::Relaxed);
+        task.metrics.tick(job.name(), "skipped-paused", None);
+        tracing::debug!(job = %job.name(), "the job is paused; skipping this tick");
+        return;
+    }
+    if manual {
+        tracing::info!(job = %job.name(), "running a tick an operator asked for");
+    }
     let span = tracing::info_span!("tick", job = %job.name(), tick = ctx.tick, outcome = tracing::field::Empty);
     let job_label = [opentelemetry::KeyValue::new("job", job.name().to_string())];
     task.metrics.in_flight.add(1, &job_label);
@@ -261,6 +289,9 @@ async fn tick<J: TimerJob, L: SingletonLease>(
     let ran = matches!(outcome, TickOutcome::Ran(_) | TickOutcome::Failed(_));
     task.metrics
         .tick(job.name(), outcome.as_str(), ran.then_some(ran_for));
+    if ran {
+        stats.record_duration(ran_for);
+    }
     match outcome {
         TickOutcome::Ran(report) => {
             stats.record_success();

@@ -16,7 +16,40 @@ pub struct TimerStats {
     pub skipped_lease: AtomicU64,
     /// Scheduled ticks that passed while the runtime could not fire them (starved or asleep).
     pub missed: AtomicU64,
+    /// Scheduled ticks not run because an operator paused the job.
+    pub skipped_paused: AtomicU64,
+    /// Ticks an operator asked for ("trigger now").
+    pub triggered: AtomicU64,
     last: Mutex<LastResults>,
+    durations: Mutex<Durations>,
+}
+
+/// How long the ticks that ran took.
+#[derive(Debug, Default, Clone, Copy)]
+struct Durations {
+    last: Option<std::time::Duration>,
+    max: std::time::Duration,
+    total: std::time::Duration,
+    count: u32,
+}
+
+/// The durations of a job's ticks, in milliseconds, as `/status` and the console show them.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DurationSummary {
+    pub last_ms: Option<u64>,
+    pub mean_ms: Option<u64>,
+    pub max_ms: Option<u64>,
+}
+
+impl Durations {
+    fn summary(&self) -> DurationSummary {
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        DurationSummary {
+            last_ms: self.last.map(ms),
+            mean_ms: (self.count > 0).then(|| ms(self.total / self.count)),
+            max_ms: (self.count > 0).then(|| ms(self.max)),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -35,6 +68,9 @@ pub struct TimerSnapshot {
     pub skipped_busy: u64,
     pub skipped_lease: u64,
     pub missed: u64,
+    pub skipped_paused: u64,
+    pub triggered: u64,
+    pub durations: DurationSummary,
     #[serde(flatten)]
     pub last: LastResults,
 }
@@ -60,6 +96,19 @@ impl TimerStats {
         }
     }
 
+    /// Records how long a tick that ran took (succeeded or failed).
+    pub fn record_duration(&self, took: std::time::Duration) {
+        if let Ok(mut d) = self.durations.lock() {
+            d.last = Some(took);
+            d.max = d.max.max(took);
+            // A mean over the ticks since start; the count saturates rather than wraps.
+            if d.count < u32::MAX {
+                d.total += took;
+                d.count += 1;
+            }
+        }
+    }
+
     pub fn snapshot(&self) -> TimerSnapshot {
         TimerSnapshot {
             ran: self.ran.load(Ordering::Relaxed),
@@ -67,6 +116,13 @@ impl TimerStats {
             skipped_busy: self.skipped_busy.load(Ordering::Relaxed),
             skipped_lease: self.skipped_lease.load(Ordering::Relaxed),
             missed: self.missed.load(Ordering::Relaxed),
+            skipped_paused: self.skipped_paused.load(Ordering::Relaxed),
+            triggered: self.triggered.load(Ordering::Relaxed),
+            durations: self
+                .durations
+                .lock()
+                .map(|d| d.summary())
+                .unwrap_or_default(),
             last: self.last.lock().map(|l| l.clone()).unwrap_or_default(),
         }
     }
@@ -160,10 +216,7 @@ pub enum JobStats {
         queue: String,
         stats: std::sync::Arc<ConsumerStats>,
     },
-    Timer {
-        schedule: String,
-        stats: std::sync::Arc<TimerStats>,
-    },
+    Timer(crate::scheduler::TimerHandle),
 }
 
 /// A piece of state `/status` shows, read at the moment of the request.
@@ -172,6 +225,19 @@ pub trait Reading: Send + Sync + std::fmt::Debug {
 }
 
 impl StatusBoard {
+    /// The timer job named `name`, to trigger, or to show on its page.
+    pub fn timer(&self, name: &str) -> Option<&crate::scheduler::TimerHandle> {
+        self.timers().find(|timer| timer.name == name)
+    }
+
+    /// Every timer job of this host, in the job list's order.
+    pub fn timers(&self) -> impl Iterator<Item = &crate::scheduler::TimerHandle> {
+        self.jobs.iter().filter_map(|job| match &job.stats {
+            JobStats::Timer(timer) => Some(timer),
+            JobStats::Consumer { .. } => None,
+        })
+    }
+
     pub fn render(&self) -> serde_json::Value {
         let broker = self.broker.borrow().clone();
         let jobs: Vec<serde_json::Value> = self
@@ -181,8 +247,10 @@ impl StatusBoard {
                 JobStats::Consumer { queue, stats } => serde_json::json!({
                     "name": job.name, "kind": "consumer", "queue": queue, "counts": stats.snapshot(),
                 }),
-                JobStats::Timer { schedule, stats } => serde_json::json!({
-                    "name": job.name, "kind": "timer", "schedule": schedule, "counts": stats.snapshot(),
+                JobStats::Timer(timer) => serde_json::json!({
+                    "name": job.name, "kind": "timer", "schedule": timer.schedule.to_string(),
+                    "next_run": timer.next_run(), "leased": timer.leased,
+                    "counts": timer.stats.snapshot(),
                 }),
             })
             .collect();

@@ -104,7 +104,7 @@ impl AttemptLogSettings {
 }
 
 /// One row of the attempt log, owned, ready to write.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AttemptRecord {
     pub job: String,
     pub message_id: Option<String>,
@@ -119,8 +119,13 @@ pub struct AttemptRecord {
     pub is_final: bool,
     pub failure_class: Option<String>,
     pub error: Option<String>,
+    #[serde(rename = "duration_ms", serialize_with = "as_millis")]
     pub duration: Duration,
     pub at: DateTime<Utc>,
+}
+
+fn as_millis<S: serde::Serializer>(duration: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(duration.as_secs_f64() * 1000.0)
 }
 
 impl AttemptRecord {
@@ -599,51 +604,67 @@ pub async fn summary(pool: &PgPool, since: Duration) -> Result<Vec<AttemptSummar
     .map_err(classify)
 }
 
+type Row = (
+    String,
+    Option<String>,
+    Option<i64>,
+    i32,
+    i32,
+    String,
+    bool,
+    Option<String>,
+    Option<String>,
+    f64,
+    DateTime<Utc>,
+);
+
+const ROW_COLUMNS: &str = "job, message_id, tick, attempt, try_number, outcome, is_final, \
+                           failure_class, error, duration_ms, at";
+
+fn record_of(r: Row) -> AttemptRecord {
+    AttemptRecord {
+        job: r.0,
+        message_id: r.1,
+        tick: r.2,
+        attempt: r.3,
+        try_number: r.4,
+        outcome: r.5,
+        is_final: r.6,
+        failure_class: r.7,
+        error: r.8,
+        duration: Duration::from_secs_f64((r.9 / 1000.0).max(0.0)),
+        at: r.10,
+    }
+}
+
 /// The rows of one message of one job, in order, for an operator following its story.
 pub async fn for_message(
     pool: &PgPool,
     job: &str,
     message_id: &str,
 ) -> Result<Vec<AttemptRecord>, Failure> {
-    type Row = (
-        String,
-        Option<String>,
-        Option<i64>,
-        i32,
-        i32,
-        String,
-        bool,
-        Option<String>,
-        Option<String>,
-        f64,
-        DateTime<Utc>,
-    );
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT job, message_id, tick, attempt, try_number, outcome, is_final, failure_class, \
-                error, duration_ms, at \
-         FROM attempt_log WHERE job = $1 AND message_id = $2 ORDER BY at, id",
-    )
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "SELECT {ROW_COLUMNS} FROM attempt_log WHERE job = $1 AND message_id = $2 ORDER BY at, id"
+    ))
     .bind(job)
     .bind(message_id)
     .fetch_all(pool)
     .await
     .map_err(classify)?;
-    Ok(rows
-        .into_iter()
-        .map(|r| AttemptRecord {
-            job: r.0,
-            message_id: r.1,
-            tick: r.2,
-            attempt: r.3,
-            try_number: r.4,
-            outcome: r.5,
-            is_final: r.6,
-            failure_class: r.7,
-            error: r.8,
-            duration: Duration::from_secs_f64((r.9 / 1000.0).max(0.0)),
-            at: r.10,
-        })
-        .collect())
+    Ok(rows.into_iter().map(record_of).collect())
+}
+
+/// A job's latest rows (a timer's failed ticks, say), newest first, at most `limit`.
+pub async fn recent(pool: &PgPool, job: &str, limit: u32) -> Result<Vec<AttemptRecord>, Failure> {
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "SELECT {ROW_COLUMNS} FROM attempt_log WHERE job = $1 ORDER BY at DESC, id DESC LIMIT $2"
+    ))
+    .bind(job)
+    .bind(i64::from(limit.max(1)))
+    .fetch_all(pool)
+    .await
+    .map_err(classify)?;
+    Ok(rows.into_iter().map(record_of).collect())
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The PostgreSQL adapter: the connection pool, the embedded migrations, the processed-message
-//! guard and the singleton lease for timer jobs.
+//! guard and the singleton lease for timer jobs, the outbox and the attempt log, and what
+//! operators act through: the audit trail, job pauses and the replicas' reports.
 //!
 //! Everything that knows sqlx lives here; the jobs see the core traits
 //! ([`worker_core::ProcessedGuard`], [`worker_core::SingletonLease`]) and this crate's
@@ -23,7 +24,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 pub mod attempt_log;
+pub mod audit;
 pub mod outbox;
+pub mod pauses;
+pub mod replicas;
 
 pub use attempt_log::{AttemptLog, AttemptLogSettings, AttemptLogWriter, AttemptRecord};
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStatus};

@@ -20,9 +20,9 @@
 //!    are published again (at least once); consumers dedup on the message id.
 //!
 //! For operators: [`status`] (pending, due, failed, age of the oldest pending row),
-//! [`failed`] (the failed rows with their errors), [`retry`] and [`retry_all_failed`]
-//! (make failed rows pending again, with fresh attempts), and [`purge_processed`] (the
-//! retention sweep).
+//! [`failed`] and [`pending`] (the rows, with their errors), [`retry`] and
+//! [`retry_all_failed`] (make failed rows pending again, with fresh attempts, recorded in the
+//! [`audit`](crate::audit) trail), and [`purge_processed`] (the retention sweep).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -35,6 +35,7 @@ use sqlx::{PgConnection, PgPool};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use worker_core::Failure;
 
+use crate::audit::{self, ActionKind, Actor, NewAction};
 use crate::classify;
 use worker_core::truncate;
 
@@ -453,7 +454,8 @@ pub enum RetryResult {
 /// Makes row `id` pending again, due now, with its attempts reset (its last error is kept
 /// until the next attempt), and wakes the drain. A pending row is made due now. A failed row
 /// has its `retries` counted up, so that a second failure is archived as a failure of its own.
-pub async fn retry(pool: &PgPool, id: i64) -> Result<RetryResult, Failure> {
+/// Recorded in the audit trail with `actor`, whatever it found.
+pub async fn retry(pool: &PgPool, id: i64, actor: &Actor) -> Result<RetryResult, Failure> {
     let mut tx = pool.begin().await.map_err(classify)?;
     let status: Option<String> =
         sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1 FOR UPDATE")
@@ -480,13 +482,29 @@ pub async fn retry(pool: &PgPool, id: i64) -> Result<RetryResult, Failure> {
             RetryResult::Requeued
         }
     };
+    let note = match result {
+        RetryResult::Requeued => None,
+        RetryResult::AlreadyProcessed => Some("already published".to_string()),
+        RetryResult::NotFound => Some("no such row".to_string()),
+    };
+    let target = serde_json::json!({ "outbox_id": id });
+    let requeued = u64::from(result == RetryResult::Requeued);
+    audit::record(
+        &mut tx,
+        &NewAction::new(ActionKind::OutboxRetry, actor, target),
+        requeued,
+        0,
+        note,
+    )
+    .await?;
     tx.commit().await.map_err(classify)?;
     Ok(result)
 }
 
 /// Makes every failed row pending again, due now, with its attempts reset and its `retries`
-/// counted up, and wakes the drain. Returns how many rows were requeued.
-pub async fn retry_all_failed(pool: &PgPool) -> Result<u64, Failure> {
+/// counted up, and wakes the drain; recorded in the audit trail with `actor`. Returns how
+/// many rows were requeued.
+pub async fn retry_all_failed(pool: &PgPool, actor: &Actor) -> Result<u64, Failure> {
     let mut tx = pool.begin().await.map_err(classify)?;
     let done = sqlx::query(
         "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now(), \
@@ -495,12 +513,50 @@ pub async fn retry_all_failed(pool: &PgPool) -> Result<u64, Failure> {
     )
     .execute(&mut *tx)
     .await
-    .map_err(classify)?;
-    if done.rows_affected() > 0 {
+    .map_err(classify)?
+    .rows_affected();
+    if done > 0 {
         notify(&mut tx).await?;
     }
+    let target = serde_json::json!({ "outbox": "all-failed" });
+    audit::record(
+        &mut tx,
+        &NewAction::new(ActionKind::OutboxRetry, actor, target),
+        done,
+        0,
+        None,
+    )
+    .await?;
     tx.commit().await.map_err(classify)?;
-    Ok(done.rows_affected())
+    Ok(done)
+}
+
+/// A row waiting to be published, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct PendingRow {
+    pub id: i64,
+    pub message_id: String,
+    pub message_type: Option<String>,
+    pub exchange: String,
+    pub routing_key: String,
+    /// Failed attempts so far (0 for a row not yet tried).
+    pub attempts: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The pending rows, oldest first, at most `limit`.
+pub async fn pending(pool: &PgPool, limit: u32) -> Result<Vec<PendingRow>, Failure> {
+    sqlx::query_as(
+        "SELECT id, message_id, message_type, exchange, routing_key, attempts, \
+                next_attempt_at, last_error, created_at \
+         FROM outbox WHERE status = 'pending' ORDER BY id LIMIT $1",
+    )
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await
+    .map_err(classify)
 }
 
 /// Deletes processed rows older than `retention`, at most `batch` per statement so that no

@@ -200,7 +200,15 @@ async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Re
     // Replay: pending, due now, attempts reset; the drain is woken.
     let mut listener = PgListener::connect(&db.url).await?;
     listener.listen(outbox::CHANNEL).await?;
-    assert_eq!(outbox::retry(&db.pool, id).await?, RetryResult::Requeued);
+    assert_eq!(
+        outbox::retry(
+            &db.pool,
+            id,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
+        RetryResult::Requeued
+    );
     tokio::time::timeout(Duration::from_secs(5), listener.recv()).await??;
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempts FROM outbox WHERE id = $1")
@@ -209,7 +217,12 @@ async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Re
             .await?;
     assert_eq!((status.as_str(), attempts), ("pending", 0));
     assert_eq!(
-        outbox::retry(&db.pool, 999_999).await?,
+        outbox::retry(
+            &db.pool,
+            999_999,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
         RetryResult::NotFound
     );
 
@@ -218,11 +231,30 @@ async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Re
     outbox::record_failures(&mut tx, &[fail(Duration::ZERO)], 1).await?;
     tx.commit().await?;
     assert_eq!(
-        outbox::retry(&db.pool, other).await?,
+        outbox::retry(
+            &db.pool,
+            other,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
         RetryResult::AlreadyProcessed
     );
-    assert_eq!(outbox::retry_all_failed(&db.pool).await?, 1);
-    assert_eq!(outbox::retry_all_failed(&db.pool).await?, 0);
+    assert_eq!(
+        outbox::retry_all_failed(
+            &db.pool,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
+        1
+    );
+    assert_eq!(
+        outbox::retry_all_failed(
+            &db.pool,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
+        0
+    );
     assert_eq!(count(&db, "failed").await?, 0);
     Ok(())
 }

@@ -7,6 +7,8 @@
 //!   in a folder of its own, for tests that slow down or fail the server;
 //! - [`FaultProxy`]: a TCP proxy on a port of its own in front of any of the services, that
 //!   cuts, resets, stalls, blackholes, slows down or refuses connections on demand;
+//! - [`Browser`]: a headless Debian Chromium driven through a ChromeDriver of the test's own
+//!   (on a free port, with an empty profile), for the console's browser tests;
 //! - private servers for tests that stop a server or need it configured otherwise: a
 //!   PostgreSQL cluster ([`PgCluster`]), a RabbitMQ node ([`RabbitNode`]) and a Dovecot
 //!   ([`Dovecot`]), each on ports and in a folder of its own, optionally serving TLS with a
@@ -24,6 +26,7 @@
 //! `WH_TEST_*` variables that `scripts/services.sh env` prints, with the same defaults.
 
 pub mod amqp;
+mod browser;
 mod dovecot;
 mod pg_cluster;
 mod proxy;
@@ -33,6 +36,7 @@ mod template;
 mod tls;
 pub mod wait;
 
+pub use browser::Browser;
 pub use dovecot::Dovecot;
 pub use pg_cluster::PgCluster;
 pub use proxy::FaultProxy;

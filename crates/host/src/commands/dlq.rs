@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use job_dead_letter_archive as archive;
 
+use super::actor::{ActorArgs, actor};
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
@@ -73,14 +74,6 @@ pub enum DlqAction {
     },
 }
 
-/// Who is acting, beside the operating-system user the host reads itself.
-#[derive(Debug, Clone, Args)]
-pub struct ActorArgs {
-    /// Your name (or a ticket), recorded with the operating-system user in the audit trail.
-    #[arg(long = "actor", env = "WORKER_HOST_ACTOR")]
-    pub name: Option<String>,
-}
-
 /// The filters shared by show, replay and purge.
 #[derive(Debug, Clone, Args)]
 pub struct FilterArgs {
@@ -96,6 +89,12 @@ pub struct FilterArgs {
     /// Died at or after: an RFC 3339 time (2026-11-29T10:00:00Z) or an age (2h, 30m).
     #[arg(long, value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
+    /// Died before: an RFC 3339 time or an age.
+    #[arg(long, value_parser = parse_since)]
+    pub until: Option<DateTime<Utc>>,
+    /// Text in the error, the message id or the body (the first 64 KiB of it).
+    #[arg(long)]
+    pub search: Option<String>,
     /// At most this many.
     #[arg(long)]
     pub limit: Option<u32>,
@@ -109,17 +108,15 @@ impl FilterArgs {
             reason: self.reason.clone(),
             fingerprint: self.fingerprint.clone(),
             since: self.since,
+            until: self.until,
+            search: self.search.clone(),
             limit: self.limit,
             status: None,
         }
     }
 
     fn narrows(&self, id: Option<i64>) -> bool {
-        id.is_some()
-            || self.queue.is_some()
-            || self.reason.is_some()
-            || self.fingerprint.is_some()
-            || self.since.is_some()
+        self.filter(id).narrows()
     }
 }
 
@@ -152,14 +149,6 @@ fn cut(text: &str, chars: usize) -> String {
     } else {
         format!("{}…", line.chars().take(chars).collect::<String>())
     }
-}
-
-/// Who runs an action, recorded with it: the operating-system user of the process's user id
-/// (not `$USER`, which anyone can set), the host name, and the name given with `--actor`.
-fn actor(given: &ActorArgs) -> archive::Actor {
-    let user = whoami::fallible::username().unwrap_or_else(|_| "unknown".into());
-    let host = whoami::fallible::hostname().unwrap_or_else(|_| "unknown".into());
-    archive::Actor::new(user, host).with_name(given.name.clone())
 }
 
 pub async fn run(settings: &Settings, action: DlqAction) -> Result<(), Fatal> {
@@ -273,7 +262,7 @@ async fn dispatch(
         } => {
             if !filter.narrows(id) && !all {
                 return Err(Fatal::usage(
-                    "replay needs --id, a filter (--queue, --reason, --fingerprint, --since) or --all",
+                    "replay needs --id, a filter (--queue, --reason, --fingerprint, --since, --until, --search) or --all",
                 ));
             }
             if rate == Some(0) {
@@ -344,7 +333,7 @@ async fn dispatch(
         } => {
             if !filter.narrows(id) && !all {
                 return Err(Fatal::usage(
-                    "purge needs --id, a filter (--queue, --reason, --fingerprint, --since) or --all",
+                    "purge needs --id, a filter (--queue, --reason, --fingerprint, --since, --until, --search) or --all",
                 ));
             }
             let query = filter.filter(id);

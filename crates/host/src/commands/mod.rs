@@ -1,9 +1,11 @@
 //! One file a command of `worker-host`, and [`execute`], which starts what a command needs
 //! (telemetry, the runtime) and runs it. `run` is the host's [`lifecycle`](crate::lifecycle).
 
+pub mod actor;
 pub mod automations;
 pub mod config;
 pub mod dlq;
+pub mod jobs;
 pub mod migrate;
 pub mod outbox;
 pub mod status;
@@ -42,6 +44,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Outbox { action } => outbox::run(&settings, action).await,
             Command::Automations { action } => automations::run(&settings, action).await,
             Command::Dlq { action } => dlq::run(&settings, action).await,
+            Command::Jobs { action } => jobs::run(&settings, action).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => topology::declare(&settings).await,

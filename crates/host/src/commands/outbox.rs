@@ -3,6 +3,7 @@
 
 use worker_store::outbox;
 
+use super::actor::actor;
 use crate::cli::OutboxAction;
 use crate::connections;
 use crate::exit::Fatal;
@@ -57,8 +58,15 @@ pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal>
                 }
             }
         }
-        OutboxAction::Retry { id: Some(id), .. } => {
-            match outbox::retry(&pool, id).await.map_err(failed)? {
+        OutboxAction::Retry {
+            id: Some(id),
+            actor: given,
+            ..
+        } => {
+            match outbox::retry(&pool, id, &actor(&given))
+                .await
+                .map_err(failed)?
+            {
                 outbox::RetryResult::Requeued => println!("outbox row {id} is pending again"),
                 outbox::RetryResult::AlreadyProcessed => {
                     println!("outbox row {id} was published already; nothing to do")
@@ -68,8 +76,14 @@ pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal>
                 }
             }
         }
-        OutboxAction::Retry { id: None, .. } => {
-            let count = outbox::retry_all_failed(&pool).await.map_err(failed)?;
+        OutboxAction::Retry {
+            id: None,
+            actor: given,
+            ..
+        } => {
+            let count = outbox::retry_all_failed(&pool, &actor(&given))
+                .await
+                .map_err(failed)?;
             println!("{count} failed outbox rows are pending again");
         }
     }

@@ -56,6 +56,7 @@ fn task(job: Arc<Slow>, every: Duration) -> (TimerTask<Slow, NoLease>, Arc<Timer
         stats: stats.clone(),
         metrics: Metrics::new(opentelemetry::global::meter("test")),
         attempt_log: worker_store::AttemptLog::disabled(),
+        control: Control::default(),
     };
     (task, stats)
 }
@@ -217,6 +218,75 @@ async fn a_wake_during_a_running_tick_becomes_one_more_tick_not_a_skip() {
         "five wakes while busy make one more tick"
     );
     assert_eq!(stats.snapshot().skipped_busy, 0);
+    stop(looping, tracker, shutdown).await;
+}
+
+/// A pause state held in memory, standing in for `job_pauses` in the paused-clock tests.
+#[derive(Debug, Default)]
+struct Switch(std::sync::atomic::AtomicBool);
+
+impl control::PauseCheck for Switch {
+    fn is_paused<'a>(
+        &'a self,
+        _job: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<bool, String>> {
+        let paused = self.0.load(Ordering::Relaxed);
+        Box::pin(async move { Ok(paused) })
+    }
+}
+
+fn controlled(job: Arc<Slow>, switch: Arc<Switch>) -> (TimerTask<Slow, NoLease>, TimerHandle) {
+    let (task, stats) = task(job, Duration::from_secs(1));
+    let (handle, control) = TimerHandle::new(
+        "slow",
+        task.schedule.clone(),
+        task.timeout,
+        false,
+        stats,
+        Some(switch),
+    );
+    (TimerTask { control, ..task }, handle)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_job_skips_its_scheduled_ticks_and_counts_them() {
+    let job = Slow::new(Duration::from_millis(10));
+    let switch = Arc::new(Switch::default());
+    switch.0.store(true, Ordering::Relaxed);
+    let (task, handle) = controlled(job.clone(), switch.clone());
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let looping = start(task, Duration::from_secs(1), &tracker, &shutdown);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(job.runs.load(Ordering::Relaxed), 0, "paused: nothing ran");
+    assert_eq!(handle.stats.snapshot().skipped_paused, 4);
+
+    switch.0.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        job.runs.load(Ordering::Relaxed),
+        2,
+        "resumed: ticks run again"
+    );
+    stop(looping, tracker, shutdown).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_triggered_tick_runs_even_while_the_job_is_paused() {
+    let job = Slow::new(Duration::from_millis(10));
+    let switch = Arc::new(Switch::default());
+    switch.0.store(true, Ordering::Relaxed);
+    let (task, handle) = controlled(job.clone(), switch);
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    // A schedule far away: only the trigger can run it.
+    let looping = start(task, Duration::from_secs(3600), &tracker, &shutdown);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(job.runs.load(Ordering::Relaxed), 0);
+    handle.trigger().unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(job.runs.load(Ordering::Relaxed), 1);
+    let snapshot = handle.stats.snapshot();
+    assert_eq!((snapshot.triggered, snapshot.ran), (1, 1));
+    assert_eq!(snapshot.durations.last_ms, Some(10));
     stop(looping, tracker, shutdown).await;
 }
 

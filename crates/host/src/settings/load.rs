@@ -172,10 +172,11 @@ fn from_figment(
         .collect()
 }
 
-/// True for a key that holds a secret (`database.password`, `imap.accounts.0.password`):
+/// True for a key that holds a secret (`database.password`, `imap.accounts.0.password`,
+/// `admin.operator_token`):
 /// its value is never parsed as anything but text and never quoted in an error.
 fn is_secret_key(key: &str) -> bool {
-    key.rsplit('.').next() == Some("password")
+    matches!(key.rsplit('.').next(), Some("password" | "operator_token"))
 }
 
 /// What is wrong with a secret's value, by its shape only: never the value itself.

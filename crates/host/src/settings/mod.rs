@@ -42,6 +42,10 @@ mod validate;
 pub struct Settings {
     /// Which client installation this host serves; a resource attribute of every trace.
     pub installation: String,
+    /// This process's name among the installation's replicas, on `/status`, in the console's
+    /// list of replicas and on every trace. Unset: the machine's host name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
     /// Automation files (TOML or JSON) imported at start, by name: for demos and fixed
     /// installations (the platform normally writes automations itself). A relative path is
     /// relative to the settings file's folder.
@@ -62,6 +66,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             installation: "local".into(),
+            replica: None,
             automations_files: Vec::new(),
             database: DatabaseSettings::default(),
             broker: BrokerSettings::default(),
@@ -77,6 +82,13 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// This replica's name: `replica` as set, else the machine's host name.
+    pub fn replica_name(&self) -> String {
+        self.replica
+            .clone()
+            .unwrap_or_else(|| whoami::fallible::hostname().unwrap_or_else(|_| "unknown".into()))
+    }
+
     /// The effective settings as TOML, with every secret redacted.
     pub fn to_redacted_toml(&self) -> String {
         toml::to_string_pretty(self)

@@ -45,6 +45,14 @@ impl Settings {
                 errors,
             );
         }
+        resolve_named(
+            file,
+            "admin.operator_token",
+            &mut self.admin.operator_token,
+            &self.admin.operator_token_file,
+            false,
+            errors,
+        );
     }
 }
 
@@ -56,14 +64,31 @@ fn resolve(
     required: bool,
     errors: &mut Vec<SettingsError>,
 ) {
-    let key = format!("{section}.password_file");
+    resolve_named(
+        file,
+        &format!("{section}.password"),
+        password,
+        password_file,
+        required,
+        errors,
+    );
+}
+
+/// The secret at `secret_key` (`database.password`), or read from `<secret_key>_file`.
+fn resolve_named(
+    file: &str,
+    secret_key: &str,
+    password: &mut Option<Secret>,
+    password_file: &Option<PathBuf>,
+    required: bool,
+    errors: &mut Vec<SettingsError>,
+) {
+    let key = format!("{secret_key}_file");
     match (password.as_ref(), password_file) {
         (Some(_), Some(_)) => errors.push(SettingsError {
             source: Some(file.to_string()),
+            problem: format!("set either `{secret_key}` or `{key}`, not both"),
             key,
-            problem: format!(
-                "set either `{section}.password` or `{section}.password_file`, not both"
-            ),
         }),
         (None, Some(path)) => match Secret::from_file(path) {
             Ok(secret) => *password = Some(secret),
@@ -77,12 +102,12 @@ fn resolve(
             }),
         },
         (None, None) if required => {
-            let env = env_var_for(&format!("{section}.password"));
+            let env = env_var_for(secret_key);
             errors.push(SettingsError {
                 source: Some(file.to_string()),
-                key: format!("{section}.password"),
+                key: secret_key.to_string(),
                 problem: format!(
-                    "missing secret: expected `{section}.password`, the environment variable {env}, or `{section}.password_file`"
+                    "missing secret: expected `{secret_key}`, the environment variable {env}, or `{key}`"
                 ),
             })
         }

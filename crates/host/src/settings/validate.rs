@@ -9,6 +9,20 @@ use worker_core::TlsMode;
 
 use super::{ImapAccount, Settings, SettingsError};
 
+/// The shortest operator token the host takes.
+pub const OPERATOR_TOKEN_MIN_CHARS: usize = 16;
+
+fn durations_nonzero(fail: &mut impl FnMut(&str, String), durations: &[(&str, Duration)]) {
+    for (key, duration) in durations {
+        if duration.is_zero() {
+            fail(
+                key,
+                "expected a duration longer than zero (like `30s`), found 0".into(),
+            );
+        }
+    }
+}
+
 impl Settings {
     pub(super) fn validate(&self, file: &str, errors: &mut Vec<SettingsError>) {
         let mut fail = |key: &str, problem: String| {
@@ -22,6 +36,12 @@ impl Settings {
             fail(
                 "installation",
                 "expected the name of this client installation, found an empty string".into(),
+            );
+        }
+        if self.replica.as_deref().is_some_and(|r| r.trim().is_empty()) {
+            fail(
+                "replica",
+                "expected this replica's name, found an empty string (leave it unset for the host name)".into(),
             );
         }
         for (key, port) in [
@@ -128,14 +148,9 @@ impl Settings {
         if let Err(problem) = self.check_pool_budget() {
             fail("database.max_connections", problem);
         }
-        for (key, duration) in durations {
-            if duration.is_zero() {
-                fail(
-                    &key,
-                    "expected a duration longer than zero (like `30s`), found 0".into(),
-                );
-            }
-        }
+        let durations: Vec<(&str, Duration)> =
+            durations.iter().map(|(k, d)| (k.as_str(), *d)).collect();
+        durations_nonzero(&mut fail, &durations);
         for (i, file) in self.automations_files.iter().enumerate() {
             if let Err(e) = job_automation_trigger::import::load_file(file) {
                 fail(
@@ -159,6 +174,38 @@ impl Settings {
             );
         }
         self.validate_transport(&mut fail);
+        self.validate_console(&mut fail);
+    }
+
+    /// The console: an operator token where the admin port is reachable from elsewhere, and
+    /// one long enough not to be guessed; sane session and bulk limits.
+    fn validate_console(&self, fail: &mut impl FnMut(&str, String)) {
+        let admin = &self.admin;
+        durations_nonzero(fail, &[("admin.session_idle", admin.session_idle)]);
+        for (key, value) in [
+            ("admin.console_connections", admin.console_connections),
+            ("admin.bulk_rate", admin.bulk_rate),
+        ] {
+            if value == 0 {
+                fail(key, "expected a positive number, found 0".into());
+            }
+        }
+        match &admin.operator_token {
+            Some(token) if token.expose().chars().count() < OPERATOR_TOKEN_MIN_CHARS => fail(
+                "admin.operator_token",
+                format!(
+                    "expected at least {OPERATOR_TOKEN_MIN_CHARS} characters (for example `openssl rand -hex 24`); the value is not shown"
+                ),
+            ),
+            None if admin.enabled && !admin.listen.ip().is_loopback() => fail(
+                "admin.listen",
+                format!(
+                    "{} is not a loopback address, so the console would be reachable from elsewhere with nobody to sign in: set admin.operator_token (or admin.operator_token_file), or listen on 127.0.0.1 and reach it through an SSH tunnel",
+                    admin.listen
+                ),
+            ),
+            _ => {}
+        }
     }
 
     /// TLS and credentials: no password in plain text to a host that is not loopback unless

@@ -25,8 +25,12 @@
 //!   outbox archiving and the sweep on a schedule.
 //! * [`query`] — `dlq list` ([`list`]), `dlq show` ([`show`], [`show_one`]) and the numbers
 //!   for metrics and alerts ([`depth_by_queue`], [`oldest_age`], [`inflow_since`]).
-//! * [`mod@replay`] — `dlq replay` ([`replay()`]) and `dlq purge` ([`purge`]), both recorded in
-//!   `dead_letter_actions` ([`actions`]) with the [`Actor`] who ran them.
+//! * [`mod@replay`] and [`mod@purge`] — `dlq replay` ([`replay()`]) and `dlq purge`
+//!   ([`purge()`]), both recorded in the operators' audit trail ([`worker_store::audit`],
+//!   listed by [`actions`]) with the [`Actor`] who ran them; [`replay_run`] and [`purge_run`]
+//!   take a [`Run`]: dry or real, a rate, what the operator confirmed, and a [`Control`].
+//! * [`browse`] — what the console pages through: [`groups`] (by queue and fingerprint),
+//!   [`dead_letters`] (newest first, keyset pages) and one dead letter's [`history`].
 //!
 //! ## What the host does
 //!
@@ -80,8 +84,11 @@
 //!   `20261201000500_dead_letter_audit`).
 
 pub mod archiver;
+pub mod browse;
+pub mod bulk;
 pub mod fingerprint;
 pub mod maintenance;
+pub mod purge;
 pub mod query;
 pub mod record;
 pub mod replay;
@@ -91,8 +98,14 @@ pub mod store;
 pub use archiver::{
     ArchiveEvents, Archiver, ArchiverSettings, JOB_NAME, NoEvents, SessionEnd, dead_queues,
 };
+pub use browse::{
+    Group, History, PAGE_MAX, Page, Related, dead_letters, error_chain, groups, history,
+    replayed_from, trace_id,
+};
+pub use bulk::{Control, Run};
 pub use fingerprint::{fingerprint, normalize};
 pub use maintenance::{ArchiveMaintenance, MAINTENANCE_JOB_NAME, MaintenanceReport};
+pub use purge::{PurgeReport, count, purge, purge_dry_run, purge_run};
 pub use query::{
     DeadLetter, DeadLetterSummary, Filter, FingerprintCount, QueueDepth, QueueSummary, Status,
     depth_by_queue, inflow_since, list, list_top, oldest_age, show, show_one,
@@ -101,9 +114,7 @@ pub use record::{
     DELIVERY_LIMIT, DeadQueue, MessageProperties, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE,
     REPLAYED_FROM_HEADER, RawMessage, Source, UNKNOWN,
 };
-pub use replay::{
-    Action, Actor, ItemOutcome, PurgeReport, ReplayItem, ReplayReport, actions, count, purge,
-    purge_dry_run, replay,
-};
+pub use replay::{ItemOutcome, ReplayItem, ReplayReport, replay, replay_run};
 pub use settings::DeadLetterArchiveSettings;
 pub use store::{InsertReport, archive_failed_outbox, outbox_dedup_key, sweep};
+pub use worker_store::audit::{Action, Actor, recent as actions};

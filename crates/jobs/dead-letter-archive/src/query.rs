@@ -20,6 +20,24 @@ pub const TOP_FINGERPRINTS: u32 = 5;
 /// The rows `show` lists when no `--limit` is given.
 pub const DEFAULT_SHOW_LIMIT: u32 = 50;
 
+/// How much of each body a search reads: one huge body must not make every search slow.
+pub const SEARCH_BODY_BYTES: i32 = 64 * 1024;
+
+/// The longest text a search takes.
+pub const SEARCH_MAX_CHARS: usize = 200;
+
+/// `text` with LIKE's wildcards and escape character taken literally.
+fn like_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Where an archived dead letter stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -77,6 +95,13 @@ pub struct Filter {
     /// Died at or after.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<DateTime<Utc>>,
+    /// Died before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+    /// Text in the error, the message id or the body (see [`Filter::search`]'s rules in
+    /// [`SEARCH_BODY_BYTES`] and [`SEARCH_MAX_CHARS`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub search: Option<String>,
     /// At most this many (oldest first for replay and purge, newest first for show).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
@@ -99,6 +124,24 @@ impl Filter {
         if self.limit == Some(0) {
             return Err("--limit must be at least 1".into());
         }
+        if let Some(text) = &self.search {
+            if text.trim().is_empty() {
+                return Err("--search: expected some text to look for".into());
+            }
+            if text.chars().count() > SEARCH_MAX_CHARS {
+                return Err(format!(
+                    "--search: at most {SEARCH_MAX_CHARS} characters, found {}",
+                    text.chars().count()
+                ));
+            }
+        }
+        if let (Some(since), Some(until)) = (self.since, self.until)
+            && since >= until
+        {
+            return Err(format!(
+                "--since {since} is not before --until {until}: no dead letter can match"
+            ));
+        }
         Ok(())
     }
 
@@ -120,6 +163,40 @@ impl Filter {
         if let Some(since) = self.since {
             q.push(" AND died_at >= ").push_bind(since);
         }
+        if let Some(until) = self.until {
+            q.push(" AND died_at < ").push_bind(until);
+        }
+        if let Some(text) = &self.search {
+            // Case-insensitive in the error and in the body's ASCII (escape-encoded, so that a
+            // body that is not UTF-8 cannot fail the query); byte for byte in the body for
+            // anything else; the message id exactly. Bodies are searched in their first
+            // SEARCH_BODY_BYTES only, so that one huge body cannot make a search slow.
+            let pattern = format!("%{}%", like_escape(text.trim()));
+            q.push(" AND (last_error ILIKE ")
+                .push_bind(pattern.clone())
+                .push(" OR message_id = ")
+                .push_bind(text.trim().to_string())
+                .push(" OR encode(substring(body FROM 1 FOR ")
+                .push_bind(SEARCH_BODY_BYTES)
+                .push("), 'escape') ILIKE ")
+                .push_bind(pattern)
+                .push(" OR position(convert_to(")
+                .push_bind(text.trim().to_string())
+                .push(", 'UTF8') IN substring(body FROM 1 FOR ")
+                .push_bind(SEARCH_BODY_BYTES)
+                .push(")) > 0)");
+        }
+    }
+
+    /// Whether any field narrows it (an empty filter is every dead letter).
+    pub fn narrows(&self) -> bool {
+        self.id.is_some()
+            || self.queue.is_some()
+            || self.reason.is_some()
+            || self.fingerprint.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+            || self.search.is_some()
     }
 }
 
@@ -250,6 +327,18 @@ pub async fn show(pool: &PgPool, filter: &Filter) -> Result<Vec<DeadLetterSummar
     filter
         .validate()
         .map_err(|e| Failure::permanent("bad-filter", e))?;
+    let mut q = summaries();
+    q.push(" AND status = ");
+    q.push_bind(filter.status.unwrap_or(Status::Dead).as_str());
+    filter.push_where(&mut q);
+    q.push(" ORDER BY died_at DESC, id DESC LIMIT ");
+    q.push_bind(i64::from(filter.limit.unwrap_or(DEFAULT_SHOW_LIMIT)));
+    fetch_summaries(pool, q).await
+}
+
+/// `SELECT` of [`DeadLetterSummary`] rows (plus the body's head) `FROM dead_letters WHERE
+/// true`: the caller adds its conditions, order and limit, then calls [`fetch_summaries`].
+pub(crate) fn summaries<'a>() -> QueryBuilder<'a, Postgres> {
     // Four bytes per character at most: enough bytes for the preview, never the whole body.
     let preview_bytes = i32::try_from(PREVIEW_CHARS * 4).unwrap_or(i32::MAX);
     let mut q = QueryBuilder::new(
@@ -259,12 +348,15 @@ pub async fn show(pool: &PgPool, filter: &Filter) -> Result<Vec<DeadLetterSummar
                 substring(body FROM 1 FOR ",
     );
     q.push_bind(preview_bytes);
-    q.push(") AS head FROM dead_letters WHERE status = ");
-    q.push_bind(filter.status.unwrap_or(Status::Dead).as_str());
-    filter.push_where(&mut q);
-    q.push(" ORDER BY died_at DESC, id DESC LIMIT ");
-    q.push_bind(i64::from(filter.limit.unwrap_or(DEFAULT_SHOW_LIMIT)));
+    q.push(") AS head FROM dead_letters WHERE true");
+    q
+}
 
+/// Runs a [`summaries`] query and makes each body's head its preview.
+pub(crate) async fn fetch_summaries(
+    pool: &PgPool,
+    mut q: QueryBuilder<'_, Postgres>,
+) -> Result<Vec<DeadLetterSummary>, Failure> {
     #[derive(sqlx::FromRow)]
     struct Row {
         #[sqlx(flatten)]
@@ -488,5 +580,33 @@ mod tests {
         })
         .unwrap();
         assert_eq!(json, serde_json::json!({"queue": "q"}));
+    }
+
+    #[test]
+    fn a_search_takes_like_wildcards_literally() {
+        assert_eq!(like_escape("50%_off\\now"), "50\\%\\_off\\\\now");
+    }
+
+    #[test]
+    fn a_search_must_say_something_and_not_too_much() {
+        let search = |text: &str| Filter {
+            search: Some(text.into()),
+            ..Filter::default()
+        };
+        assert!(search("no such user").validate().is_ok());
+        assert!(search("   ").validate().unwrap_err().contains("--search"));
+        let long = "x".repeat(SEARCH_MAX_CHARS + 1);
+        assert!(search(&long).validate().unwrap_err().contains("at most"));
+    }
+
+    #[test]
+    fn a_time_window_must_be_open() {
+        let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        let window = Filter {
+            since: Some(at("2026-12-01T10:00:00Z")),
+            until: Some(at("2026-12-01T09:00:00Z")),
+            ..Filter::default()
+        };
+        assert!(window.validate().unwrap_err().contains("not before"));
     }
 }

@@ -19,7 +19,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, QueryBuilder};
@@ -28,6 +27,9 @@ use worker_broker::{HeaderValue, Headers, Outgoing, Properties, PublishError, Pu
 use worker_core::Failure;
 use worker_store::classify;
 
+use worker_store::audit::{self, ActionKind, Actor, NewAction};
+
+use crate::bulk::{Control, Run};
 use crate::query::Filter;
 use crate::record::{
     MessageProperties, REPLAYED_FROM_HEADER, Source, is_dead_letter_bookkeeping, json_to_table,
@@ -38,35 +40,6 @@ const BATCH: u32 = 100;
 
 /// Items a [`ReplayReport`] lists (failures are always listed).
 pub const REPORT_ITEMS_MAX: usize = 1000;
-
-/// Who runs a replay or a purge: the operating-system user and the host name, as the host's
-/// command line found them, and the name the operator gave, if any (`--actor`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Actor {
-    pub user: String,
-    pub host: String,
-    /// The name the operator gave for themselves (a person behind a shared account, a
-    /// ticket); recorded beside `user`, never instead of it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-}
-
-impl Actor {
-    pub fn new(user: impl Into<String>, host: impl Into<String>) -> Self {
-        Self {
-            user: user.into(),
-            host: host.into(),
-            name: None,
-        }
-    }
-
-    /// The same actor, with the name the operator gave.
-    #[must_use]
-    pub fn with_name(mut self, name: Option<String>) -> Self {
-        self.name = name.filter(|n| !n.trim().is_empty());
-        self
-    }
-}
 
 /// What became of one dead letter in a replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,74 +87,6 @@ pub struct ReplayReport {
     /// fail the rest too (the broker unreachable, say). What was not tried stays dead.
     pub stopped: Option<String>,
     pub elapsed_ms: u64,
-}
-
-/// What `dlq purge` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PurgeReport {
-    pub action_id: i64,
-    /// Rows marked `purged` (none for a dry run).
-    pub purged: u64,
-    /// Rows that matched.
-    pub matched: u64,
-}
-
-/// One recorded replay or purge.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
-pub struct Action {
-    pub id: i64,
-    pub action: String,
-    pub actor_user: String,
-    pub actor_host: String,
-    /// The name the operator gave (`--actor`), if any.
-    pub actor: Option<String>,
-    /// The database role the command connected as, as the database recorded it.
-    pub db_user: String,
-    /// A dry run: it moved nothing, `matched` says what it would have moved.
-    pub dry_run: bool,
-    pub started_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub filter: Value,
-    pub rate: Option<i32>,
-    pub matched: i64,
-    pub succeeded: i64,
-    pub failed: i64,
-    pub note: Option<String>,
-}
-
-/// The recorded replays and purges, newest first.
-pub async fn actions(pool: &PgPool, limit: u32) -> Result<Vec<Action>, Failure> {
-    sqlx::query_as(
-        "SELECT id, action, actor_user, actor_host, actor, db_user, dry_run, started_at, \
-                finished_at, filter, rate, matched, succeeded, failed, note \
-         FROM dead_letter_actions ORDER BY id DESC LIMIT $1",
-    )
-    .bind(i64::from(limit.max(1)))
-    .fetch_all(pool)
-    .await
-    .map_err(classify)
-}
-
-/// How many dead letters (status `dead`) match `filter`, up to its limit: what a replay or a
-/// purge would act on, for the host's confirmation prompt.
-pub async fn count(pool: &PgPool, filter: &Filter) -> Result<u64, Failure> {
-    filter
-        .validate()
-        .map_err(|e| Failure::permanent("bad-filter", e))?;
-    let mut q =
-        QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM dead_letters WHERE status = 'dead'");
-    filter.push_where(&mut q);
-    q.push(crate::store::not_retried_in_outbox_sql());
-    if let Some(limit) = filter.limit {
-        q.push(" LIMIT ").push_bind(i64::from(limit));
-    }
-    q.push(") t");
-    let n: i64 = q
-        .build_query_scalar()
-        .fetch_one(pool)
-        .await
-        .map_err(classify)?;
-    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -266,20 +171,29 @@ pub async fn replay(
     rate: Option<u32>,
     actor: &Actor,
 ) -> Result<ReplayReport, Failure> {
-    filter
-        .validate()
-        .map_err(|e| Failure::permanent("bad-filter", e))?;
-    if rate == Some(0) {
-        return Err(Failure::permanent(
-            "bad-filter",
-            "--rate must be at least 1",
-        ));
-    }
+    let run = Run::new(actor.clone()).dry(dry_run).rate(rate);
+    replay_run(pool, publisher, filter, &run).await
+}
+
+/// [`replay`] with every option of a [`Run`]: what the operator confirmed, and a [`Control`]
+/// seen before each batch and while pacing. A stopped replay ends `Ok`, with why in
+/// [`ReplayReport::stopped`] and its audit row's note; what it had not reached stays dead.
+pub async fn replay_run(
+    pool: &PgPool,
+    publisher: &Publisher,
+    filter: &Filter,
+    run: &Run,
+) -> Result<ReplayReport, Failure> {
+    check(filter, run.rate)?;
     let started = Instant::now();
-    let action_id = start_action(pool, "replay", filter, rate, dry_run, actor).await?;
+    let action_id = {
+        let mut conn = pool.acquire().await.map_err(classify)?;
+        audit::begin(&mut conn, &new_action(ActionKind::Replay, filter, run)).await?
+    };
+    run.control.begun(action_id);
     let mut report = ReplayReport {
         action_id,
-        dry_run,
+        dry_run: run.dry_run,
         matched: 0,
         replayed: 0,
         failed: 0,
@@ -288,16 +202,7 @@ pub async fn replay(
         stopped: None,
         elapsed_ms: 0,
     };
-    let result = replay_batches(
-        pool,
-        publisher,
-        filter,
-        rate,
-        action_id,
-        dry_run,
-        &mut report,
-    )
-    .await;
+    let result = replay_batches(pool, publisher, filter, run, action_id, &mut report).await;
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let note = match &result {
         Err(failure) => Some(format!("stopped: {failure}")),
@@ -314,26 +219,57 @@ pub async fn replay(
             }),
     };
     // A dry run's count is written once, at its end; a replay's grows batch by batch.
-    let matched = dry_run.then(|| i64::try_from(report.matched).unwrap_or(i64::MAX));
-    finish_action(pool, action_id, note, matched).await?;
+    let matched = run.dry_run.then_some(report.matched);
+    let mut conn = pool.acquire().await.map_err(classify)?;
+    audit::finish(&mut conn, action_id, note, matched).await?;
     result.map(|()| report)
+}
+
+/// Checks a bulk action's filter and rate; the message names the flag.
+pub(crate) fn check(filter: &Filter, rate: Option<u32>) -> Result<(), Failure> {
+    filter
+        .validate()
+        .map_err(|e| Failure::permanent("bad-filter", e))?;
+    if rate == Some(0) {
+        return Err(Failure::permanent(
+            "bad-filter",
+            "--rate must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// The audit row of a bulk action over `filter`.
+pub(crate) fn new_action<'a>(kind: ActionKind, filter: &Filter, run: &'a Run) -> NewAction<'a> {
+    NewAction {
+        kind,
+        actor: &run.actor,
+        target: serde_json::to_value(filter).unwrap_or_default(),
+        rate: run.rate,
+        dry_run: run.dry_run,
+        planned: run.planned,
+    }
 }
 
 async fn replay_batches(
     pool: &PgPool,
     publisher: &Publisher,
     filter: &Filter,
-    rate: Option<u32>,
+    run: &Run,
     action_id: i64,
-    dry_run: bool,
     report: &mut ReplayReport,
 ) -> Result<(), Failure> {
+    let dry_run = run.dry_run;
     // A batch holds its rows' locks while it publishes: with a rate, about a second's worth.
-    let batch = rate.map_or(BATCH, |r| r.clamp(1, BATCH));
-    let mut pacer = Pacer::new(rate);
+    let batch = run.rate.map_or(BATCH, |r| r.clamp(1, BATCH));
+    let mut pacer = Pacer::new(run.rate, run.control.clone());
     let mut after = 0i64;
     let mut remaining = filter.limit.map(u64::from);
     loop {
+        if let Some(why) = run.control.why() {
+            report.stopped = Some(why);
+            return Ok(());
+        }
         let take = remaining.map_or(u64::from(batch), |r| r.min(u64::from(batch)));
         if take == 0 {
             return Ok(());
@@ -345,18 +281,25 @@ async fn replay_batches(
         };
         after = last.id;
         let n = rows.len() as u64;
-        report.matched += n;
         remaining = remaining.map(|r| r.saturating_sub(n));
         if dry_run {
+            report.matched += n;
             for row in &rows {
                 push_item(report, row.item(ItemOutcome::WouldReplay, None));
             }
             continue;
         }
         let messages: Vec<Outgoing> = rows.iter().map(ReplayRow::outgoing).collect();
-        let results = pacer.publish(publisher, &messages).await;
+        let Some(results) = pacer.publish(publisher, &messages).await else {
+            // Stopped while pacing: the batch's rows were not sent, and stay dead.
+            drop(tx);
+            continue;
+        };
+        // Stopped in the middle of a paced batch, only the first rows were sent.
+        let tried = results.len() as u64;
+        report.matched += tried;
         let mut done = Vec::with_capacity(rows.len());
-        let mut failed = 0i64;
+        let mut failed = 0u64;
         let hopeless = results
             .iter()
             .all(|r| r.as_ref().is_err_and(PublishError::is_transient));
@@ -401,20 +344,10 @@ async fn replay_batches(
         .execute(&mut *tx)
         .await
         .map_err(classify)?;
-        sqlx::query(
-            "UPDATE dead_letter_actions SET matched = matched + $2, succeeded = succeeded + $3, \
-                    failed = failed + $4 WHERE id = $1",
-        )
-        .bind(action_id)
-        .bind(i64::try_from(n).unwrap_or(i64::MAX))
-        .bind(i64::try_from(marked).unwrap_or(i64::MAX))
-        .bind(failed)
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?;
+        audit::progress(&mut tx, action_id, tried, marked, failed).await?;
         tx.commit().await.map_err(classify)?;
         report.replayed += marked;
-        report.failed += u64::try_from(failed).unwrap_or(0);
+        report.failed += failed;
         if report.stopped.is_some() {
             tracing::error!(stopped = ?report.stopped, "replay stopped early");
             return Ok(());
@@ -453,169 +386,54 @@ async fn select_batch(
     q.build_query_as().fetch_all(tx).await.map_err(classify)
 }
 
-/// Sends at most `rate` messages per second, in slices of a tenth of a second's worth.
+/// Sends at most `rate` messages per second, in slices of a tenth of a second's worth, and
+/// gives up a wait as soon as the run is stopped.
 struct Pacer {
     rate: Option<u32>,
     start: Instant,
     sent: u64,
+    stop: Control,
 }
 
 impl Pacer {
-    fn new(rate: Option<u32>) -> Self {
+    fn new(rate: Option<u32>, stop: Control) -> Self {
         Self {
             rate,
             start: Instant::now(),
             sent: 0,
+            stop,
         }
     }
 
+    /// Each message's result, or `None` when the run was stopped before any was sent.
+    /// Stopped between slices, the slices not sent are failed with why.
     async fn publish(
         &mut self,
         publisher: &Publisher,
         messages: &[Outgoing],
-    ) -> Vec<Result<(), PublishError>> {
+    ) -> Option<Vec<Result<(), PublishError>>> {
         let Some(rate) = self.rate else {
-            return publisher.publish_many(messages).await;
+            return Some(publisher.publish_many(messages).await);
         };
         let slice = usize::try_from((rate / 10).clamp(1, BATCH)).unwrap_or(1);
         let mut results = Vec::with_capacity(messages.len());
         for chunk in messages.chunks(slice) {
             let due = self.start + Duration::from_secs_f64(self.sent as f64 / f64::from(rate));
-            tokio::time::sleep_until(due).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                () = self.stop.stopped() => {
+                    if results.is_empty() {
+                        return None;
+                    }
+                    // The part sent so far is kept; the rest is left dead for the next run.
+                    return Some(results);
+                }
+            }
             results.extend(publisher.publish_many(chunk).await);
             self.sent += chunk.len() as u64;
         }
-        results
+        Some(results)
     }
-}
-
-/// `dlq purge`: marks every `dead` row matching `filter` (oldest first, at most
-/// `filter.limit`) `purged`, in one transaction, and records it. Nothing is deleted: the
-/// retention sweep deletes purged rows once they are older than its window. The host asks for
-/// `--yes` first (see [`count`]).
-pub async fn purge(pool: &PgPool, filter: &Filter, actor: &Actor) -> Result<PurgeReport, Failure> {
-    filter
-        .validate()
-        .map_err(|e| Failure::permanent("bad-filter", e))?;
-    let mut tx = pool.begin().await.map_err(classify)?;
-    let action_id = insert_action(&mut tx, "purge", filter, None, false, actor).await?;
-    let mut q = QueryBuilder::new(
-        "UPDATE dead_letters SET status = 'purged', purged_at = now(), action_id = ",
-    );
-    q.push_bind(action_id);
-    q.push(" WHERE id IN (SELECT id FROM dead_letters WHERE status = 'dead'");
-    filter.push_where(&mut q);
-    q.push(" ORDER BY id");
-    if let Some(limit) = filter.limit {
-        q.push(" LIMIT ").push_bind(i64::from(limit));
-    }
-    q.push(" FOR UPDATE SKIP LOCKED)");
-    let purged = q
-        .build()
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?
-        .rows_affected();
-    let n = i64::try_from(purged).unwrap_or(i64::MAX);
-    sqlx::query(
-        "UPDATE dead_letter_actions SET matched = $2, succeeded = $2, finished_at = now() \
-         WHERE id = $1",
-    )
-    .bind(action_id)
-    .bind(n)
-    .execute(&mut *tx)
-    .await
-    .map_err(classify)?;
-    tx.commit().await.map_err(classify)?;
-    tracing::info!(action_id, purged, user = %actor.user, host = %actor.host, "purged dead letters");
-    Ok(PurgeReport {
-        action_id,
-        purged,
-        matched: purged,
-    })
-}
-
-/// `dlq purge` without `--yes`: how many dead letters `filter` would purge, recorded as a
-/// dry run (its id and the count).
-pub async fn purge_dry_run(
-    pool: &PgPool,
-    filter: &Filter,
-    actor: &Actor,
-) -> Result<PurgeReport, Failure> {
-    let matching = count(pool, filter).await?;
-    let action_id = start_action(pool, "purge", filter, None, true, actor).await?;
-    finish_action(
-        pool,
-        action_id,
-        None,
-        Some(i64::try_from(matching).unwrap_or(i64::MAX)),
-    )
-    .await?;
-    Ok(PurgeReport {
-        action_id,
-        purged: 0,
-        matched: matching,
-    })
-}
-
-async fn start_action(
-    pool: &PgPool,
-    action: &str,
-    filter: &Filter,
-    rate: Option<u32>,
-    dry_run: bool,
-    actor: &Actor,
-) -> Result<i64, Failure> {
-    let mut conn = pool.acquire().await.map_err(classify)?;
-    insert_action(&mut conn, action, filter, rate, dry_run, actor).await
-}
-
-async fn insert_action(
-    conn: &mut PgConnection,
-    action: &str,
-    filter: &Filter,
-    rate: Option<u32>,
-    dry_run: bool,
-    actor: &Actor,
-) -> Result<i64, Failure> {
-    let filter = serde_json::to_value(filter).unwrap_or_default();
-    sqlx::query_scalar(
-        "INSERT INTO dead_letter_actions (action, actor_user, actor_host, actor, dry_run, \
-                                          filter, rate) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
-    )
-    .bind(action)
-    .bind(&actor.user)
-    .bind(&actor.host)
-    .bind(&actor.name)
-    .bind(dry_run)
-    .bind(filter)
-    .bind(rate.map(|r| i32::try_from(r).unwrap_or(i32::MAX)))
-    .fetch_one(conn)
-    .await
-    .map_err(classify)
-}
-
-/// Ends an action's row (after which the database lets nothing change it), with `matched`
-/// for a dry run, which counts only at its end.
-async fn finish_action(
-    pool: &PgPool,
-    id: i64,
-    note: Option<String>,
-    matched: Option<i64>,
-) -> Result<(), Failure> {
-    sqlx::query(
-        "UPDATE dead_letter_actions SET finished_at = now(), note = $2, \
-                matched = coalesce($3, matched) \
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(note)
-    .bind(matched)
-    .execute(pool)
-    .await
-    .map_err(classify)?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1097,7 +1097,11 @@ async fn a_replayed_outbox_row_is_not_published_again_by_outbox_retry() -> anyho
     let replayed = take_all(&h.channel().await?, ORDERS, 10).await?;
     assert_eq!(replayed.len(), 1, "the replayed copy");
 
-    let requeued = worker_store::outbox::retry_all_failed(h.pool()).await?;
+    let requeued = worker_store::outbox::retry_all_failed(
+        h.pool(),
+        &worker_store::audit::Actor::new("test", "test-host"),
+    )
+    .await?;
     assert_eq!(
         requeued, 0,
         "outbox retry --all-failed would publish the replayed row again"
@@ -1123,7 +1127,12 @@ async fn an_outbox_row_that_fails_again_after_a_retry_is_archived_again() -> any
     assert_eq!(maintenance.run(&ctx).await?.outbox_archived, 1);
 
     assert_eq!(
-        worker_store::outbox::retry(pool, id).await?,
+        worker_store::outbox::retry(
+            pool,
+            id,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
         worker_store::outbox::RetryResult::Requeued
     );
     // The drain tries again and gives up again.
@@ -1171,7 +1180,12 @@ async fn a_dead_letter_whose_outbox_row_was_retried_is_not_replayed() -> anyhow:
     let id = failed_outbox_row(h.pool(), "o-retried").await?;
     assert_eq!(archive_failed_outbox(h.pool(), 10).await?.inserted, 1);
     assert_eq!(
-        worker_store::outbox::retry(h.pool(), id).await?,
+        worker_store::outbox::retry(
+            h.pool(),
+            id,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
         worker_store::outbox::RetryResult::Requeued
     );
 

@@ -244,7 +244,12 @@ async fn poisoned_rows_end_failed_without_holding_back_the_rows_behind_them() ->
         )
         .await?;
     assert_eq!(
-        outbox::retry(&env.db.pool, unroutable).await?,
+        outbox::retry(
+            &env.db.pool,
+            unroutable,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
         RetryResult::Requeued
     );
     assert_eq!(tick_until_idle(&drain, 5).await?, 1);
@@ -253,7 +258,14 @@ async fn poisoned_rows_end_failed_without_holding_back_the_rows_behind_them() ->
             s.counts.contains_key("unroutable")
         })
         .await?;
-    assert_eq!(outbox::retry_all_failed(&env.db.pool).await?, 1);
+    assert_eq!(
+        outbox::retry_all_failed(
+            &env.db.pool,
+            &worker_store::audit::Actor::new("test", "test-host")
+        )
+        .await?,
+        1
+    );
     let status = outbox::status(&env.db.pool).await?;
     assert_eq!((status.pending, status.failed), (1, 0));
     recorder.stop().await;

@@ -1,0 +1,93 @@
+//! `worker-host jobs list|pause|resume`: the timer jobs and their pauses, which every replica
+//! obeys (the console's pause and resume buttons do the same, through the same library).
+
+use worker_store::pauses;
+
+use super::actor::actor;
+use crate::cli::JobsAction;
+use crate::connections;
+use crate::exit::Fatal;
+use crate::jobs::{TIMERS, pausable};
+use crate::settings::Settings;
+
+pub async fn run(settings: &Settings, action: JobsAction) -> Result<(), Fatal> {
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(Fatal::unavailable)?;
+    let result = dispatch(&pool, action).await;
+    pool.close().await;
+    result
+}
+
+async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> {
+    match action {
+        JobsAction::List { json } => {
+            let paused = pauses::list(pool).await.map_err(Fatal::from_failure)?;
+            if json {
+                let jobs: Vec<_> = TIMERS
+                    .iter()
+                    .map(|job| {
+                        let pause = paused.iter().find(|p| p.job == *job);
+                        serde_json::json!({"job": job, "pausable": pausable(job).is_ok(), "paused": pause})
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&jobs).unwrap_or_default()
+                );
+                return Ok(());
+            }
+            for job in TIMERS {
+                match paused.iter().find(|p| p.job == *job) {
+                    Some(p) => println!(
+                        "{job:<22} paused since {} by {} (action {})",
+                        p.paused_at.format("%Y-%m-%d %H:%M:%S"),
+                        worker_store::audit::Actor {
+                            user: p.actor_user.clone(),
+                            host: p.actor_host.clone(),
+                            name: p.actor.clone(),
+                        }
+                        .label(),
+                        p.action_id
+                    ),
+                    None => println!("{job:<22} running on its schedule"),
+                }
+            }
+        }
+        JobsAction::Pause { job, actor: given } => {
+            pausable(&job).map_err(Fatal::usage)?;
+            let change = pauses::pause(pool, &job, &actor(&given))
+                .await
+                .map_err(Fatal::from_failure)?;
+            if change.changed {
+                println!(
+                    "{job} is paused on every replica (action {})",
+                    change.action_id
+                );
+            } else {
+                println!(
+                    "{job} was paused already (recorded as action {})",
+                    change.action_id
+                );
+            }
+        }
+        JobsAction::Resume { job, actor: given } => {
+            pausable(&job).map_err(Fatal::usage)?;
+            let change = pauses::resume(pool, &job, &actor(&given))
+                .await
+                .map_err(Fatal::from_failure)?;
+            if change.changed {
+                println!(
+                    "{job} runs on its schedule again (action {})",
+                    change.action_id
+                );
+            } else {
+                println!(
+                    "{job} was not paused (recorded as action {})",
+                    change.action_id
+                );
+            }
+        }
+    }
+    Ok(())
+}

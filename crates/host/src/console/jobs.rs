@@ -1,0 +1,215 @@
+//! `/jobs/{name}`: a timer job's schedule, last and next run, durations and skips by cause,
+//! who paused it, its latest failed ticks and the operators' actions on it; run it now,
+//! pause and resume it (the pause in the database, so every replica obeys it). A consumer's
+//! page shows its queue and counts.
+
+use axum::Form;
+use axum::extract::Path;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Json};
+use minijinja::Value;
+use serde::Serialize;
+use worker_store::attempt_log::{self, AttemptRecord};
+use worker_store::audit::{self, Action, ActionKind, NewAction};
+use worker_store::pauses;
+
+use super::Console;
+use super::bulk::CsrfForm;
+use super::page::{
+    PageResult, Problem, State, may_act, may_read_api, may_read_page, render, see_other,
+};
+use crate::jobs::pausable;
+use crate::scheduler::TimerView;
+use crate::status::JobStats;
+
+/// Latest failed ticks and actions a job's page lists.
+const RECENT: u32 = 20;
+
+#[derive(Debug, Serialize)]
+struct JobPage {
+    name: String,
+    kind: &'static str,
+    /// A timer's schedule, runs and counts.
+    timer: Option<TimerView>,
+    /// A consumer's queue and counts.
+    consumer: Option<serde_json::Value>,
+    paused: Option<pauses::Pause>,
+    /// Why it cannot be paused, when it cannot.
+    not_pausable: Option<String>,
+    recent_ticks: Vec<AttemptRecord>,
+    actions: Vec<ActionRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct ActionRow {
+    #[serde(flatten)]
+    action: Action,
+    actor: String,
+}
+
+fn target(name: &str) -> serde_json::Value {
+    serde_json::json!({ "job": name })
+}
+
+async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
+    let entry = console
+        .board
+        .jobs
+        .iter()
+        .find(|job| job.name == name)
+        .ok_or_else(|| Problem::not_found(format!("this host runs no job called `{name}`")))?;
+    let failed = |what: &str| {
+        let what = what.to_string();
+        move |e: worker_core::Failure| Problem::failed(&what, e)
+    };
+    let (kind, timer, consumer) = match &entry.stats {
+        JobStats::Timer(handle) => ("timer", Some(handle.view()), None),
+        JobStats::Consumer { queue, stats } => (
+            "consumer",
+            None,
+            Some(serde_json::json!({ "queue": queue, "counts": stats.snapshot() })),
+        ),
+    };
+    let paused = pauses::list(&console.pool)
+        .await
+        .map_err(failed("Reading the paused jobs"))?
+        .into_iter()
+        .find(|p| p.job == name);
+    let recent_ticks = if timer.is_some() {
+        attempt_log::recent(&console.pool, name, RECENT)
+            .await
+            .map_err(failed("Reading the attempt log"))?
+    } else {
+        Vec::new()
+    };
+    let actions = audit::on_target(&console.pool, &target(name), RECENT)
+        .await
+        .map_err(failed("Reading the audit trail"))?
+        .into_iter()
+        .map(|action| ActionRow {
+            actor: action.actor_label(),
+            action,
+        })
+        .collect();
+    Ok(JobPage {
+        name: name.to_string(),
+        kind,
+        not_pausable: pausable(name).err(),
+        timer,
+        consumer,
+        paused,
+        recent_ticks,
+        actions,
+    })
+}
+
+pub async fn page(
+    axum::extract::State(console): State,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> PageResult {
+    if let Err(redirect) = may_read_page(&console, &headers, &format!("/jobs/{name}")) {
+        return Ok(redirect);
+    }
+    let job = job(&console, &name).await?;
+    render(
+        &console,
+        &headers,
+        "job.html",
+        minijinja::context! { j => Value::from_serialize(&job) },
+    )
+}
+
+pub async fn api(
+    axum::extract::State(console): State,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> PageResult {
+    may_read_api(&console, &headers)?;
+    let job = job(&console, &name).await.map_err(Problem::json)?;
+    Ok(Json(job).into_response())
+}
+
+/// Runs a timer's tick now on this replica (through its busy guard, lease and timeout, even
+/// while it is paused), recorded in the audit trail whether the loop took it or not.
+pub async fn trigger(
+    axum::extract::State(console): State,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> PageResult {
+    let session = may_act(&console, &headers, &form.csrf)?;
+    let handle = console.board.timer(&name).ok_or_else(|| {
+        Problem::not_found(format!("this host runs no timer job called `{name}`"))
+    })?;
+    let taken = handle.trigger();
+    let actor = session.actor();
+    let note = match &taken {
+        Ok(()) => format!("run now on replica {}", console.replica),
+        Err(refused) => format!("not run: {refused}"),
+    };
+    let mut conn = console
+        .pool
+        .acquire()
+        .await
+        .map_err(|e| Problem::failed("Recording the action", e))?;
+    audit::record(
+        &mut conn,
+        &NewAction::new(ActionKind::Trigger, &actor, target(&name)),
+        u64::from(taken.is_ok()),
+        u64::from(taken.is_err()),
+        Some(note),
+    )
+    .await
+    .map_err(|e| Problem::failed("Recording the action", e))?;
+    match taken {
+        Ok(()) => Ok(see_other(&format!("/jobs/{name}"))),
+        Err(refused) => Err(Problem::new(
+            StatusCode::CONFLICT,
+            "Not run",
+            format!("{name}: {refused}"),
+        )),
+    }
+}
+
+async fn change_pause(
+    console: &Console,
+    headers: &HeaderMap,
+    name: &str,
+    csrf: &str,
+    pause: bool,
+) -> PageResult {
+    let session = may_act(console, headers, csrf)?;
+    if console.board.timer(name).is_none() {
+        return Err(Problem::not_found(format!(
+            "this host runs no timer job called `{name}`"
+        )));
+    }
+    pausable(name).map_err(|why| Problem::new(StatusCode::CONFLICT, "Cannot be paused", why))?;
+    let actor = session.actor();
+    let changed = if pause {
+        pauses::pause(&console.pool, name, &actor).await
+    } else {
+        pauses::resume(&console.pool, name, &actor).await
+    };
+    changed.map_err(|e| Problem::failed("Changing the pause", e))?;
+    Ok(see_other(&format!("/jobs/{name}")))
+}
+
+pub async fn pause(
+    axum::extract::State(console): State,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> PageResult {
+    change_pause(&console, &headers, &name, &form.csrf, true).await
+}
+
+pub async fn resume(
+    axum::extract::State(console): State,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(form): Form<CsrfForm>,
+) -> PageResult {
+    change_pause(&console, &headers, &name, &form.csrf, false).await
+}

@@ -1,0 +1,100 @@
+//! The operator's console: pages on the admin port to see what failed, why and how often, and
+//! to put it right, with the same data as JSON under `/api/`.
+//!
+//! Every query and action goes through the libraries the command line uses
+//! (`job_dead_letter_archive`, `worker_store::{outbox, pauses, audit}`): there is no second
+//! implementation here, only pages. The pages are rendered on the server ([`views`]) and work
+//! without JavaScript; a running bulk action's page reloads itself. [`access`] decides who
+//! may read and act.
+//!
+//! - `overview.rs`: `/`, the jobs, queues, dead letters, outbox, links, alerts and replicas;
+//! - `dead_letters.rs`: `/dead-letters` (groups), `/dead-letters/messages`, one dead letter;
+//! - `bulk.rs`: replay and purge (a dry run, then a confirmed run at a rate), their progress
+//!   and cancel, and the audit trail (`/actions`);
+//! - `jobs.rs`: a timer job, run now, pause and resume;
+//! - `outbox.rs`: pending and failed rows, retry;
+//! - `sign_in.rs`: the operator session.
+
+pub mod access;
+mod bulk;
+mod dead_letters;
+mod filter;
+mod jobs;
+mod outbox;
+mod overview;
+pub mod page;
+mod sign_in;
+pub mod views;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::sampler::Readings;
+use crate::status::StatusBoard;
+
+pub use access::Access;
+pub use bulk::BulkRuns;
+pub use views::Views;
+
+/// What the console reads and acts through.
+#[derive(Debug)]
+pub struct Console {
+    /// The console's own pool (`admin.console_connections`), apart from the jobs' pool.
+    pub pool: sqlx::PgPool,
+    pub publisher: worker_broker::Publisher,
+    pub board: StatusBoard,
+    pub readings: Arc<RwLock<Readings>>,
+    pub access: Access,
+    pub bulk: BulkRuns,
+    pub views: Views,
+    /// This replica's name.
+    pub replica: String,
+    /// How long the archive keeps replayed and purged dead letters before the sweep.
+    pub archive_retention: Duration,
+    /// The rate a bulk action offers first.
+    pub bulk_rate: u32,
+    pub tracker: TaskTracker,
+    pub shutdown: CancellationToken,
+}
+
+/// The console's routes, pages and API.
+pub fn routes(console: Arc<Console>) -> Router {
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/console.css", get(page::stylesheet))
+        .route("/dead-letters", get(dead_letters::groups_page))
+        .route("/dead-letters/messages", get(dead_letters::messages_page))
+        .route("/dead-letters/{id}", get(dead_letters::one_page))
+        .route("/dead-letters/replay", post(bulk::replay_plan))
+        .route("/dead-letters/purge", post(bulk::purge_plan))
+        .route("/dead-letters/replay/run", post(bulk::replay_start))
+        .route("/dead-letters/purge/run", post(bulk::purge_start))
+        .route("/actions", get(bulk::actions_page))
+        .route("/actions/{id}", get(bulk::action_page))
+        .route("/actions/{id}/cancel", post(bulk::cancel))
+        .route("/jobs/{name}", get(jobs::page))
+        .route("/jobs/{name}/trigger", post(jobs::trigger))
+        .route("/jobs/{name}/pause", post(jobs::pause))
+        .route("/jobs/{name}/resume", post(jobs::resume))
+        .route("/outbox", get(outbox::page))
+        .route("/outbox/retry", post(outbox::retry))
+        .route("/sign-in", get(sign_in::form).post(sign_in::submit))
+        .route("/sign-out", post(sign_in::sign_out))
+        .route("/api/overview", get(overview::api))
+        .route("/api/dead-letters", get(dead_letters::groups_api))
+        .route(
+            "/api/dead-letters/messages",
+            get(dead_letters::messages_api),
+        )
+        .route("/api/dead-letters/{id}", get(dead_letters::one_api))
+        .route("/api/actions", get(bulk::actions_api))
+        .route("/api/actions/{id}", get(bulk::action_api))
+        .route("/api/jobs/{name}", get(jobs::api))
+        .route("/api/outbox", get(outbox::api))
+        .with_state(console)
+}

@@ -1,0 +1,100 @@
+//! `/outbox`: the outbox's counts, its pending rows (with their backoff and last error) and
+//! its failed ones; put one failed row, or every one, back to pending.
+
+use axum::Form;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Json};
+use minijinja::Value;
+use serde::{Deserialize, Serialize};
+use worker_store::outbox::{self, FailedRow, OutboxStatus, PendingRow, RetryResult};
+
+use super::Console;
+use super::page::{
+    PageResult, Problem, State, may_act, may_read_api, may_read_page, render, see_other,
+};
+
+/// Rows of each kind the page lists.
+const ROWS: u32 = 100;
+
+#[derive(Debug, Serialize)]
+struct OutboxPage {
+    status: OutboxStatus,
+    pending: Vec<PendingRow>,
+    failed: Vec<FailedRow>,
+    rows_max: u32,
+}
+
+async fn outbox(console: &Console) -> Result<OutboxPage, Problem> {
+    let failed = |e: worker_core::Failure| Problem::failed("Reading the outbox", e);
+    Ok(OutboxPage {
+        status: outbox::status(&console.pool).await.map_err(failed)?,
+        pending: outbox::pending(&console.pool, ROWS).await.map_err(failed)?,
+        failed: outbox::failed(&console.pool, ROWS).await.map_err(failed)?,
+        rows_max: ROWS,
+    })
+}
+
+pub async fn page(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
+    if let Err(redirect) = may_read_page(&console, &headers, "/outbox") {
+        return Ok(redirect);
+    }
+    let page = outbox(&console).await?;
+    render(
+        &console,
+        &headers,
+        "outbox.html",
+        minijinja::context! { o => Value::from_serialize(&page) },
+    )
+}
+
+pub async fn api(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
+    may_read_api(&console, &headers)?;
+    let page = outbox(&console).await.map_err(Problem::json)?;
+    Ok(Json(page).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RetryForm {
+    #[serde(default)]
+    csrf: String,
+    /// One row; absent with `all=failed`, every failed row.
+    id: Option<String>,
+    all: Option<String>,
+}
+
+pub async fn retry(
+    axum::extract::State(console): State,
+    headers: HeaderMap,
+    Form(form): Form<RetryForm>,
+) -> PageResult {
+    let session = may_act(&console, &headers, &form.csrf)?;
+    let actor = session.actor();
+    let failed = |e: worker_core::Failure| Problem::failed("Retrying the outbox", e);
+    match (form.id.as_deref().map(str::trim), form.all.as_deref()) {
+        (Some(id), _) if !id.is_empty() => {
+            let id: i64 = id.parse().map_err(|_| {
+                Problem::bad_request(format!("id: expected an outbox row's id, found `{id}`"))
+            })?;
+            match outbox::retry(&console.pool, id, &actor)
+                .await
+                .map_err(failed)?
+            {
+                RetryResult::NotFound => {
+                    return Err(Problem::not_found(format!("no outbox row has id {id}")));
+                }
+                RetryResult::Requeued | RetryResult::AlreadyProcessed => {}
+            }
+        }
+        (_, Some("failed")) => {
+            outbox::retry_all_failed(&console.pool, &actor)
+                .await
+                .map_err(failed)?;
+        }
+        _ => {
+            return Err(Problem::bad_request(
+                "say which row (id) or every failed row (all=failed)",
+            ));
+        }
+    }
+    Ok(see_other("/outbox"))
+}

@@ -1,0 +1,238 @@
+//! What every page shares: the frame around it (installation, replica, who is signed in, the
+//! session's CSRF token), a problem shown as a page or as JSON, the guards on reading and
+//! acting, and the headers every admin response carries.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Json, Redirect, Response};
+use minijinja::Value;
+use serde::Serialize;
+
+use super::Console;
+use super::access::{Refusal, Session};
+
+/// The policy of every admin response: nothing but this origin's stylesheet and forms; no
+/// script at all, inline or not, and no framing.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Adds the security headers to a response: the policy, `Cache-Control: no-store` (a page
+/// may show a message's body), no sniffing, no referrer (a URL may hold a search).
+pub async fn secure(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// Something a page or an API call cannot do, with the status it answers.
+#[derive(Debug)]
+pub struct Problem {
+    pub status: StatusCode,
+    pub title: String,
+    pub detail: String,
+    /// Answer as JSON (an `/api/` call) instead of a page.
+    pub json: bool,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, title: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            title: title.into(),
+            detail: detail.into(),
+            json: false,
+        }
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "That request cannot be read",
+            detail,
+        )
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "Not found", detail)
+    }
+
+    /// A failure of the database or the broker while answering.
+    pub fn failed(what: &str, failure: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{what} failed"),
+            failure.to_string(),
+        )
+    }
+
+    /// Answers as JSON.
+    #[must_use]
+    pub fn json(mut self) -> Self {
+        self.json = true;
+        self
+    }
+}
+
+impl From<Refusal> for Problem {
+    fn from(refusal: Refusal) -> Self {
+        let status = match refusal {
+            Refusal::NotSignedIn | Refusal::WrongToken => StatusCode::UNAUTHORIZED,
+            Refusal::Throttled => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::ActionsOff | Refusal::BadCsrf | Refusal::CrossSite => StatusCode::FORBIDDEN,
+        };
+        Self::new(status, "Refused", refusal.to_string())
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        if self.json {
+            let body = serde_json::json!({"error": self.title, "detail": self.detail});
+            return (self.status, Json(body)).into_response();
+        }
+        // No template: a problem must show even when rendering is what failed.
+        let page = format!(
+            "<!doctype html><html lang=en><head><meta charset=utf-8><title>{title}</title>\
+             <link rel=stylesheet href=/console.css></head><body><main class=problem>\
+             <h1>{title}</h1><p class=detail>{detail}</p><p><a href=/>Back to the overview</a>\
+             </p></main></body></html>",
+            title = escape(&self.title),
+            detail = escape(&self.detail),
+        );
+        (self.status, Html(page)).into_response()
+    }
+}
+
+/// A page's answer: the page, or what kept it from being one.
+pub type PageResult = Result<Response, Problem>;
+
+/// The frame of every page.
+#[derive(Debug, Serialize)]
+struct Chrome {
+    installation: String,
+    replica: String,
+    /// Who is signed in.
+    operator: Option<String>,
+    /// The session's token for every form that acts.
+    csrf: Option<String>,
+    actions_on: bool,
+    open_reading: bool,
+}
+
+/// Renders page `template` with `context`, framed for the request's session.
+pub fn render(
+    console: &Console,
+    headers: &HeaderMap,
+    template: &str,
+    context: Value,
+) -> PageResult {
+    let session = console.access.session(headers);
+    let chrome = Chrome {
+        installation: console.board.installation.clone(),
+        replica: console.replica.clone(),
+        operator: session.as_ref().map(|s| s.name.clone()),
+        csrf: session.map(|s| s.csrf),
+        actions_on: console.access.actions_on(),
+        open_reading: console.access.open_reading,
+    };
+    let context = minijinja::context! { chrome => Value::from_serialize(&chrome), ..context };
+    console
+        .views
+        .render(template, context)
+        .map(|html| Html(html).into_response())
+        .map_err(|e| {
+            tracing::error!(template, error = %e, "a console page failed to render");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "This page failed to render",
+                format!("{e:#}"),
+            )
+        })
+}
+
+/// Lets a page through if the request may read; else sends the browser to sign in.
+pub fn may_read_page(console: &Console, headers: &HeaderMap, path: &str) -> Result<(), Response> {
+    console
+        .access
+        .may_read(headers)
+        .map_err(|_| Redirect::to(&format!("/sign-in?next={}", next_param(path))).into_response())
+}
+
+/// Lets an API call through if the request may read.
+pub fn may_read_api(console: &Console, headers: &HeaderMap) -> Result<(), Problem> {
+    console
+        .access
+        .may_read(headers)
+        .map_err(|r| Problem::from(r).json())
+}
+
+/// The operator's session, if this request may act with `csrf`.
+pub fn may_act(console: &Console, headers: &HeaderMap, csrf: &str) -> Result<Session, Problem> {
+    console.access.may_act(headers, csrf).map_err(Problem::from)
+}
+
+/// `path` as a `next` parameter: only a path of this site (no `//host`, no scheme).
+pub fn next_param(path: &str) -> String {
+    let safe = path.starts_with('/') && !path.starts_with("//") && !path.contains('\\');
+    let path = if safe { path } else { "/" };
+    form_urlencoded(path)
+}
+
+fn form_urlencoded(text: &str) -> String {
+    serde_urlencoded::to_string([("", text)])
+        .map(|s| s.trim_start_matches('=').to_string())
+        .unwrap_or_default()
+}
+
+/// Sends the browser on to `path` after an action (303: the next request is a GET).
+pub fn see_other(path: &str) -> Response {
+    Redirect::to(path).into_response()
+}
+
+/// `/console.css`.
+pub async fn stylesheet() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        super::views::STYLESHEET,
+    )
+}
+
+/// The console's state, as handlers take it.
+pub type State = axum::extract::State<Arc<Console>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_next_parameter_stays_on_this_site() {
+        assert_eq!(
+            next_param("/dead-letters?queue=a"),
+            "%2Fdead-letters%3Fqueue%3Da"
+        );
+        assert_eq!(next_param("//evil.example/"), "%2F");
+        assert_eq!(next_param("https://evil.example/"), "%2F");
+    }
+
+    #[test]
+    fn a_problem_page_escapes_what_it_shows() {
+        let response = Problem::bad_request("<b>bold</b>").into_response();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    }
+}

@@ -1,0 +1,206 @@
+//! What an operator can do to a timer job while the host runs: run it now, and pause or
+//! resume it.
+//!
+//! "Trigger now" is in-process: a tick handed to this host's loop, which runs it like any
+//! other (busy guard, lease, timeout), even while the job is paused, since the operator asked
+//! for it by name. A pause lives in the database (`job_pauses`), so that every replica obeys it:
+//! each scheduled tick asks [`PauseCheck`] first and, paused, is skipped and counted.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use serde::Serialize;
+use tokio::sync::mpsc::{self, error::TrySendError};
+
+use crate::schedule::Schedule;
+use crate::status::TimerStats;
+
+/// Whether a job is paused, as every replica reads it.
+pub trait PauseCheck: Send + Sync + std::fmt::Debug {
+    /// `Ok(true)` when the job is paused; an error says why it could not be read.
+    fn is_paused<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<bool, String>>;
+}
+
+/// How long a tick waits to learn whether its job is paused. A database too slow to answer
+/// must not stop the schedule: past this the tick runs, and says so.
+pub const PAUSE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Asks `pauses` about `job`; an unreadable pause state counts as not paused (logged), since a
+/// job held back by a database that is down would hide its own failure.
+pub async fn paused(pauses: &dyn PauseCheck, job: &str) -> bool {
+    match tokio::time::timeout(PAUSE_CHECK_TIMEOUT, pauses.is_paused(job)).await {
+        Ok(Ok(paused)) => paused,
+        Ok(Err(why)) => {
+            tracing::warn!(job, error = %why, "could not read whether the job is paused; running the tick");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(job, timeout = ?PAUSE_CHECK_TIMEOUT, "no answer on whether the job is paused; running the tick");
+            false
+        }
+    }
+}
+
+/// The pauses as the database holds them (`job_pauses`), shared by every replica.
+#[derive(Debug, Clone)]
+pub struct DatabasePauses(pub sqlx::PgPool);
+
+impl PauseCheck for DatabasePauses {
+    fn is_paused<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            worker_store::pauses::is_paused(&self.0, job)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The loop's side of a timer's controls, moved into [`super::TimerTask`].
+#[derive(Debug, Default)]
+pub struct Control {
+    /// Ticks an operator asked for.
+    pub triggers: Option<mpsc::Receiver<()>>,
+    /// Where paused state is read; `None` runs every scheduled tick.
+    pub pauses: Option<Arc<dyn PauseCheck>>,
+}
+
+/// Why a trigger was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TriggerRefused {
+    #[error("a triggered tick is already waiting to run")]
+    Waiting,
+    #[error("the job has stopped (the host is shutting down)")]
+    Stopped,
+}
+
+/// One timer job as an operator sees it: what it is, how it went, and the way to run it now.
+#[derive(Debug, Clone)]
+pub struct TimerHandle {
+    pub name: String,
+    pub schedule: Schedule,
+    pub timeout: Duration,
+    /// One replica at a time (the lease), or every replica.
+    pub leased: bool,
+    pub stats: Arc<TimerStats>,
+    trigger: mpsc::Sender<()>,
+}
+
+impl TimerHandle {
+    /// A handle and the [`Control`] its loop takes.
+    pub fn new(
+        name: impl Into<String>,
+        schedule: Schedule,
+        timeout: Duration,
+        leased: bool,
+        stats: Arc<TimerStats>,
+        pauses: Option<Arc<dyn PauseCheck>>,
+    ) -> (Self, Control) {
+        // One waiting trigger at most: pressing the button twice runs the job once more, not
+        // twice more.
+        let (trigger, triggers) = mpsc::channel(1);
+        let handle = Self {
+            name: name.into(),
+            schedule,
+            timeout,
+            leased,
+            stats,
+            trigger,
+        };
+        let control = Control {
+            triggers: Some(triggers),
+            pauses,
+        };
+        (handle, control)
+    }
+
+    /// Hands the loop a tick to run as soon as it can, without waiting.
+    pub fn trigger(&self) -> Result<(), TriggerRefused> {
+        match self.trigger.try_send(()) {
+            Ok(()) => {
+                self.stats.triggered.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(TrySendError::Full(())) => Err(TriggerRefused::Waiting),
+            Err(TrySendError::Closed(())) => Err(TriggerRefused::Stopped),
+        }
+    }
+
+    /// When the schedule next fires, by this host's clock.
+    pub fn next_run(&self) -> Option<DateTime<Utc>> {
+        self.schedule.next_after(Utc::now())
+    }
+
+    /// What `/status` and the console's JSON show of it.
+    pub fn view(&self) -> TimerView {
+        TimerView {
+            name: self.name.clone(),
+            schedule: self.schedule.to_string(),
+            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+            leased: self.leased,
+            next_run: self.next_run(),
+            counts: self.stats.snapshot(),
+        }
+    }
+}
+
+/// A timer job at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimerView {
+    pub name: String,
+    pub schedule: String,
+    pub timeout_ms: u64,
+    pub leased: bool,
+    pub next_run: Option<DateTime<Utc>>,
+    pub counts: crate::status::TimerSnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle() -> (TimerHandle, Control) {
+        TimerHandle::new(
+            "draft_expiry",
+            Schedule::parse("every 1m").unwrap(),
+            Duration::from_secs(10),
+            true,
+            Arc::new(TimerStats::default()),
+            None,
+        )
+    }
+
+    #[test]
+    fn a_trigger_waits_for_the_loop_once_and_is_counted() {
+        let (handle, mut control) = handle();
+        assert_eq!(handle.trigger(), Ok(()));
+        assert_eq!(handle.trigger(), Err(TriggerRefused::Waiting));
+        assert_eq!(handle.stats.snapshot().triggered, 1);
+        let triggers = control.triggers.as_mut().unwrap();
+        assert!(triggers.try_recv().is_ok());
+        assert_eq!(handle.trigger(), Ok(()), "taken, so another may wait");
+    }
+
+    #[test]
+    fn a_trigger_after_the_loop_stopped_is_refused() {
+        let (handle, control) = handle();
+        drop(control);
+        assert_eq!(handle.trigger(), Err(TriggerRefused::Stopped));
+        assert_eq!(handle.stats.snapshot().triggered, 0);
+    }
+
+    #[derive(Debug)]
+    struct Broken;
+    impl PauseCheck for Broken {
+        fn is_paused<'a>(&'a self, _job: &'a str) -> BoxFuture<'a, Result<bool, String>> {
+            Box::pin(async { Err("the database is down".to_string()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_pause_state_runs_the_tick() {
+        assert!(!paused(&Broken, "draft_expiry").await);
+    }
+}

@@ -1,0 +1,167 @@
+//! How a replay or a purge runs: dry or for real, at what rate, what the operator confirmed,
+//! who runs it, and the [`Control`] that tells its audit row's id and stops it between
+//! batches.
+//!
+//! A bulk action works in batches and writes its counts to its audit row after each one, so
+//! whoever watches it (the console's progress page, on any replica) reads its progress from
+//! the database; a stop is seen before the next batch and during a paced wait, and what was
+//! not reached stays dead.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use worker_store::audit::Actor;
+
+/// A replay's or a purge's options.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Move nothing; list and count what would go (recorded as a dry run).
+    pub dry_run: bool,
+    /// At most this many messages per second.
+    pub rate: Option<u32>,
+    /// What the operator was shown and confirmed (the dry run's count), recorded.
+    pub planned: Option<u64>,
+    pub actor: Actor,
+    pub control: Control,
+}
+
+impl Run {
+    /// A run by `actor`, for real, unpaced, not planned, that nothing stops.
+    pub fn new(actor: Actor) -> Self {
+        Self {
+            dry_run: false,
+            rate: None,
+            planned: None,
+            actor,
+            control: Control::default(),
+        }
+    }
+
+    #[must_use]
+    pub fn dry(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+
+    #[must_use]
+    pub fn rate(mut self, rate: Option<u32>) -> Self {
+        self.rate = rate;
+        self
+    }
+
+    #[must_use]
+    pub fn planned(mut self, planned: Option<u64>) -> Self {
+        self.planned = planned;
+        self
+    }
+
+    #[must_use]
+    pub fn controlled_by(mut self, control: Control) -> Self {
+        self.control = control;
+        self
+    }
+}
+
+/// A bulk action as whoever started it sees it while it runs: its audit row's id once it is
+/// recorded, and a way to stop it, with why (who asked). Clones share one state.
+#[derive(Debug, Clone)]
+pub struct Control {
+    token: CancellationToken,
+    why: Arc<Mutex<Option<String>>>,
+    action: Arc<watch::Sender<Option<i64>>>,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Self {
+            token: CancellationToken::new(),
+            why: Arc::default(),
+            action: Arc::new(watch::channel(None).0),
+        }
+    }
+}
+
+impl Control {
+    /// Called by the run once its audit row is written.
+    pub(crate) fn begun(&self, action_id: i64) {
+        self.action.send_replace(Some(action_id));
+    }
+
+    /// The audit row's id, once the run has written it.
+    pub fn action_id(&self) -> Option<i64> {
+        *self.action.borrow()
+    }
+
+    /// Waits until the run has written its audit row, and returns its id.
+    pub async fn begun_as(&self) -> i64 {
+        let mut seen = self.action.subscribe();
+        loop {
+            if let Some(id) = *seen.borrow_and_update() {
+                return id;
+            }
+            // The sender lives as long as `self`: this never ends for want of one.
+            if seen.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Asks the action to stop before its next batch; the first reason given is kept.
+    pub fn stop(&self, why: impl Into<String>) {
+        if let Ok(mut slot) = self.why.lock()
+            && slot.is_none()
+        {
+            *slot = Some(why.into());
+        }
+        self.token.cancel();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Why it was stopped, once it was.
+    pub fn why(&self) -> Option<String> {
+        if !self.is_stopped() {
+            return None;
+        }
+        self.why
+            .lock()
+            .ok()
+            .and_then(|w| w.clone())
+            .or_else(|| Some("stopped".into()))
+    }
+
+    /// Waits until it is stopped.
+    pub async fn stopped(&self) {
+        self.token.cancelled().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_keeps_the_first_reason_and_is_shared_by_its_clones() {
+        let stop = Control::default();
+        let seen = stop.clone();
+        assert_eq!(seen.why(), None);
+        stop.stop("cancelled by alice");
+        stop.stop("shutting down");
+        assert!(seen.is_stopped());
+        assert_eq!(seen.why().as_deref(), Some("cancelled by alice"));
+    }
+
+    #[tokio::test]
+    async fn the_starter_learns_the_action_id_once_it_is_recorded() {
+        let control = Control::default();
+        assert_eq!(control.action_id(), None);
+        let run = control.clone();
+        let waiter = tokio::spawn(async move { control.begun_as().await });
+        run.begun(42);
+        assert_eq!(waiter.await.unwrap(), 42);
+        assert_eq!(run.action_id(), Some(42));
+    }
+}

@@ -1,0 +1,308 @@
+//! The operators' audit trail (`dead_letter_actions`): one row per action an operator takes,
+//! from the command line or the console, dry runs included. A row records who (the
+//! operating-system user or `console`, the host, the name they gave, the database role, set
+//! by the database itself), what (the action and its target or filter, the rate, what the
+//! operator was shown before confirming), when, and how it went; the database lets a row
+//! only record progress while it runs and never change once finished, and refuses to delete
+//! any (migrations `20261201000500_dead_letter_audit` and `20261202000100_operator_console`).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use worker_core::Failure;
+
+use crate::classify;
+
+/// Who takes an action: the operating-system user and the host name as the command line
+/// found them (or `console` and the host serving it), and the name the operator gave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    pub user: String,
+    pub host: String,
+    /// The name the operator gave for themselves (a person behind a shared account, a
+    /// ticket); recorded beside `user`, never instead of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Actor {
+    pub fn new(user: impl Into<String>, host: impl Into<String>) -> Self {
+        Self {
+            user: user.into(),
+            host: host.into(),
+            name: None,
+        }
+    }
+
+    /// The same actor, with the name the operator gave.
+    #[must_use]
+    pub fn with_name(mut self, name: Option<String>) -> Self {
+        self.name = name.filter(|n| !n.trim().is_empty());
+        self
+    }
+
+    /// How the trail shows it: `name (user@host)`, or `user@host`.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(name) => format!("{name} ({}@{})", self.user, self.host),
+            None => format!("{}@{}", self.user, self.host),
+        }
+    }
+}
+
+/// What an operator did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActionKind {
+    /// Dead letters published to their queues again.
+    Replay,
+    /// Dead letters marked purged.
+    Purge,
+    /// Failed outbox rows made pending again.
+    OutboxRetry,
+    /// A timer job's scheduled ticks held back on every replica.
+    Pause,
+    Resume,
+    /// A timer job's tick run now.
+    Trigger,
+}
+
+impl ActionKind {
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Self::Replay => "replay",
+            Self::Purge => "purge",
+            Self::OutboxRetry => "outbox-retry",
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::Trigger => "trigger",
+        }
+    }
+}
+
+/// An action about to start.
+#[derive(Debug, Clone)]
+pub struct NewAction<'a> {
+    pub kind: ActionKind,
+    pub actor: &'a Actor,
+    /// The filter it acts on (dead letters), or its target (`{"job": …}`, `{"outbox_id": …}`).
+    pub target: Value,
+    /// Messages per second asked for.
+    pub rate: Option<u32>,
+    /// Moves nothing; `matched` says what it would have moved.
+    pub dry_run: bool,
+    /// What the operator was shown before confirming (the dry run's count).
+    pub planned: Option<u64>,
+}
+
+impl<'a> NewAction<'a> {
+    pub fn new(kind: ActionKind, actor: &'a Actor, target: Value) -> Self {
+        Self {
+            kind,
+            actor,
+            target,
+            rate: None,
+            dry_run: false,
+            planned: None,
+        }
+    }
+}
+
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Writes the action's row, unfinished; returns its id.
+pub async fn begin(conn: &mut PgConnection, action: &NewAction<'_>) -> Result<i64, Failure> {
+    sqlx::query_scalar(
+        "INSERT INTO dead_letter_actions (action, actor_user, actor_host, actor, dry_run, \
+                                          filter, rate, planned) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+    )
+    .bind(action.kind.as_str())
+    .bind(&action.actor.user)
+    .bind(&action.actor.host)
+    .bind(&action.actor.name)
+    .bind(action.dry_run)
+    .bind(&action.target)
+    .bind(action.rate.map(|r| i32::try_from(r).unwrap_or(i32::MAX)))
+    .bind(action.planned.map(count))
+    .fetch_one(conn)
+    .await
+    .map_err(classify)
+}
+
+/// Counts a step of a running action: `matched` looked at, `succeeded` done, `failed` not.
+pub async fn progress(
+    conn: &mut PgConnection,
+    id: i64,
+    matched: u64,
+    succeeded: u64,
+    failed: u64,
+) -> Result<(), Failure> {
+    sqlx::query(
+        "UPDATE dead_letter_actions SET matched = matched + $2, succeeded = succeeded + $3, \
+                failed = failed + $4 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(count(matched))
+    .bind(count(succeeded))
+    .bind(count(failed))
+    .execute(conn)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+/// Ends an action's row (after which the database lets nothing change it), with a note and,
+/// for a dry run, which counts only at its end, what it matched.
+pub async fn finish(
+    conn: &mut PgConnection,
+    id: i64,
+    note: Option<String>,
+    matched: Option<u64>,
+) -> Result<(), Failure> {
+    sqlx::query(
+        "UPDATE dead_letter_actions SET finished_at = now(), note = $2, \
+                matched = coalesce($3, matched) \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(note)
+    .bind(matched.map(count))
+    .execute(conn)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+/// An action done at once (a pause, a trigger, one outbox row): its row written and finished
+/// with its counts, in the caller's transaction.
+pub async fn record(
+    conn: &mut PgConnection,
+    action: &NewAction<'_>,
+    succeeded: u64,
+    failed: u64,
+    note: Option<String>,
+) -> Result<i64, Failure> {
+    let id = begin(conn, action).await?;
+    progress(conn, id, succeeded + failed, succeeded, failed).await?;
+    finish(conn, id, note, None).await?;
+    Ok(id)
+}
+
+/// One recorded action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Action {
+    pub id: i64,
+    pub action: String,
+    pub actor_user: String,
+    pub actor_host: String,
+    /// The name the operator gave (`--actor`, or at the console's sign-in), if any.
+    pub actor: Option<String>,
+    /// The database role the command connected as, as the database recorded it.
+    pub db_user: String,
+    /// A dry run: it moved nothing, `matched` says what it would have moved.
+    pub dry_run: bool,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub filter: Value,
+    pub rate: Option<i32>,
+    /// What the operator was shown before confirming.
+    pub planned: Option<i64>,
+    pub matched: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    pub note: Option<String>,
+}
+
+impl Action {
+    /// Still running (or died on the way: its counts say how far it got).
+    pub fn running(&self) -> bool {
+        self.finished_at.is_none()
+    }
+
+    /// How the trail shows who took it.
+    pub fn actor_label(&self) -> String {
+        Actor {
+            user: self.actor_user.clone(),
+            host: self.actor_host.clone(),
+            name: self.actor.clone(),
+        }
+        .label()
+    }
+}
+
+const COLUMNS: &str = "id, action, actor_user, actor_host, actor, db_user, dry_run, started_at, \
+                       finished_at, filter, rate, planned, matched, succeeded, failed, note";
+
+/// The recorded actions, newest first, at most `limit`.
+pub async fn recent(pool: &PgPool, limit: u32) -> Result<Vec<Action>, Failure> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM dead_letter_actions ORDER BY id DESC LIMIT $1"
+    ))
+    .bind(i64::from(limit.max(1)))
+    .fetch_all(pool)
+    .await
+    .map_err(classify)
+}
+
+/// One recorded action, by id.
+pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Action>, Failure> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM dead_letter_actions WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .map_err(classify)
+}
+
+/// The recorded actions on one target (`{"job": "draft_expiry"}`, say), newest first.
+pub async fn on_target(pool: &PgPool, target: &Value, limit: u32) -> Result<Vec<Action>, Failure> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM dead_letter_actions WHERE filter @> $1 ORDER BY id DESC LIMIT $2"
+    ))
+    .bind(target)
+    .bind(i64::from(limit.max(1)))
+    .fetch_all(pool)
+    .await
+    .map_err(classify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_actor_is_labelled_by_the_name_they_gave_and_where_they_were() {
+        let plain = Actor::new("ops", "host-1");
+        assert_eq!(plain.label(), "ops@host-1");
+        let named = plain.with_name(Some("alice".into()));
+        assert_eq!(named.label(), "alice (ops@host-1)");
+        let blank = Actor::new("ops", "host-1").with_name(Some("  ".into()));
+        assert_eq!(blank.name, None, "a blank name is no name");
+    }
+
+    #[test]
+    fn action_kinds_are_written_as_the_database_allows() {
+        let all = [
+            ActionKind::Replay,
+            ActionKind::Purge,
+            ActionKind::OutboxRetry,
+            ActionKind::Pause,
+            ActionKind::Resume,
+            ActionKind::Trigger,
+        ];
+        let migration = include_str!("../../../migrations/20261202000100_operator_console.sql");
+        for kind in all {
+            assert!(
+                migration.contains(&format!("'{}'", kind.as_str())),
+                "{kind:?} is in the CHECK"
+            );
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json, kind.as_str());
+        }
+    }
+}
