@@ -18,9 +18,11 @@ Failures a test can choose
       (e.g. .services/smtp-fail/bob@localhost), its first line is the reply given
       to RCPT for that address, for example `451 4.3.0 try later` or
       `550 5.1.1 no such user` (an empty file means `451 4.3.0 try later`).
-      Delete the file and the address is accepted again. The file name is matched
-      against the address as given, then lower-cased, then the bare local part.
-      The file is read on every RCPT, so the switch takes effect immediately.
+      Delete the file and the address is accepted again. A `2xx` first line accepts
+      the address even where its local part would fail (`fail5xx-demo` fixed, as
+      `scripts/demo-mail.sh --fix` does). The file name is matched against the
+      address as given, then lower-cased, then the bare local part. The file is
+      read on every RCPT, so the switch takes effect immediately.
     * late answer: while a file <services dir>/smtp-delay/<address> exists, a mail
       to that address is delivered at once but the answer to its end of DATA comes
       only after the number of seconds the file's first line holds (e.g. `6`), so
@@ -123,13 +125,14 @@ def deliver(local, content):
 class Handler:
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         local, _ = split_address(address)
-        if local.startswith("fail4xx"):
-            return "451 4.3.0 try later"
-        if local.startswith("fail5xx"):
-            return "550 5.1.1 no such user"
         reply = switch_reply(address)
         if reply is not None and not reply.startswith("2"):
             return reply
+        fixed = reply is not None
+        if local.startswith("fail4xx") and not fixed:
+            return "451 4.3.0 try later"
+        if local.startswith("fail5xx") and not fixed:
+            return "550 5.1.1 no such user"
         if not _SAFE_LOCAL.match(local) or ".." in local:
             return "553 5.1.3 unusable local part"
         envelope.rcpt_tos.append(address)

@@ -10,51 +10,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use lapin::BasicProperties;
-use support::{Host, SERIAL, base_settings, publish_confirmed, write_automation};
+use support::{Host, SERIAL, base_settings, publish_pings, write_automation};
 use worker_testkit::{SmtpSink, TestDb, TestVhost};
 
 /// How long the server holds its answer to each slow mail's end of DATA.
 const SLOW: Duration = Duration::from_secs(20);
 /// Sends in flight at once: the email-send concurrency and the SMTP pool.
 const IN_FLIGHT: usize = 8;
-
-/// A pinging `email.received` event from `from`, as the poller would emit it.
-fn ping_from(from: &str, n: usize) -> (BasicProperties, Vec<u8>) {
-    let id = uuid::Uuid::new_v4();
-    let event = serde_json::json!({
-        "id": id,
-        "type": "email.received",
-        "occurred_at": chrono::Utc::now(),
-        "data": {
-            "inbound_email_id": uuid::Uuid::new_v4(),
-            "account": "slow-smtp",
-            "mailbox": "INBOX",
-            "message_id": format!("ping-{id}@test"),
-            "from": from,
-            "from_name": null,
-            "to": ["host@localhost"],
-            "subject": format!("ping {n}"),
-            "text": "are you there?",
-            "references": [],
-            "parse_error": null,
-        },
-    });
-    let properties = BasicProperties::default()
-        .with_delivery_mode(2)
-        .with_message_id(id.to_string().into())
-        .with_content_type("application/json".into());
-    (properties, serde_json::to_vec(&event).unwrap())
-}
-
-async fn publish_pings(vhost: &TestVhost, from: &str, count: usize) -> anyhow::Result<()> {
-    let pings: Vec<(BasicProperties, Vec<u8>)> = (0..count).map(|n| ping_from(from, n)).collect();
-    let messages: Vec<(BasicProperties, &[u8])> = pings
-        .iter()
-        .map(|(properties, body)| (properties.clone(), body.as_slice()))
-        .collect();
-    publish_confirmed(vhost, "events", "email.received", &messages).await
-}
 
 async fn scalar(db: &TestDb, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(&db.pool).await.unwrap()

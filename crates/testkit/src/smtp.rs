@@ -129,6 +129,14 @@ impl SmtpSink {
         Ok(())
     }
 
+    /// Accepts `address` again after [`SmtpSink::fail_recipient`].
+    pub fn accept_recipient(&self, address: &str) -> anyhow::Result<()> {
+        match std::fs::remove_file(self.dir.path().join("smtp-fail").join(address)) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// The mails delivered to `local_part` (lower case), raw.
     pub fn delivered(&self, local_part: &str) -> Vec<Vec<u8>> {
         let maildir = self

@@ -157,11 +157,13 @@ pub fn render(
         .render(template, context)
         .map(|html| Html(html).into_response())
         .map_err(|e| {
-            tracing::error!(template, error = %e, "a console page failed to render");
+            // The whole report (the template's source and its variables) goes to the log
+            // only: the page says which template and line.
+            tracing::error!(template, error = %format!("{e:#}"), "a console page failed to render");
             Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "This page failed to render",
-                format!("{e:#}"),
+                e.to_string(),
             )
         })
 }

@@ -47,6 +47,7 @@ impl Views {
         env.add_filter("when", when);
         env.add_filter("seconds", seconds);
         env.add_filter("bytes", bytes);
+        env.add_filter("cut", cut);
         Ok(Self { env })
     }
 
@@ -108,6 +109,19 @@ fn seconds(secs: Option<f64>) -> String {
     }
 }
 
+/// `text` cut to `chars` characters, with `…` when cut; nothing as empty.
+fn cut(text: Option<String>, chars: usize) -> String {
+    let Some(text) = text else {
+        return String::new();
+    };
+    if text.chars().count() <= chars {
+        return text;
+    }
+    let mut out: String = text.chars().take(chars).collect();
+    out.push('…');
+    out
+}
+
 /// A size in bytes as `512 B`, `3.2 KiB`, `1.5 MiB`.
 fn bytes(n: Option<f64>) -> String {
     let Some(n) = n else {
@@ -153,6 +167,13 @@ mod tests {
             .unwrap();
         assert!(!page.contains("<script>alert(1)"), "{page}");
         assert!(page.contains("&lt;script&gt;"), "{page}");
+    }
+
+    #[test]
+    fn long_text_is_cut_with_an_ellipsis() {
+        assert_eq!(cut(Some("abcdef".into()), 3), "abc…");
+        assert_eq!(cut(Some("abc".into()), 3), "abc");
+        assert_eq!(cut(None, 3), "");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 // Each test binary uses a different subset of this module.
 #![allow(dead_code)]
 
+pub mod console;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::TcpListener;
@@ -491,6 +493,45 @@ pub use worker_testkit::amqp::publish_confirmed;
 // ---------------------------------------------------------------------------------------------
 // Mail
 // ---------------------------------------------------------------------------------------------
+
+/// A pinging `email.received` event from `from`, as the poller would emit it.
+pub fn ping_from(from: &str, n: usize) -> (lapin::BasicProperties, Vec<u8>) {
+    let id = uuid::Uuid::new_v4();
+    let event = serde_json::json!({
+        "id": id,
+        "type": "email.received",
+        "occurred_at": chrono::Utc::now(),
+        "data": {
+            "inbound_email_id": uuid::Uuid::new_v4(),
+            "account": "test",
+            "mailbox": "INBOX",
+            "message_id": format!("ping-{id}@test"),
+            "from": from,
+            "from_name": null,
+            "to": ["host@localhost"],
+            "subject": format!("ping {n}"),
+            "text": "are you there?",
+            "references": [],
+            "parse_error": null,
+        },
+    });
+    let properties = lapin::BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(id.to_string().into())
+        .with_content_type("application/json".into());
+    (properties, serde_json::to_vec(&event).unwrap())
+}
+
+/// Publishes `count` pings from `from` to the events exchange, as the outbox drain would: the
+/// demo automation answers each with a mail to `from`.
+pub async fn publish_pings(vhost: &TestVhost, from: &str, count: usize) -> anyhow::Result<()> {
+    let pings: Vec<_> = (0..count).map(|n| ping_from(from, n)).collect();
+    let messages: Vec<(lapin::BasicProperties, &[u8])> = pings
+        .iter()
+        .map(|(properties, body)| (properties.clone(), body.as_slice()))
+        .collect();
+    worker_testkit::amqp::publish_confirmed(vhost, "events", "email.received", &messages).await
+}
 
 /// Sends a mail from `from` to `to` over the local SMTP server; returns its Message-ID
 /// (`ping-<uuid>@<domain>`, without angle brackets).
