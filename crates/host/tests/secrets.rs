@@ -300,9 +300,14 @@ password_file = {imap_file:?}
         database("worker_host", 5432),
         broker(&broker_user_name, 5672)
     );
+    // The console's operator token is the canary too, all digits, from the environment.
     let host = Host::launch_with(
         "SECRETS_SHOW_LOG",
-        &[broker_password[0], ("RUST_LOG", "trace")],
+        &[
+            broker_password[0],
+            ("WORKER_HOST__ADMIN__OPERATOR_TOKEN", canary.as_str()),
+            ("RUST_LOG", "trace"),
+        ],
         |_, admin| Ok(settings(&sections, &automations_file, &imap, admin, &otlp)),
     )
     .await?;
@@ -336,6 +341,21 @@ password_file = {imap_file:?}
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     outputs.push(("/status".into(), host.get_text("/status").await?));
+    let refused = support::console::Operator::sign_in(&host.url(""), "not-the-token", "x").await;
+    assert!(refused.is_err(), "a wrong token is refused");
+    let operator = support::console::Operator::sign_in(&host.url(""), &canary, "ops").await?;
+    for page in [
+        "/",
+        "/dead-letters",
+        "/dead-letters/messages?status=all",
+        "/outbox",
+        "/api/overview",
+        "/api/dead-letters/messages?status=all",
+    ] {
+        let answer = operator.get(page).await?;
+        assert_eq!(answer.status(), reqwest::StatusCode::OK, "{page}");
+        outputs.push((format!("the console's {page}"), answer.text().await?));
+    }
     outputs.push(("/metrics".into(), host.get_text("/metrics").await?));
     for args in [
         &["config", "check"][..],

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use fantoccini::{Client, ClientBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
 
 /// A browser session, ready to open pages.
 pub struct Browser {
@@ -89,8 +90,7 @@ impl Browser {
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
         let client = loop {
-            let attempt = ClientBuilder::rustls()
-                .context("the WebDriver client's TLS set-up")?
+            let attempt = ClientBuilder::new(HttpConnector::new())
                 .capabilities(capabilities.clone())
                 .connect(&url)
                 .await;

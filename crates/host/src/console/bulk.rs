@@ -19,7 +19,7 @@ use worker_store::audit::{self, Action};
 use super::Console;
 use super::filter::FilterForm;
 use super::page::{
-    PageResult, Problem, State, may_act, may_read_api, may_read_page, render, see_other,
+    PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
 
 /// Bulk actions one replica runs at once: each holds a database connection of the console's
@@ -373,7 +373,7 @@ pub async fn action_page(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> PageResult {
-    if let Err(redirect) = may_read_page(&console, &headers, &format!("/actions/{id}")) {
+    if let Some(redirect) = sign_in_first(&console, &headers, &format!("/actions/{id}")) {
         return Ok(redirect);
     }
     let progress = progress(&console, &id).await?;
@@ -455,7 +455,7 @@ async fn trail(console: &Console) -> Result<Trail, Problem> {
 }
 
 pub async fn actions_page(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    if let Err(redirect) = may_read_page(&console, &headers, "/actions") {
+    if let Some(redirect) = sign_in_first(&console, &headers, "/actions") {
         return Ok(redirect);
     }
     let trail = trail(&console).await?;

@@ -12,7 +12,7 @@ use worker_store::attempt_log::{self, AttemptRecord};
 
 use super::Console;
 use super::filter::FilterForm;
-use super::page::{PageResult, Problem, State, may_read_api, may_read_page, render};
+use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use crate::status::JobStats;
 
 /// Groups on one page.
@@ -131,7 +131,7 @@ pub async fn groups_page(
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
-    if let Err(redirect) = may_read_page(&console, &headers, "/dead-letters") {
+    if let Some(redirect) = sign_in_first(&console, &headers, "/dead-letters") {
         return Ok(redirect);
     }
     let groups = groups(&console, &form, &paging).await?;
@@ -204,7 +204,7 @@ pub async fn messages_page(
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
-    if let Err(redirect) = may_read_page(&console, &headers, "/dead-letters/messages") {
+    if let Some(redirect) = sign_in_first(&console, &headers, "/dead-letters/messages") {
         return Ok(redirect);
     }
     let messages = messages(&console, &form, &paging).await?;
@@ -341,7 +341,7 @@ pub async fn one_page(
     Path(id): Path<String>,
 ) -> PageResult {
     let path = format!("/dead-letters/{id}");
-    if let Err(redirect) = may_read_page(&console, &headers, &path) {
+    if let Some(redirect) = sign_in_first(&console, &headers, &path) {
         return Ok(redirect);
     }
     let id: i64 = id

@@ -16,7 +16,7 @@ use worker_store::pauses;
 use super::Console;
 use super::bulk::CsrfForm;
 use super::page::{
-    PageResult, Problem, State, may_act, may_read_api, may_read_page, render, see_other,
+    PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
 use crate::jobs::pausable;
 use crate::scheduler::TimerView;
@@ -108,7 +108,7 @@ pub async fn page(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> PageResult {
-    if let Err(redirect) = may_read_page(&console, &headers, &format!("/jobs/{name}")) {
+    if let Some(redirect) = sign_in_first(&console, &headers, &format!("/jobs/{name}")) {
         return Ok(redirect);
     }
     let job = job(&console, &name).await?;

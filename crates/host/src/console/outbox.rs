@@ -10,7 +10,7 @@ use worker_store::outbox::{self, FailedRow, OutboxStatus, PendingRow, RetryResul
 
 use super::Console;
 use super::page::{
-    PageResult, Problem, State, may_act, may_read_api, may_read_page, render, see_other,
+    PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
 
 /// Rows of each kind the page lists.
@@ -35,7 +35,7 @@ async fn outbox(console: &Console) -> Result<OutboxPage, Problem> {
 }
 
 pub async fn page(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    if let Err(redirect) = may_read_page(&console, &headers, "/outbox") {
+    if let Some(redirect) = sign_in_first(&console, &headers, "/outbox") {
         return Ok(redirect);
     }
     let page = outbox(&console).await?;

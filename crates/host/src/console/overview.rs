@@ -12,7 +12,7 @@ use serde::Serialize;
 use worker_store::{pauses, replicas};
 
 use super::Console;
-use super::page::{PageResult, Problem, State, may_read_api, may_read_page, render};
+use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use crate::sampler::QueueReading;
 
 #[derive(Debug, Serialize)]
@@ -114,7 +114,7 @@ fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::
 }
 
 pub async fn page(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    if let Err(redirect) = may_read_page(&console, &headers, "/") {
+    if let Some(redirect) = sign_in_first(&console, &headers, "/") {
         return Ok(redirect);
     }
     let overview = overview(&console).await?;

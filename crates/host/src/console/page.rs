@@ -168,12 +168,14 @@ pub fn render(
         })
 }
 
-/// Lets a page through if the request may read; else sends the browser to sign in.
-pub fn may_read_page(console: &Console, headers: &HeaderMap, path: &str) -> Result<(), Response> {
+/// `None` when the request may read the page at `path`; else the redirect that sends the
+/// browser to sign in first.
+pub fn sign_in_first(console: &Console, headers: &HeaderMap, path: &str) -> Option<Response> {
     console
         .access
         .may_read(headers)
-        .map_err(|_| Redirect::to(&format!("/sign-in?next={}", next_param(path))).into_response())
+        .err()
+        .map(|_| Redirect::to(&format!("/sign-in?next={}", next_param(path))).into_response())
 }
 
 /// Lets an API call through if the request may read.

@@ -339,6 +339,55 @@ fn a_missing_explicit_file_is_an_error_and_a_missing_default_is_not() {
     assert!(Settings::load(&default, &env).is_ok());
 }
 
+fn problem_at(text: &str, key: &str) -> String {
+    let errors = load_text(text).unwrap_err();
+    errors
+        .iter()
+        .find(|e| e.key == key)
+        .map(|e| e.to_string())
+        .unwrap_or_else(|| panic!("no problem at {key}: {errors:?}"))
+}
+
+#[test]
+fn a_console_off_loopback_needs_an_operator_token() {
+    let why = problem_at("[admin]\nlisten = \"0.0.0.0:9180\"\n", "admin.listen");
+    assert!(
+        why.contains("operator_token") && why.contains("SSH tunnel"),
+        "{why}"
+    );
+    let token = format!(
+        "{SECRETS}[admin]\nlisten = \"0.0.0.0:9180\"\noperator_token = \"sixteen-chars-at-least\"\n"
+    );
+    assert!(load_text(&token).is_ok());
+}
+
+#[test]
+fn a_short_operator_token_is_refused_without_showing_it() {
+    let why = problem_at(
+        "[admin]\noperator_token = \"short-Tok\"\n",
+        "admin.operator_token",
+    );
+    assert!(why.contains("at least 16"), "{why}");
+    assert!(!why.contains("short-Tok"), "{why}");
+}
+
+#[test]
+fn the_operator_token_comes_from_its_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "from-a-file-token-value\n").unwrap();
+    let text = format!(
+        "{SECRETS}[admin]\noperator_token_file = {:?}\n",
+        file.display().to_string()
+    );
+    let settings = load_text(&text).unwrap();
+    let token = settings.admin.operator_token.unwrap();
+    assert_eq!(token.expose(), "from-a-file-token-value");
+    let both = format!("{text}operator_token = \"from-the-file-itself-too\"\n");
+    let why = problem_at(&both, "admin.operator_token_file");
+    assert!(why.contains("not both"), "{why}");
+}
+
 #[test]
 fn broken_toml_names_the_file() {
     let errors = load_text("[database\npassword = 1").unwrap_err();
@@ -351,7 +400,7 @@ fn broken_toml_names_the_file() {
 
 #[test]
 fn redacted_output_holds_no_secret() {
-    let text = "[database]\npassword = \"db-Secret-1\"\n[broker]\npassword = \"mq-Secret-2\"\n[smtp]\nusername = \"u\"\npassword = \"smtp-Secret-3\"\n[[imap.accounts]]\nname = \"a\"\nusername = \"alice\"\npassword = \"imap-Secret-4\"\n";
+    let text = "[database]\npassword = \"db-Secret-1\"\n[broker]\npassword = \"mq-Secret-2\"\n[smtp]\nusername = \"u\"\npassword = \"smtp-Secret-3\"\n[admin]\noperator_token = \"console-Secret-5-long\"\n[[imap.accounts]]\nname = \"a\"\nusername = \"alice\"\npassword = \"imap-Secret-4\"\n";
     let settings = load_text(text).unwrap();
     let printed = settings.to_redacted_toml();
     let debug = format!("{settings:?}");
@@ -360,6 +409,7 @@ fn redacted_output_holds_no_secret() {
         "mq-Secret-2",
         "smtp-Secret-3",
         "imap-Secret-4",
+        "console-Secret-5-long",
     ] {
         assert!(!printed.contains(secret), "{secret} printed");
         assert!(!debug.contains(secret), "{secret} in Debug");
