@@ -230,17 +230,7 @@ async fn a_group_found_by_search_is_dry_run_then_replayed_delivered_and_recorded
         || async { Ok((world.delivered_to_refused() >= 3).then_some(())) },
     )
     .await;
-    let page = wait_for(
-        "the action finished",
-        || world.host.log_tail(),
-        || async {
-            let page = operator.get(&progress).await?.text().await?;
-            Ok(page
-                .contains("id=\"action-state\">finished")
-                .then_some(page))
-        },
-    )
-    .await;
+    let page = operator.finished(&world.host, &progress).await;
     assert!(page.contains("<strong>3</strong> done"), "{page}");
 
     let after: serde_json::Value = http()
@@ -288,15 +278,7 @@ async fn a_purged_group_is_marked_purged_and_recorded() -> anyhow::Result<()> {
             &[("queue", "email.send"), ("planned", "2")],
         )
         .await?;
-    wait_for(
-        "the purge finished",
-        || world.host.log_tail(),
-        || async {
-            let page = operator.get(&progress).await?.text().await?;
-            Ok(page.contains("finished").then_some(()))
-        },
-    )
-    .await;
+    operator.finished(&world.host, &progress).await;
     let states: Vec<String> = sqlx::query_scalar("SELECT DISTINCT status FROM dead_letters")
         .fetch_all(&world.db.pool)
         .await?;
@@ -333,17 +315,7 @@ async fn a_paced_replay_is_cancelled_from_its_page_and_leaves_the_rest_dead() ->
     );
     let cancel = format!("{progress}/cancel");
     assert_eq!(operator.post_redirected(&cancel, &[]).await?, progress);
-    let page = wait_for(
-        "the cancelled replay finished",
-        || world.host.log_tail(),
-        || async {
-            let page = operator.get(&progress).await?.text().await?;
-            Ok(page
-                .contains("id=\"action-state\">finished")
-                .then_some(page))
-        },
-    )
-    .await;
+    let page = operator.finished(&world.host, &progress).await;
     assert!(page.contains("stopped: cancelled by carol"), "{page}");
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE status = 'dead'")
         .fetch_one(&world.db.pool)

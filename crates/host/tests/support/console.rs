@@ -234,6 +234,21 @@ impl Operator {
             .await?)
     }
 
+    /// Waits until the action page at `progress` says the action finished; returns the page.
+    pub async fn finished(&self, host: &Host, progress: &str) -> String {
+        wait_for(
+            "the action to finish",
+            || host.log_tail(),
+            || async {
+                let page = self.get(progress).await?.text().await?;
+                Ok(page
+                    .contains("id=\"action-state\">finished")
+                    .then_some(page))
+            },
+        )
+        .await
+    }
+
     /// Posts and expects a redirect: where it sends the browser.
     pub async fn post_redirected(
         &self,
