@@ -3,6 +3,7 @@
 //! in a [`TimerTask`] (busy guard, lease, timeout). Only the host knows this list.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -169,15 +170,31 @@ fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError
     Ok(sender.on_unknown(move || unknown_outcomes.add(1, &[])))
 }
 
+/// The poller, woken between its scheduled ticks by its IDLE sessions, which the replica
+/// holding the idle lease keeps (a task of its own, until shutdown).
 fn inbound_email_poller(
     ctx: &JobsContext,
 ) -> Result<Built<job_inbound_email_poller::InboundEmailPoller>, JobError> {
-    job_inbound_email_poller::InboundEmailPoller::new(
+    let poller = job_inbound_email_poller::InboundEmailPoller::new(
         ctx.pool.clone(),
         poller_config(&ctx.settings),
     )
-    .map(Built::from)
-    .map_err(|e| job_error("inbound_email_poller", e))
+    .map_err(|e| job_error("inbound_email_poller", e))?;
+    let wake = Arc::new(Notify::new());
+    // Held for as long as this replica idles: its session waits in `pg_sleep` between checks,
+    // and the server ends that wait at once when the session goes, so a slow check costs
+    // nothing in takeover time.
+    let idle_lease = AdvisoryLease::new(ctx.pool.clone())
+        .with_checks(Duration::from_secs(5), Duration::from_secs(5));
+    ctx.tracker.spawn(poller.idler().run(
+        Arc::new(idle_lease),
+        wake.clone(),
+        ctx.shutdown.child_token(),
+    ));
+    Ok(Built {
+        job: poller,
+        wake: Some(wake),
+    })
 }
 
 /// On a connection of its own: a pool starved by slow work must not make `/readyz` fail.

@@ -88,6 +88,17 @@ impl Dovecot {
         })
     }
 
+    /// Adds a setting line to the configuration (`imap_capability = IMAP4rev1`, say); takes
+    /// effect at the next [`Self::start`].
+    pub fn add_setting(&self, line: &str) -> anyhow::Result<()> {
+        let mut text = std::fs::read_to_string(&self.config)?;
+        text.push('\n');
+        text.push_str(line);
+        text.push('\n');
+        std::fs::write(&self.config, text)?;
+        Ok(())
+    }
+
     /// `127.0.0.1:port` of the IMAP listener.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)

@@ -9,7 +9,8 @@
 //!   holds one connection at a time, never one across an SMTP send or a webhook call;
 //! * the outbox drain: two per lane (`jobs.outbox_drain.drain.batches_in_flight`), one lane
 //!   claiming and publishing while the other commits;
-//! * the inbound poller: one per account polled at once, plus its lease;
+//! * the inbound poller: one per account polled at once, plus its lease, plus the idle lease
+//!   that the replica keeping the IMAP IDLE sessions holds for as long as it does;
 //! * every other leased timer: its lease's connection, held for the tick, plus one for the
 //!   tick's work;
 //! * one archiver per dead queue, the attempt-log writer and the sampler: one each.
@@ -53,8 +54,10 @@ impl Settings {
             .unwrap_or(u32::MAX)
             .max(1);
         need(
-            format!("jobs.inbound_email_poller.account_concurrency {accounts} + 1 for its lease"),
-            accounts.saturating_add(1),
+            format!(
+                "jobs.inbound_email_poller.account_concurrency {accounts} + 1 for its lease + 1 for its idle lease"
+            ),
+            accounts.saturating_add(2),
         );
         // The leased timers besides the poller: a lease and a connection for the tick each.
         // A new leased timer job adds its section's name here.

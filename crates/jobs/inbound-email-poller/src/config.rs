@@ -70,6 +70,8 @@ pub struct PollerConfig {
     pub account_concurrency: usize,
     /// The exchange the `email.received` events go to.
     pub events_exchange: String,
+    /// How the poller idles (IMAP IDLE), between the scheduled polls.
+    pub idle: crate::IdleConfig,
 }
 
 impl Default for PollerConfig {
@@ -85,9 +87,13 @@ impl Default for PollerConfig {
             max_message_attempts: 3,
             account_concurrency: 4,
             events_exchange: "events".into(),
+            idle: crate::IdleConfig::default(),
         }
     }
 }
+
+/// The longest an IDLE may last before it is issued again: well inside RFC 2177's 29 minutes.
+pub const IDLE_REFRESH_MAX: Duration = Duration::from_secs(25 * 60);
 
 /// A configuration the poller cannot run with; names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -146,6 +152,22 @@ impl PollerConfig {
         }
         if self.events_exchange.trim().is_empty() {
             return Err(err("events_exchange".into(), "must not be empty"));
+        }
+        let idle = &self.idle;
+        for (field, value) in [
+            ("idle.refresh", idle.refresh),
+            ("idle.lease_retry", idle.lease_retry),
+            ("idle.reconnect_max", idle.reconnect_max),
+        ] {
+            if value.is_zero() {
+                return Err(err(field.into(), "must be longer than zero"));
+            }
+        }
+        if idle.refresh > IDLE_REFRESH_MAX {
+            return Err(err(
+                "idle.refresh".into(),
+                "must be at most 25 minutes: servers may log an IDLE out after 29 (RFC 2177)",
+            ));
         }
         Ok(())
     }

@@ -41,6 +41,7 @@ pub enum Stage {
     Select,
     Search,
     Fetch,
+    Idle,
     Logout,
 }
 
@@ -55,6 +56,7 @@ impl Stage {
             Self::Select => "SELECT",
             Self::Search => "UID SEARCH",
             Self::Fetch => "UID FETCH",
+            Self::Idle => "IDLE",
             Self::Logout => "LOGOUT",
         }
     }

@@ -81,6 +81,13 @@
 //! An empty or not yet existing mailbox starts at its beginning. [`ImapAccount::backfill`]
 //! announces the history instead.
 //!
+//! ## Between the ticks: IMAP IDLE
+//!
+//! Where the server offers IDLE, [`Idler`] holds a session per account on the replica that
+//! holds the idle lease and wakes the tick as soon as the server reports news, so a mail is
+//! fetched within a round trip of its arrival; the schedule stays as the safety net. See
+//! [`idle`].
+//!
 //! ## How the host runs it
 //!
 //! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
@@ -90,6 +97,7 @@
 //! slow account's batch is cut short at every tick (nothing is lost: it resumes at the next).
 
 pub mod config;
+pub mod idle;
 pub mod ids;
 pub mod imap;
 pub mod limits;
@@ -114,7 +122,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 
-pub use config::{ConfigError, ImapAccount, PollerConfig, validate_accounts};
+pub use config::{ConfigError, IDLE_REFRESH_MAX, ImapAccount, PollerConfig, validate_accounts};
+pub use idle::{IDLE_LEASE, IdleConfig, Idler};
 pub use ids::{event_id, inbound_email_id};
 pub use imap::{ImapError, Stage, classify_imap};
 pub use limits::{MailLimits, OverLimit};
@@ -191,6 +200,15 @@ impl InboundEmailPoller {
 
     pub fn config(&self) -> &PollerConfig {
         &self.config
+    }
+
+    /// What idles on this poller's accounts and wakes its tick ([`Idler::run`]).
+    pub fn idler(&self) -> Idler {
+        Idler {
+            config: self.config.clone(),
+            tls: self.tls.clone(),
+            stats: self.stats.clone(),
+        }
     }
 
     /// One tick's work, account by account (the [`TimerJob::tick`] is this, summarised).

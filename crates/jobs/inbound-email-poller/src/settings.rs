@@ -41,6 +41,19 @@ pub struct InboundEmailPollerSettings {
     pub max_message_attempts: u32,
     /// Accounts polled at once.
     pub account_concurrency: usize,
+    /// Idle (IMAP IDLE) where the server offers it, so that new mail is fetched at once;
+    /// the schedule still polls, as a safety net.
+    pub idle: bool,
+    /// How often an IDLE is ended and issued again (at most 25 minutes), which bounds how long
+    /// a silently dead connection goes unnoticed.
+    #[serde(with = "humantime_serde")]
+    pub idle_refresh: Duration,
+    /// How soon another replica takes over idling when the one that idles goes away.
+    #[serde(with = "humantime_serde")]
+    pub idle_lease_retry: Duration,
+    /// The longest wait between two reconnects of an account whose IDLE keeps failing.
+    #[serde(with = "humantime_serde")]
+    pub idle_reconnect_max: Duration,
 }
 
 impl Default for InboundEmailPollerSettings {
@@ -59,6 +72,10 @@ impl Default for InboundEmailPollerSettings {
             max_messages_per_account: config.max_messages_per_account,
             max_message_attempts: config.max_message_attempts,
             account_concurrency: config.account_concurrency,
+            idle: config.idle.enabled,
+            idle_refresh: config.idle.refresh,
+            idle_lease_retry: config.idle.lease_retry,
+            idle_reconnect_max: config.idle.reconnect_max,
         }
     }
 }
@@ -83,6 +100,12 @@ impl InboundEmailPollerSettings {
             max_message_attempts: self.max_message_attempts,
             account_concurrency: self.account_concurrency,
             events_exchange: events_exchange.to_string(),
+            idle: crate::IdleConfig {
+                enabled: self.idle,
+                refresh: self.idle_refresh,
+                lease_retry: self.idle_lease_retry,
+                reconnect_max: self.idle_reconnect_max,
+            },
         }
     }
 }
@@ -94,8 +117,20 @@ impl Section for InboundEmailPollerSettings {
             ("timeout", self.timeout),
             ("connect_timeout", self.connect_timeout),
             ("message_timeout", self.message_timeout),
+            ("idle_refresh", self.idle_refresh),
+            ("idle_lease_retry", self.idle_lease_retry),
+            ("idle_reconnect_max", self.idle_reconnect_max),
         ] {
             problems.nonzero(key, value);
+        }
+        if self.idle_refresh > crate::IDLE_REFRESH_MAX {
+            problems.add(
+                "idle_refresh",
+                format!(
+                    "expected at most 25m (servers may log an IDLE out after 29 minutes, RFC 2177), found {}",
+                    humantime::format_duration(self.idle_refresh)
+                ),
+            );
         }
         for (key, value) in [
             ("max_message_bytes", self.max_message_bytes),

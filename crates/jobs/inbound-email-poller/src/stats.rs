@@ -24,6 +24,11 @@ pub struct AccountStatus {
     pub stored: u64,
     pub parse_errors: u64,
     pub skipped: u64,
+    /// Its IMAP IDLE session: `idling`, `reconnecting: <why>`, `not offered by the server…`;
+    /// absent while this replica does not idle on it.
+    pub idle: Option<String>,
+    /// Changes the server reported while idling, each of which woke the poller.
+    pub idle_news: u64,
 }
 
 /// The shared, cheaply cloned per-account view the poller writes after each tick.
@@ -48,6 +53,18 @@ impl PollerStats {
     pub(crate) fn register(&self, name: &str) {
         if let Ok(mut map) = self.inner.lock() {
             map.entry(name.to_string()).or_default();
+        }
+    }
+
+    pub(crate) fn set_idle(&self, name: &str, state: &str) {
+        if let Ok(mut map) = self.inner.lock() {
+            map.entry(name.to_string()).or_default().idle = Some(state.to_string());
+        }
+    }
+
+    pub(crate) fn idle_news(&self, name: &str) {
+        if let Ok(mut map) = self.inner.lock() {
+            map.entry(name.to_string()).or_default().idle_news += 1;
         }
     }
 

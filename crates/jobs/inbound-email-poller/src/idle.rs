@@ -1,0 +1,302 @@
+//! IMAP IDLE (RFC 2177): news in a mailbox wakes the poller at once, so that a mail is
+//! fetched within a round trip of its arrival instead of at the next scheduled poll.
+//!
+//! [`Idler::run`] holds one IDLE session per account and, whenever the server reports a
+//! change (a new message's `EXISTS`, say), wakes the poller's tick, which fetches as it
+//! always does: IDLE only says *when*, the tick decides *what*, so nothing about
+//! idempotency or the first poll changes. The scheduled poll stays as the safety net.
+//!
+//! * **One replica idles.** The sessions are held by the replica that holds the idle lease
+//!   ([`IDLE_LEASE`], beside the tick's own lease), so that replicas do not each hold a
+//!   connection per account; the others try for it every [`IdleConfig::lease_retry`], which
+//!   bounds how long a killed holder leaves the accounts without IDLE.
+//! * **Re-issued well inside the 29-minute limit**: every [`IdleConfig::refresh`] the session
+//!   ends its IDLE with `DONE` and starts again; a `DONE` that is not answered within the
+//!   message timeout is a dead connection (a server gone silent), and the account is
+//!   reconnected, with a doubling wait ([`IdleConfig::reconnect_max`] at most).
+//! * **Falls back to the schedule**: an account whose server does not offer IDLE is polled on
+//!   the schedule only (logged once); one whose IDLE keeps failing is too, between its
+//!   reconnects.
+//! * Every (re)connect wakes the poller once, for mail that came while nobody idled.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_imap::extensions::idle::IdleResponse;
+use tokio::sync::Notify;
+use tokio_rustls::rustls;
+use tokio_util::sync::CancellationToken;
+use worker_core::{Backoff, Failure, SingletonLease};
+
+use crate::imap::{self, ImapError, Session, Stage, classify_imap, timed};
+use crate::stats::PollerStats;
+use crate::{ImapAccount, PollerConfig};
+
+/// The lease whose holder idles, beside the poller's tick lease.
+pub const IDLE_LEASE: &str = "inbound-email-poller:idle";
+
+/// How the poller idles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleConfig {
+    /// Idle where the server offers it; off, only the schedule polls.
+    pub enabled: bool,
+    /// How often an IDLE is ended and issued again (RFC 2177: at least every 29 minutes), which
+    /// also bounds how long a silently dead connection goes unnoticed.
+    pub refresh: Duration,
+    /// How often a replica without the idle lease tries for it.
+    pub lease_retry: Duration,
+    /// The longest wait between two reconnects of a failing account.
+    pub reconnect_max: Duration,
+}
+
+impl Default for IdleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            refresh: Duration::from_secs(4 * 60),
+            lease_retry: Duration::from_secs(5),
+            reconnect_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The first wait before a reconnect; doubles up to [`IdleConfig::reconnect_max`].
+const RECONNECT_FIRST: Duration = Duration::from_secs(1);
+
+/// Why one account's IDLE session ended.
+#[derive(Debug)]
+enum Ended {
+    /// The server offers no IDLE: the schedule polls this account.
+    Unsupported,
+    /// Shut down (or the lease lost): stop.
+    Cancelled,
+    /// The connection failed or went silent: reconnect after a wait.
+    Failed(ImapError),
+}
+
+/// What idles on the poller's behalf; made by
+/// [`InboundEmailPoller::idler`](crate::InboundEmailPoller::idler).
+#[derive(Debug, Clone)]
+pub struct Idler {
+    pub(crate) config: Arc<PollerConfig>,
+    pub(crate) tls: HashMap<String, Arc<rustls::ClientConfig>>,
+    pub(crate) stats: PollerStats,
+}
+
+impl Idler {
+    /// Each account's idle state and counts (with the polls').
+    pub fn stats(&self) -> PollerStats {
+        self.stats.clone()
+    }
+
+    /// Until `shutdown`: holds the idle lease when it can and, while it does, an IDLE session
+    /// per account, waking `wake` (the poller's tick) at every change a server reports.
+    pub async fn run<L: SingletonLease>(
+        self,
+        lease: Arc<L>,
+        wake: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) {
+        if !self.config.idle.enabled || self.config.accounts.is_empty() {
+            return;
+        }
+        let retry = self.config.idle.lease_retry;
+        loop {
+            let held = tokio::select! {
+                () = shutdown.cancelled() => return,
+                held = lease.try_acquire(IDLE_LEASE) => held,
+            };
+            match held {
+                Ok(Some(mut guard)) => {
+                    tracing::info!(
+                        job = crate::JOB_NAME,
+                        accounts = self.config.accounts.len(),
+                        "this replica holds the idle lease: idling on every account"
+                    );
+                    let sessions = CancellationToken::new();
+                    let idling = self.idle_accounts(&wake, &sessions);
+                    tokio::pin!(idling);
+                    tokio::select! {
+                        () = shutdown.cancelled() => {
+                            sessions.cancel();
+                            idling.await;
+                            lease.release(guard).await;
+                            return;
+                        }
+                        lost = lease.watch(&mut guard) => {
+                            tracing::warn!(job = crate::JOB_NAME, error = %lost, "the idle lease was lost: IDLE stops here, and another replica (or this one, again) takes it");
+                            sessions.cancel();
+                            idling.await;
+                        }
+                        () = &mut idling => {
+                            // Every account ended for good (none offers IDLE): keep the lease
+                            // given back for another replica to try.
+                            lease.release(guard).await;
+                            return;
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(failure) => {
+                    tracing::debug!(job = crate::JOB_NAME, error = %failure, "the idle lease could not be asked for; trying again")
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(retry) => {}
+            }
+        }
+    }
+
+    /// Every account's IDLE loop, side by side, until `cancel` (or until every account has
+    /// ended for good).
+    async fn idle_accounts(&self, wake: &Arc<Notify>, cancel: &CancellationToken) {
+        let loops = self
+            .config
+            .accounts
+            .iter()
+            .map(|account| self.idle_account(account, wake, cancel));
+        futures::future::join_all(loops).await;
+    }
+
+    /// One account: an IDLE session, reconnected with a doubling wait after a failure,
+    /// until cancelled or the server is found to offer no IDLE.
+    async fn idle_account(
+        &self,
+        account: &ImapAccount,
+        wake: &Arc<Notify>,
+        cancel: &CancellationToken,
+    ) {
+        let mut backoff = Backoff::doubling(RECONNECT_FIRST, self.config.idle.reconnect_max);
+        loop {
+            match self.session(account, wake, cancel, &mut backoff).await {
+                Ended::Cancelled => return,
+                Ended::Unsupported => {
+                    tracing::info!(job = crate::JOB_NAME, account = %account.name, "the server offers no IMAP IDLE: the account is polled on the schedule only");
+                    self.stats.set_idle(
+                        &account.name,
+                        "not offered by the server: polled on the schedule",
+                    );
+                    return;
+                }
+                Ended::Failed(err) => {
+                    let wait = backoff.next_wait();
+                    let failure: Failure = classify_imap(&err);
+                    tracing::warn!(job = crate::JOB_NAME, account = %account.name, error = %failure, retry_in = ?wait, "the IDLE session failed; the schedule polls the account until it is back");
+                    self.stats
+                        .set_idle(&account.name, &format!("reconnecting: {failure}"));
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// One IDLE session, from connect to its end.
+    async fn session(
+        &self,
+        account: &ImapAccount,
+        wake: &Arc<Notify>,
+        cancel: &CancellationToken,
+        backoff: &mut Backoff,
+    ) -> Ended {
+        let connected = tokio::select! {
+            () = cancel.cancelled() => return Ended::Cancelled,
+            connected = self.open(account) => connected,
+        };
+        let mut session = match connected {
+            Ok(Some(session)) => session,
+            Ok(None) => return Ended::Unsupported,
+            Err(err) => return Ended::Failed(err),
+        };
+        // What arrived while nobody idled.
+        wake.notify_one();
+        self.stats.set_idle(&account.name, "idling");
+        let command = self.config.message_timeout;
+        loop {
+            let mut handle = session.idle();
+            if let Err(err) = timed(Stage::Idle, command, handle.init()).await {
+                return Ended::Failed(err);
+            }
+            // The server's answer to DONE is the liveness check: it comes with the next
+            // refresh at the latest.
+            backoff.reset();
+            let outcome = {
+                let (news, _stop) = handle.wait_with_timeout(self.config.idle.refresh * 2);
+                tokio::select! {
+                    () = cancel.cancelled() => None,
+                    () = tokio::time::sleep(self.config.idle.refresh) => Some(Ok(IdleResponse::Timeout)),
+                    news = news => Some(news),
+                }
+            };
+            match outcome {
+                None => {
+                    // Shutting down: a polite DONE and LOGOUT, bounded; failures change nothing.
+                    if let Ok(mut session) = timed(
+                        Stage::Idle,
+                        command.min(Duration::from_secs(2)),
+                        handle.done(),
+                    )
+                    .await
+                    {
+                        let _ = timed(
+                            Stage::Logout,
+                            command.min(Duration::from_secs(2)),
+                            session.logout(),
+                        )
+                        .await;
+                    }
+                    return Ended::Cancelled;
+                }
+                Some(Ok(IdleResponse::NewData(_))) => {
+                    self.stats.idle_news(&account.name);
+                    wake.notify_one();
+                }
+                Some(Ok(IdleResponse::Timeout | IdleResponse::ManualInterrupt)) => {}
+                Some(Err(source)) => {
+                    return Ended::Failed(ImapError::Imap {
+                        stage: Stage::Idle,
+                        source,
+                    });
+                }
+            }
+            session = match timed(Stage::Idle, command, handle.done()).await {
+                Ok(session) => session,
+                Err(err) => return Ended::Failed(err),
+            };
+        }
+    }
+
+    /// Connects and logs in, checks that the server offers IDLE, and opens the mailbox
+    /// read-only; `None` when the server offers no IDLE.
+    async fn open(&self, account: &ImapAccount) -> Result<Option<Session>, ImapError> {
+        let limit = self.config.connect_timeout;
+        let tls = self
+            .tls
+            .get(&account.name)
+            .ok_or_else(|| ImapError::Protocol {
+                stage: Stage::Connect,
+                detail: format!("no TLS client for account `{}`", account.name),
+            })?;
+        let mut session = match tokio::time::timeout(limit, imap::connect(account, tls)).await {
+            Err(_) => {
+                return Err(ImapError::Timeout {
+                    stage: Stage::Connect,
+                    limit,
+                });
+            }
+            Ok(connected) => connected?,
+        };
+        let command = self.config.message_timeout;
+        let capabilities = timed(Stage::Idle, command, session.capabilities()).await?;
+        if !capabilities.has_str("IDLE") {
+            let _ = timed(Stage::Logout, command, session.logout()).await;
+            return Ok(None);
+        }
+        timed(Stage::Select, command, session.examine(&account.mailbox)).await?;
+        Ok(Some(session))
+    }
+}
