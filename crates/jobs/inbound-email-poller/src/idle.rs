@@ -14,6 +14,14 @@
 //!   ends its IDLE with `DONE` and starts again; a `DONE` that is not answered within the
 //!   message timeout is a dead connection (a server gone silent), and the account is
 //!   reconnected, with a doubling wait ([`IdleConfig::reconnect_max`] at most).
+//! * **Rechecked, for servers that hold their news back**: Dovecot reports a change 500 ms
+//!   after it sees it (`NOTIFY_DELAY_MSECS`, compiled in), and other servers batch too. Every
+//!   [`IdleConfig::recheck`] the session ends its IDLE and starts it again, which has the
+//!   server look at the mailbox at once and report what is new in its answer: a mail is seen
+//!   within `recheck` whatever the server's own delay, for two small commands per account
+//!   each time. Zero leaves it to the server's notifications (and `refresh`).
+//! * News the server sends between two IDLEs (in the answer to `DONE`, or before the next
+//!   IDLE's go-ahead) is read from the session's unsolicited responses, so none is missed.
 //! * **Falls back to the schedule**: an account whose server does not offer IDLE is polled on
 //!   the schedule only (logged once); one whose IDLE keeps failing is too, between its
 //!   reconnects.
@@ -24,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_imap::extensions::idle::IdleResponse;
+use async_imap::types::UnsolicitedResponse;
 use tokio::sync::Notify;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
@@ -44,6 +53,9 @@ pub struct IdleConfig {
     /// How often an IDLE is ended and issued again (RFC 2177: at least every 29 minutes), which
     /// also bounds how long a silently dead connection goes unnoticed.
     pub refresh: Duration,
+    /// How often an IDLE is ended and issued again so that the server looks at the mailbox
+    /// at once, for servers that hold their notifications back; zero: never.
+    pub recheck: Duration,
     /// How often a replica without the idle lease tries for it.
     pub lease_retry: Duration,
     /// The longest wait between two reconnects of a failing account.
@@ -55,6 +67,7 @@ impl Default for IdleConfig {
         Self {
             enabled: true,
             refresh: Duration::from_secs(4 * 60),
+            recheck: Duration::from_millis(250),
             lease_retry: Duration::from_secs(5),
             reconnect_max: Duration::from_secs(60),
         }
@@ -216,6 +229,12 @@ impl Idler {
         wake.notify_one();
         self.stats.set_idle(&account.name, "idling");
         let command = self.config.message_timeout;
+        let idle = &self.config.idle;
+        let each = if idle.recheck.is_zero() {
+            idle.refresh
+        } else {
+            idle.recheck.min(idle.refresh)
+        };
         loop {
             let mut handle = session.idle();
             if let Err(err) = timed(Stage::Idle, command, handle.init()).await {
@@ -225,10 +244,10 @@ impl Idler {
             // refresh at the latest.
             backoff.reset();
             let outcome = {
-                let (news, _stop) = handle.wait_with_timeout(self.config.idle.refresh * 2);
+                let (news, _stop) = handle.wait_with_timeout(idle.refresh * 2);
                 tokio::select! {
                     () = cancel.cancelled() => None,
-                    () = tokio::time::sleep(self.config.idle.refresh) => Some(Ok(IdleResponse::Timeout)),
+                    () = tokio::time::sleep(each) => Some(Ok(IdleResponse::Timeout)),
                     news = news => Some(news),
                 }
             };
@@ -267,6 +286,10 @@ impl Idler {
                 Ok(session) => session,
                 Err(err) => return Ended::Failed(err),
             };
+            if news_between(&session) {
+                self.stats.idle_news(&account.name);
+                wake.notify_one();
+            }
         }
     }
 
@@ -299,4 +322,17 @@ impl Idler {
         timed(Stage::Select, command, session.examine(&account.mailbox)).await?;
         Ok(Some(session))
     }
+}
+
+/// Whether the server reported new mail outside an IDLE's wait (in the answer to `DONE`, or
+/// before the next IDLE's go-ahead): async-imap keeps such responses aside, unread.
+fn news_between(session: &Session) -> bool {
+    let mut news = false;
+    while let Ok(response) = session.unsolicited_responses.try_recv() {
+        news |= matches!(
+            response,
+            UnsolicitedResponse::Exists(_) | UnsolicitedResponse::Recent(_)
+        );
+    }
+    news
 }

@@ -17,13 +17,14 @@ use tokio_util::task::TaskTracker;
 use worker_store::AdvisoryLease;
 use worker_testkit::{Dovecot, FaultProxy, TestDb};
 
-/// A quick idle: refreshed every second, the lease tried every 200 ms, reconnects at most a
-/// second apart.
+/// A quick idle: rechecked every 100 ms, refreshed every second, the lease tried every 200 ms,
+/// reconnects at most a second apart.
 fn quick(mut config: PollerConfig) -> PollerConfig {
     config.message_timeout = Duration::from_secs(2);
     config.idle = IdleConfig {
         enabled: true,
         refresh: Duration::from_secs(1),
+        recheck: Duration::from_millis(100),
         lease_retry: Duration::from_millis(200),
         reconnect_max: Duration::from_secs(1),
     };
@@ -93,6 +94,43 @@ async fn a_new_mail_wakes_the_poller_at_once() -> anyhow::Result<()> {
     // The poll it wakes finds the mail.
     let report = poll(&poller).await;
     assert_eq!(report.totals().stored, 1, "{took:?}");
+    stop.cancel();
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+/// The recheck's path: the news comes in the answers between two IDLEs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rechecking_idle_sees_every_mail_of_a_burst() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mailbox = user("idle-burst");
+    let poller = poller(
+        &db.pool,
+        quick(config(vec![account("burst", &mailbox, "secret")])),
+    );
+    let idler = poller.idler();
+    let (wake, stop, tracker) = (
+        Arc::new(Notify::new()),
+        CancellationToken::new(),
+        TaskTracker::new(),
+    );
+    idle(idler.clone(), &db, &wake, &stop, &tracker);
+    assert_eq!(idle_state(&idler, "burst", "idling").await, "idling");
+    assert!(
+        woken(&wake, Duration::from_secs(5)).await,
+        "the connect's own wake"
+    );
+    let mut stored = 0;
+    for i in 0..5 {
+        send(&mailbox, "dave@example.com", &format!("ping {i}"), "x").await?;
+        assert!(
+            woken(&wake, Duration::from_secs(5)).await,
+            "mail {i} woke the poller"
+        );
+        stored += poll(&poller).await.totals().stored;
+    }
+    assert_eq!(stored, 5, "each wake found its mail");
     stop.cancel();
     tracker.close();
     tracker.wait().await;

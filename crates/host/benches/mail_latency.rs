@@ -1,0 +1,280 @@
+//! How long a ping takes to be answered, end to end, with the shipped default settings: from
+//! the moment the local SMTP server accepts an inbound ping (to the host's IMAP account) to
+//! the moment it accepts the host's reply (to the sender). One ping at a time, each from a
+//! sender of its own (the reply limit is a default too), through the real binary (release
+//! build), Dovecot, PostgreSQL, RabbitMQ and the SMTP sink. Printed as percentiles, beside the
+//! same loop with IMAP IDLE off (only the default 10 s schedule polls), in the same run.
+//!
+//! ```text
+//! cargo bench -p worker-host --bench mail_latency
+//! BENCH_PINGS=200 BENCH_SCHEDULE_PINGS=20 cargo bench -p worker-host --bench mail_latency
+//! ```
+//!
+//! Needs the local services (`scripts/services.sh up`). The reply's acceptance is read from
+//! its file's modification time in the sender's Maildir (the sink writes it before it
+//! answers), the ping's from the clock when the sink's answer to its DATA arrived.
+//!
+//! Beside the host, an observer of its own idles plainly on the same mailbox and notes when
+//! the IMAP server reports each ping (`EXISTS`): Dovecot holds every IDLE notification back by
+//! 500 ms (`NOTIFY_DELAY_MSECS` in its `mailbox-watch.c`, not a setting), which is what the
+//! host's recheck (`idle_recheck`) works around.
+
+// A benchmark program: a failure should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_imap::extensions::idle::IdleResponse;
+use async_imap::imap_proto::{MailboxDatum, Response};
+use support::{Host, base_settings, send_mail, short_id};
+use worker_testkit::{TestDb, TestVhost};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The demo's automation: a reply to every mail whose subject starts with "ping".
+const AUTOMATION: &str = include_str!("../../../config/automations.demo.toml");
+
+/// The Maildir folders (`new`, `cur`) of `local` on the shared SMTP sink and Dovecot.
+fn maildir(local: &str) -> [PathBuf; 2] {
+    let base = worker_testkit::services_dir()
+        .join("mail")
+        .join(local)
+        .join("Maildir");
+    [base.join("new"), base.join("cur")]
+}
+
+/// When the first mail in `local`'s mailbox was written, once there is one (within `wait`).
+async fn first_mail_written(local: &str, wait: Duration) -> Option<SystemTime> {
+    let deadline = Instant::now() + wait;
+    loop {
+        for dir in maildir(local) {
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                let written = entries
+                    .flatten()
+                    .filter_map(|e| e.metadata().ok()?.modified().ok())
+                    .min();
+                if written.is_some() {
+                    return written;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// One ping's times: accepted by the SMTP server, reported by the IMAP server to an idling
+/// client, and its reply accepted.
+struct Ping {
+    accepted: SystemTime,
+    reported: SystemTime,
+    replied: SystemTime,
+}
+
+impl Ping {
+    fn end_to_end(&self) -> Duration {
+        self.replied
+            .duration_since(self.accepted)
+            .unwrap_or_default()
+    }
+    fn server(&self) -> Duration {
+        self.reported
+            .duration_since(self.accepted)
+            .unwrap_or_default()
+    }
+    fn host(&self) -> Duration {
+        self.replied
+            .duration_since(self.reported)
+            .unwrap_or_default()
+    }
+}
+
+type Imap = async_imap::Session<tokio::net::TcpStream>;
+
+/// An IMAP session on `account`'s INBOX (read-only) and how many mails it holds.
+async fn observer(account: &str) -> (Imap, u32) {
+    let stream = tokio::net::TcpStream::connect(worker_testkit::imap_addr())
+        .await
+        .unwrap();
+    let mut client = async_imap::Client::new(stream);
+    client.read_response().await.unwrap();
+    let mut session = client
+        .login(account, "secret")
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let mailbox = session.examine("INBOX").await.unwrap();
+    (session, mailbox.exists)
+}
+
+/// `n` pings to `account`, one at a time, each from a sender of its own.
+async fn pings(host: &Host, account: &str, n: usize, wait: Duration) -> Vec<Ping> {
+    let run = short_id();
+    let (mut session, mut exists) = observer(account).await;
+    let mut pings = Vec::with_capacity(n);
+    for i in 0..n {
+        let sender = format!("bench-{run}-{i}");
+        let mut idle = session.idle();
+        idle.init().await.unwrap();
+        let sending = async {
+            send_mail(
+                &format!("{sender}@localhost"),
+                &format!("{account}@localhost"),
+                &format!("ping {i}"),
+                "bench.test",
+            )
+            .await
+            .expect("sending the ping");
+            SystemTime::now()
+        };
+        let watching = async {
+            loop {
+                let (news, _stop) = idle.wait_with_timeout(wait);
+                match news.await.unwrap() {
+                    IdleResponse::NewData(data) => {
+                        if let Response::MailboxData(MailboxDatum::Exists(count)) = data.parsed()
+                            && *count > exists
+                        {
+                            return (SystemTime::now(), *count);
+                        }
+                    }
+                    other => panic!("no EXISTS for ping {i} within {wait:?}: {other:?}"),
+                }
+            }
+        };
+        let (accepted, (reported, count)) = tokio::join!(sending, watching);
+        exists = count;
+        session = idle.done().await.unwrap();
+        let Some(replied) = first_mail_written(&sender, wait).await else {
+            panic!("no reply to ping {i} within {wait:?}\n{}", host.log_tail());
+        };
+        pings.push(Ping {
+            accepted,
+            reported,
+            replied,
+        });
+    }
+    let _ = session.logout().await;
+    pings
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn report(label: &str, latencies: impl IntoIterator<Item = Duration>) -> (Duration, Duration) {
+    let mut latencies: Vec<Duration> = latencies.into_iter().collect();
+    latencies.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (p50, p90, p99) = (
+        percentile(&latencies, 50.0),
+        percentile(&latencies, 90.0),
+        percentile(&latencies, 99.0),
+    );
+    println!(
+        "| {label} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+        latencies.len(),
+        ms(latencies[0]),
+        ms(p50),
+        ms(p90),
+        ms(p99),
+        ms(latencies[latencies.len() - 1]),
+    );
+    (p50, p99)
+}
+
+/// A host with the shipped defaults but for where the services are, its IMAP account and
+/// the demo's automation; `extra` sections besides (IDLE off).
+async fn host(account: &str, extra: &str) -> (Host, TestDb, TestVhost) {
+    let db = TestDb::create().await.unwrap();
+    let vhost = TestVhost::create().await.unwrap();
+    let (imap_host, imap_port) = worker_testkit::imap_addr()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_string(), p.to_string()))
+        .unwrap();
+    let account = account.to_string();
+    let extra = extra.to_string();
+    let host = Host::launch("BENCH_SHOW_LOG", |dir, port| {
+        let automations = dir.join("automations.toml");
+        std::fs::write(&automations, AUTOMATION)?;
+        let files = format!("[{:?}]", automations.display().to_string());
+        let settings = base_settings("latency-bench", &files, &db, &vhost, port);
+        Ok(format!(
+            "{settings}\n[[imap.accounts]]\nname = \"bench\"\nhost = {imap_host:?}\nport = {imap_port}\nusername = {account:?}\npassword = \"secret\"\n\n{extra}\n"
+        ))
+    })
+    .await
+    .unwrap();
+    // The first poll of the account (which starts after its history) before the first ping.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (host, db, vhost)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let pings_idle = env("BENCH_PINGS", 200);
+    let pings_schedule = env("BENCH_SCHEDULE_PINGS", 20);
+    println!(
+        "mail latency: ping accepted by the SMTP server -> reply accepted by it, one at a time, shipped defaults (poll every 10s)"
+    );
+    println!("| poller | pings | min ms | p50 ms | p90 ms | p99 ms | max ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+
+    let account = format!("bench-idle-{}", short_id());
+    let (host_idle, _db, _vhost) = host(&account, "").await;
+    let idle = pings(&host_idle, &account, pings_idle, Duration::from_secs(30)).await;
+    host_idle.stop_cleanly().await;
+    let (p50, p99) = report(
+        "IMAP IDLE (default): end to end",
+        idle.iter().map(Ping::end_to_end),
+    );
+    report(
+        "the server's own notice to a plain IDLE client (ping to EXISTS)",
+        idle.iter().map(Ping::server),
+    );
+    let early = idle.iter().filter(|p| p.before_notice()).count();
+
+    if pings_schedule > 0 {
+        let account = format!("bench-poll-{}", short_id());
+        let (host_poll, _db, _vhost) =
+            host(&account, "[jobs.inbound_email_poller]\nidle = false\n").await;
+        let polled = pings(
+            &host_poll,
+            &account,
+            pings_schedule,
+            Duration::from_secs(30),
+        )
+        .await;
+        host_poll.stop_cleanly().await;
+        report(
+            "schedule only (idle = false): end to end",
+            polled.iter().map(Ping::end_to_end),
+        );
+    }
+    println!(
+        "the reply was accepted before a plain IDLE client heard of the ping in {early} of {} (the recheck, idle_recheck = 250ms)",
+        idle.len()
+    );
+    println!(
+        "goal: p50 <= 300 ms and p99 <= 1000 ms with IDLE: {} (p50 {:.0} ms, p99 {:.0} ms)",
+        if p50 <= Duration::from_millis(300) && p99 <= Duration::from_secs(1) {
+            "met"
+        } else {
+            "NOT met"
+        },
+        p50.as_secs_f64() * 1000.0,
+        p99.as_secs_f64() * 1000.0
+    );
+}
