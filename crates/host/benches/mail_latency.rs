@@ -93,10 +93,9 @@ impl Ping {
             .duration_since(self.accepted)
             .unwrap_or_default()
     }
-    fn host(&self) -> Duration {
-        self.replied
-            .duration_since(self.reported)
-            .unwrap_or_default()
+    /// The reply was accepted before a plain IDLE client heard of the ping.
+    fn before_notice(&self) -> bool {
+        self.replied < self.reported
     }
 }
 
