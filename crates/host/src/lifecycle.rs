@@ -49,7 +49,9 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         pool: pool.clone(),
         publisher: supervisor.publisher(settings.broker.publisher.clone()),
         supervisor: supervisor.clone(),
-        lease: Arc::new(AdvisoryLease::new(pool.clone())),
+        lease: Arc::new(
+            AdvisoryLease::new(pool.clone()).with_takeover(settings.workers.lease_timeout),
+        ),
         attempt_log,
         metrics: observability.metrics.clone(),
         tracker: tracker.clone(),
@@ -162,6 +164,7 @@ async fn serve_admin(
     ];
     let board = StatusBoard {
         installation: settings.installation.clone(),
+        replica: settings.replica_name(),
         started_at: chrono::Utc::now(),
         jobs: started.entries,
         broker: supervisor.status(),

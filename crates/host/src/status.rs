@@ -195,6 +195,8 @@ impl ConsumerStats {
 #[derive(Debug, Clone)]
 pub struct StatusBoard {
     pub installation: String,
+    /// This replica's name.
+    pub replica: String,
     pub started_at: DateTime<Utc>,
     pub jobs: Vec<JobEntry>,
     pub broker: tokio::sync::watch::Receiver<worker_broker::BrokerStatus>,
@@ -256,6 +258,7 @@ impl StatusBoard {
             .collect();
         serde_json::json!({
             "installation": self.installation,
+            "replica": self.replica,
             "started_at": self.started_at,
             "broker": {
                 "state": broker.state.as_str(),

@@ -26,6 +26,10 @@ use crate::settings::{LogFormat, TelemetrySettings};
 /// The resource attribute naming the client installation.
 pub const INSTALLATION_ATTRIBUTE: &str = "worker_host.installation";
 
+/// The resource attribute naming this replica (OpenTelemetry's own key for one instance of a
+/// service).
+pub const REPLICA_ATTRIBUTE: &str = "service.instance.id";
+
 /// Keeps the exporters alive; `shutdown` flushes what is buffered.
 #[derive(Debug)]
 pub struct Telemetry {
@@ -65,7 +69,11 @@ pub fn is_secret_bearing(target: &str) -> bool {
 }
 
 /// Installs the global subscriber. `RUST_LOG` wins over the settings' level when set.
-pub fn init(settings: &TelemetrySettings, installation: &str) -> anyhow::Result<Telemetry> {
+pub fn init(
+    settings: &TelemetrySettings,
+    installation: &str,
+    replica: &str,
+) -> anyhow::Result<Telemetry> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(value) if !value.is_empty() => EnvFilter::try_new(&value).map_err(|e| {
             anyhow::anyhow!("RUST_LOG `{value}` is not a valid tracing filter: {e}")
@@ -91,6 +99,7 @@ pub fn init(settings: &TelemetrySettings, installation: &str) -> anyhow::Result<
             INSTALLATION_ATTRIBUTE,
             installation.to_string(),
         ))
+        .with_attribute(KeyValue::new(REPLICA_ATTRIBUTE, replica.to_string()))
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
         .build();
 

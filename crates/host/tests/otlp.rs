@@ -1,5 +1,5 @@
-//! Traces from the host reach an OTLP/HTTP receiver over the wire, with the service name and
-//! the installation's name as resource attributes.
+//! Traces from the host reach an OTLP/HTTP receiver over the wire, with the service name, the
+//! installation's name and the replica's as resource attributes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -52,6 +52,7 @@ async fn a_span_from_the_host_arrives_at_the_otlp_receiver() -> anyhow::Result<(
         .env_remove("WORKER_HOST_CONFIG")
         .env("WORKER_HOST__DATABASE__NAME", &db.name)
         .env("WORKER_HOST__INSTALLATION", "client-otlp-test")
+        .env("WORKER_HOST__REPLICA", "replica-7")
         .env("WORKER_HOST__TELEMETRY__OTLP_ENDPOINT", &endpoint)
         .output()
         .await?;
@@ -86,6 +87,10 @@ async fn a_span_from_the_host_arrives_at_the_otlp_receiver() -> anyhow::Result<(
     assert_eq!(
         string_attribute(&resource.attributes, "worker_host.installation").as_deref(),
         Some("client-otlp-test")
+    );
+    assert_eq!(
+        string_attribute(&resource.attributes, "service.instance.id").as_deref(),
+        Some("replica-7")
     );
     Ok(())
 }

@@ -39,6 +39,9 @@ pub struct AdvisoryLease {
     pool: PgPool,
     check_interval: Duration,
     check_timeout: Duration,
+    /// How long the server keeps a lease whose holder went silent; `None`: the server's
+    /// own TCP settings (often two hours).
+    takeover: Option<Duration>,
 }
 
 /// A held lease. `release` unlocks it and returns the connection to the pool; dropping it
@@ -55,7 +58,18 @@ impl AdvisoryLease {
             pool,
             check_interval: DEFAULT_CHECK_INTERVAL,
             check_timeout: DEFAULT_CHECK_TIMEOUT,
+            takeover: None,
         }
+    }
+
+    /// Bounds how long the server keeps the lease of a holder that vanished without closing
+    /// its connection (its machine lost, the network cut): each held lease's session gets TCP
+    /// keepalives and a user timeout ([`KeepAlive::for_takeover`]), so that the server ends the
+    /// session, and frees the lock, within `takeover` of the holder going silent.
+    #[must_use]
+    pub fn with_takeover(mut self, takeover: Duration) -> Self {
+        self.takeover = Some(takeover);
+        self
     }
 
     /// How long each wait of a held lease's session lasts during a tick, and how long past
@@ -109,10 +123,59 @@ impl AdvisoryLease {
             .fetch_one(&mut *conn)
             .await
             .map_err(classify)?;
+        if held && let Some(takeover) = self.takeover {
+            KeepAlive::for_takeover(takeover).apply(&mut conn).await?;
+        }
         Ok(held.then(|| LeaseGuard {
             conn: Some(conn),
             job: job.to_string(),
         }))
+    }
+}
+
+/// The TCP settings of a lease's session on the server's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Silence before the first keepalive probe.
+    pub idle: Duration,
+    /// Between probes.
+    pub interval: Duration,
+    /// Unanswered probes that end the connection.
+    pub count: u32,
+    /// How long written data may go unacknowledged before the connection ends.
+    pub user_timeout: Duration,
+}
+
+impl KeepAlive {
+    /// Probes that end a silent session within two thirds of `takeover` (a third of silence,
+    /// then three probes a ninth apart), and unacknowledged writes (the lease's watch answers
+    /// every check) within `takeover`. Whole seconds, one at least, as the server counts.
+    pub fn for_takeover(takeover: Duration) -> Self {
+        let secs = |d: Duration| Duration::from_secs(d.as_secs().max(1));
+        Self {
+            idle: secs(takeover / 3),
+            interval: secs(takeover / 9),
+            count: 3,
+            user_timeout: takeover.max(Duration::from_secs(1)),
+        }
+    }
+
+    /// Sets them on `conn`'s session (they stay with the pooled connection, harmlessly).
+    async fn apply(&self, conn: &mut PoolConnection<Postgres>) -> Result<(), Failure> {
+        sqlx::query(
+            "SELECT set_config('tcp_keepalives_idle', $1, false), \
+                    set_config('tcp_keepalives_interval', $2, false), \
+                    set_config('tcp_keepalives_count', $3, false), \
+                    set_config('tcp_user_timeout', $4, false)",
+        )
+        .bind(self.idle.as_secs().to_string())
+        .bind(self.interval.as_secs().to_string())
+        .bind(self.count.to_string())
+        .bind(self.user_timeout.as_millis().to_string())
+        .execute(&mut **conn)
+        .await
+        .map_err(classify)?;
+        Ok(())
     }
 }
 
@@ -171,5 +234,25 @@ impl SingletonLease for AdvisoryLease {
 
     async fn release(&self, guard: LeaseGuard) {
         guard.release().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_holder_loses_its_session_within_the_takeover() {
+        let keep = KeepAlive::for_takeover(Duration::from_secs(15));
+        assert_eq!(keep.idle, Duration::from_secs(5));
+        assert_eq!(keep.interval, Duration::from_secs(1));
+        let ended_after = keep.idle + keep.interval * keep.count;
+        assert!(ended_after <= Duration::from_secs(15), "{ended_after:?}");
+        assert_eq!(keep.user_timeout, Duration::from_secs(15));
+        let tiny = KeepAlive::for_takeover(Duration::from_millis(500));
+        assert_eq!(
+            (tiny.idle, tiny.interval),
+            (Duration::from_secs(1), Duration::from_secs(1))
+        );
     }
 }

@@ -9,12 +9,12 @@
 
 mod classify;
 mod guard;
-mod lease;
+pub mod lease;
 mod pool;
 
 pub use classify::{classify, classify_sqlx};
 pub use guard::ProcessedMessages;
-pub use lease::{AdvisoryLease, LeaseGuard};
+pub use lease::{AdvisoryLease, KeepAlive, LeaseGuard};
 pub use pool::{ConnectError, PoolOptions, connect, migrate};
 
 /// The migrations in `migrations/` at the workspace root, embedded in the binary.

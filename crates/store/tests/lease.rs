@@ -302,3 +302,34 @@ async fn a_wait_in_flight_when_the_tick_ends_leaves_the_connection_sound() -> an
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_held_leases_session_carries_keepalives_that_bound_its_takeover() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    // One connection: the one the lease held is the one asked after.
+    let pool = db.another_pool(1).await?;
+    let lease = AdvisoryLease::new(pool.clone()).with_takeover(Duration::from_secs(15));
+    let guard = lease.acquire("keepalive-job").await?.expect("free");
+    guard.release().await;
+    let settings: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, setting FROM pg_settings WHERE name IN \
+             ('tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout') \
+         ORDER BY name",
+    )
+    .fetch_all(&pool)
+    .await?;
+    let settings: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        settings,
+        vec![
+            ("tcp_keepalives_count", "3"),
+            ("tcp_keepalives_idle", "5"),
+            ("tcp_keepalives_interval", "1"),
+            ("tcp_user_timeout", "15000"),
+        ]
+    );
+    Ok(())
+}

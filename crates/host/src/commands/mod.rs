@@ -27,8 +27,12 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
         return Ok(());
     }
     // Outside the runtime: the exporters start runtimes of their own.
-    let telemetry = telemetry::init(&settings.telemetry, &settings.installation)
-        .map_err(|e| Fatal::usage(format!("telemetry cannot start: {e:#}")))?;
+    let telemetry = telemetry::init(
+        &settings.telemetry,
+        &settings.installation,
+        &settings.replica_name(),
+    )
+    .map_err(|e| Fatal::usage(format!("telemetry cannot start: {e:#}")))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

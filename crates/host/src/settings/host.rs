@@ -339,6 +339,12 @@ pub struct WorkersSettings {
     /// How long processed-message marks are kept: longer than any retry tier or replay.
     #[serde(with = "humantime_serde")]
     pub dedup_retention: Duration,
+    /// How long a replica that vanished without closing its connections (its machine lost,
+    /// the network cut) keeps the leases it held: the server ends a lease's session that has
+    /// gone unanswered this long, and another replica takes the lease at its next tick. More
+    /// than the 5 s in which a holder gives up a silent session itself.
+    #[serde(with = "humantime_serde")]
+    pub lease_timeout: Duration,
     /// The in-process retry policy of every consumer whose section does not set its own.
     pub retry: RetryPolicy,
     /// The attempt log: a row per failed try and per final outcome.
@@ -360,6 +366,7 @@ impl Default for WorkersSettings {
             shutdown_grace: Duration::from_secs(30),
             drain_deadline: None,
             dedup_retention: Duration::from_secs(7 * 24 * 3600),
+            lease_timeout: Duration::from_secs(15),
             retry: RetryPolicy::default(),
             attempt_log: worker_store::AttemptLogSettings::default(),
         }

@@ -107,6 +107,16 @@ impl Settings {
                 );
             }
         }
+        if self.workers.lease_timeout <= worker_store::lease::DEFAULT_CHECK_TIMEOUT {
+            fail(
+                "workers.lease_timeout",
+                format!(
+                    "expected more than {} (the time a lease holder takes to give up a silent session, so that it stops before another replica can take over), found {}",
+                    humantime::format_duration(worker_store::lease::DEFAULT_CHECK_TIMEOUT),
+                    humantime::format_duration(self.workers.lease_timeout)
+                ),
+            );
+        }
         if let Err(problem) = self.workers.retry.validate() {
             fail("workers.retry", problem);
         }
