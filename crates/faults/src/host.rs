@@ -123,6 +123,18 @@ impl HostProcess {
             .await?)
     }
 
+    /// `/status`, as JSON.
+    pub async fn status(&self) -> anyhow::Result<serde_json::Value> {
+        Ok(reqwest::Client::new()
+            .get(self.url("/status"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+
     /// The operating system's id of the process.
     pub fn pid(&self) -> u32 {
         self.child.id()

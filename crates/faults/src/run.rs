@@ -55,27 +55,40 @@ pub struct Setup {
     pub broker: Option<BrokerEndpoints>,
 }
 
-/// Which host process of the scenario: the first, or the replica [`Run::start_replica`]
-/// started beside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which host process of the scenario: the first, or the `n`-th replica
+/// [`Run::start_replica`] started beside it (from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HostId {
     First,
-    Replica,
+    Replica(usize),
 }
 
 impl HostId {
-    /// The other one of the two.
+    /// The first replica: the one the two-process scenarios start.
+    pub const REPLICA: Self = Self::Replica(0);
+
+    /// The other one of a pair: the first and its first replica.
     pub fn other(self) -> Self {
         match self {
-            Self::First => Self::Replica,
-            Self::Replica => Self::First,
+            Self::First => Self::REPLICA,
+            Self::Replica(_) => Self::First,
         }
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::First => "first",
-            Self::Replica => "replica",
+            Self::Replica(0) => "replica",
+            Self::Replica(1) => "second replica",
+            Self::Replica(_) => "another replica",
+        }
+    }
+
+    /// The name it runs with (`replica`): `r0` for the first, `r1`, `r2`… for the replicas.
+    pub fn replica_name(self) -> String {
+        match self {
+            Self::First => "r0".into(),
+            Self::Replica(n) => format!("r{}", n + 1),
         }
     }
 }
@@ -100,10 +113,10 @@ pub struct Run {
     pub direct: DirectCommands,
     pub command: HostCommand,
     host: Option<HostProcess>,
-    /// A second host process with the same settings (database, vhost, IMAP account) but its
-    /// own admin port and log, once [`Run::start_replica`] started it.
-    pub replica_command: Option<HostCommand>,
-    replica: Option<HostProcess>,
+    /// More host processes with the same settings (database, vhost, IMAP account) but each its
+    /// own admin port, log and replica name, as [`Run::start_replica`] started them; the
+    /// process is `None` while it is killed.
+    replicas: Vec<(HostCommand, Option<HostProcess>)>,
     /// `worker_email_unknown_outcomes_total` of the host processes already gone.
     unknown_before: u64,
     /// Seconds until ready again, one per fault.
@@ -154,12 +167,14 @@ impl Run {
             &config,
             settings(&db, &vhost, &boxes, port, &automation, setup.imap_port),
         )?;
+        let mut env = setup.env;
+        env.push(("WORKER_HOST__REPLICA".into(), HostId::First.replica_name()));
         let command = HostCommand {
             binary: binary.to_path_buf(),
             config,
             log: dir.join("host.log"),
             port,
-            env: setup.env,
+            env,
         };
         let mut host = command.spawn()?;
         let since = host.started;
@@ -171,8 +186,7 @@ impl Run {
             direct,
             command,
             host: Some(host),
-            replica_command: None,
-            replica: None,
+            replicas: Vec::new(),
             unknown_before: 0,
             ready: Vec::new(),
             never_ready: false,
@@ -188,54 +202,75 @@ impl Run {
         &self.command.log
     }
 
-    /// Starts a second host process beside the first (ready): the same settings file and
-    /// overrides, its own admin port and its own log (`host-replica.log` beside the first's).
-    /// Both consume the same queues (the broker shares the deliveries between them) and run
-    /// the same timers (the leased ones one at a time).
+    /// Starts one more host process beside the others (ready): the same settings file and
+    /// overrides, its own admin port, log (`host-replica.log`, `host-replica-2.log`… beside
+    /// the first's) and replica name. All consume the same queues (the broker shares the
+    /// deliveries between them) and run the same timers (the leased ones one at a time).
     pub async fn start_replica(&mut self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.replica.is_none(), "a replica is running already");
+        let which = HostId::Replica(self.replicas.len());
         let port = free_port()?;
         let mut command = self.command.clone();
         command.port = port;
-        command.log = self.command.log.with_file_name("host-replica.log");
+        let log = match self.replicas.len() {
+            0 => "host-replica.log".to_string(),
+            n => format!("host-replica-{}.log", n + 1),
+        };
+        command.log = self.command.log.with_file_name(log);
+        command.env.retain(|(key, _)| key != "WORKER_HOST__REPLICA");
         command.env.push((
             "WORKER_HOST__ADMIN__LISTEN".into(),
             format!("127.0.0.1:{port}"),
         ));
+        command
+            .env
+            .push(("WORKER_HOST__REPLICA".into(), which.replica_name()));
         let mut replica = command.spawn()?;
         let since = replica.started;
         replica.wait_ready(since, &command.log).await?;
-        self.replica = Some(replica);
-        self.replica_command = Some(command);
+        self.replicas.push((command, Some(replica)));
         Ok(())
+    }
+
+    /// Every host process of the scenario, running or killed.
+    pub fn host_ids(&self) -> Vec<HostId> {
+        std::iter::once(HostId::First)
+            .chain((0..self.replicas.len()).map(HostId::Replica))
+            .collect()
     }
 
     /// The running process `which`, if it runs.
     pub fn process(&self, which: HostId) -> Option<&HostProcess> {
         match which {
             HostId::First => self.host.as_ref(),
-            HostId::Replica => self.replica.as_ref(),
+            HostId::Replica(n) => self.replicas.get(n)?.1.as_ref(),
         }
     }
 
     fn command_of(&self, which: HostId) -> anyhow::Result<&HostCommand> {
         match which {
             HostId::First => Ok(&self.command),
-            HostId::Replica => self
-                .replica_command
-                .as_ref()
-                .context("no replica was started"),
+            HostId::Replica(n) => self
+                .replicas
+                .get(n)
+                .map(|(command, _)| command)
+                .with_context(|| format!("no {} was started", which.as_str())),
+        }
+    }
+
+    fn slot(&mut self, which: HostId) -> Option<&mut Option<HostProcess>> {
+        match which {
+            HostId::First => Some(&mut self.host),
+            HostId::Replica(n) => self.replicas.get_mut(n).map(|(_, process)| process),
         }
     }
 
     /// kill -9 of the process `which` (after reading its unknown-outcome count); returns the
     /// moment of the kill. [`Run::respawn`] starts it again.
     pub async fn kill9(&mut self, which: HostId) -> anyhow::Result<Instant> {
-        let host = match which {
-            HostId::First => self.host.take(),
-            HostId::Replica => self.replica.take(),
-        }
-        .with_context(|| format!("the {} host is not running", which.as_str()))?;
+        let host = self
+            .slot(which)
+            .and_then(Option::take)
+            .with_context(|| format!("the {} host is not running", which.as_str()))?;
         self.unknown_before += host.unknown_outcomes().await.unwrap_or(0);
         let at = Instant::now();
         host.kill9()?;
@@ -257,9 +292,8 @@ impl Run {
                 None
             }
         };
-        match which {
-            HostId::First => self.host = Some(host),
-            HostId::Replica => self.replica = Some(host),
+        if let Some(slot) = self.slot(which) {
+            *slot = Some(host);
         }
         Ok(secs)
     }
@@ -505,8 +539,12 @@ impl Run {
         figures.duplicate_dead_letters = self.duplicate_dead_letters().await?;
         figures.expected_dead_letters = self.expected_dead_letters;
         let host = self.take_host().await?;
-        let replica = self.replica.take();
-        if let Some(replica) = &replica {
+        let replicas: Vec<HostProcess> = self
+            .replicas
+            .iter_mut()
+            .filter_map(|(_, process)| process.take())
+            .collect();
+        for replica in &replicas {
             self.unknown_before += replica.unknown_outcomes().await.unwrap_or(0);
         }
         figures.faults_in_send_window = self.unknown_before;
@@ -517,10 +555,10 @@ impl Run {
             eprintln!("faults: the final SIGTERM ended the host with {code:?}");
             self.unclean_exits += 1;
         }
-        if let Some(replica) = replica {
+        for replica in replicas {
             let code = replica.sigterm(STOP_WAIT).await?;
             if code != Some(0) {
-                eprintln!("faults: the final SIGTERM ended the replica with {code:?}");
+                eprintln!("faults: the final SIGTERM ended a replica with {code:?}");
                 self.unclean_exits += 1;
             }
         }
@@ -528,8 +566,8 @@ impl Run {
         figures.unnoticed_faults = self.unnoticed_faults;
         if !figures.failures(f64::MAX).is_empty() {
             eprintln!("faults: the host's log: {}", self.command.log.display());
-            if let Some(replica) = &self.replica_command {
-                eprintln!("faults: the replica's log: {}", replica.log.display());
+            for (replica, _) in &self.replicas {
+                eprintln!("faults: a replica's log: {}", replica.log.display());
             }
         }
         Ok(())

@@ -209,9 +209,9 @@ fn ports_of_inodes(table: &str, inodes: &HashSet<u64>) -> Vec<u16> {
 }
 
 /// Which of the scenario's running host processes holds `lease` (its session's client port
-/// is one of the process's sockets), if either.
+/// is one of the process's sockets), if any.
 pub fn holder(run: &Run, lease: &HeldLease) -> Option<HostId> {
-    [HostId::First, HostId::Replica].into_iter().find(|which| {
+    run.host_ids().into_iter().find(|which| {
         run.process(*which)
             .and_then(|host| local_ports(host.pid()).ok())
             .is_some_and(|ports| ports.contains(&lease.client_port))
@@ -223,7 +223,7 @@ pub fn holder(run: &Run, lease: &HeldLease) -> Option<HostId> {
 pub struct HolderSamples {
     /// Samples taken.
     pub samples: u64,
-    /// Samples in which a leased job was held, by the first process and by the replica.
+    /// Samples in which a leased job was held, by the first process and by a replica.
     pub held_by_first: u64,
     pub held_by_replica: u64,
     /// Times a job's holder was another process than at its previous held sample.
@@ -252,7 +252,7 @@ pub async fn sample_holders(run: &Run, length: Duration) -> anyhow::Result<Holde
             };
             match which {
                 HostId::First => out.held_by_first += 1,
-                HostId::Replica => out.held_by_replica += 1,
+                HostId::Replica(_) => out.held_by_replica += 1,
             }
             if last
                 .insert(lease.job.clone(), which)

@@ -23,6 +23,7 @@ mod poison_panic;
 mod rabbit_kill9;
 mod rabbit_restart;
 mod rabbit_sigstop;
+mod replicas_kill;
 mod sink_switch;
 mod smtp_4xx_then_accept;
 mod smtp_drop_after_dot;
@@ -139,6 +140,7 @@ pub fn all() -> Vec<Scenario> {
         // Timers and replicas.
         timer_overrun::scenario(),
         timer_replicas::scenario(),
+        replicas_kill::scenario(),
         timer_lease_kill::scenario(),
         // The mail servers.
         smtp_no_greeting::scenario(),

@@ -148,13 +148,13 @@ impl Fault for TimerLeaseKill {
     }
 }
 
-fn secs(value: Option<f64>) -> String {
+pub(super) fn secs(value: Option<f64>) -> String {
     value.map_or("never".to_string(), |s| format!("{s:.2} s"))
 }
 
 /// Waits for a moment when a process's session holds the poller's lease; returns which
 /// process and the session's client port.
-async fn poller_holder(run: &Run) -> anyhow::Result<(HostId, u16)> {
+pub(super) async fn poller_holder(run: &Run) -> anyhow::Result<(HostId, u16)> {
     let deadline = Instant::now() + LOOK;
     loop {
         for lease in timers::held_leases(&run.db.pool).await? {
@@ -175,7 +175,7 @@ async fn poller_holder(run: &Run) -> anyhow::Result<(HostId, u16)> {
 /// After the kill at `at` of the session on `dead_port`: the seconds until that session's
 /// lock is gone from `pg_locks`, and until a session of process `survivor` holds the poller's
 /// lease, each `None` if not within [`LOOK`].
-async fn watch_takeover(
+pub(super) async fn watch_takeover(
     pool: &PgPool,
     dead_port: u16,
     survivor: u32,

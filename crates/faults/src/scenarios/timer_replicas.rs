@@ -10,7 +10,7 @@ use super::timer_overrun::overlap_check;
 use super::{Fault, Load, Scenario};
 use crate::host::metric_sum;
 use crate::oracle::Check;
-use crate::run::{HostId, Run, Setup};
+use crate::run::{Run, Setup};
 use crate::timers::{self, HolderSamples};
 
 /// The wait the IMAP proxy puts on every chunk either way, for the whole run: a poll lasts
@@ -101,7 +101,7 @@ pub async fn replica_checks(
 ) -> anyhow::Result<Vec<Check>> {
     let mut skipped_lease = 0;
     let mut deliveries = Vec::new();
-    for which in [HostId::First, HostId::Replica] {
+    for which in run.host_ids() {
         let host = run
             .process(which)
             .ok_or_else(|| anyhow::anyhow!("the {} host is not running", which.as_str()))?;
@@ -121,10 +121,16 @@ pub async fn replica_checks(
         ),
     ];
     if both_deliver {
+        let settled: Vec<String> = run
+            .host_ids()
+            .iter()
+            .zip(&deliveries)
+            .map(|(which, n)| format!("{n} {}", which.as_str()))
+            .collect();
         checks.push(Check::new(
             format!(
-                "deliveries settled: {} first, {} replica (each must be > 0)",
-                deliveries[0], deliveries[1]
+                "deliveries settled: {} (each must be > 0)",
+                settled.join(", ")
             ),
             deliveries.iter().all(|d| *d > 0),
         ));
