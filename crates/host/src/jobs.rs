@@ -181,6 +181,7 @@ fn inbound_email_poller(
     )
     .map_err(|e| job_error("inbound_email_poller", e))?;
     let wake = Arc::new(Notify::new());
+    let poller = poller.wake_on_backlog(wake.clone());
     // Held for as long as this replica idles: its session waits in `pg_sleep` between checks,
     // and the server ends that wait at once when the session goes, so a slow check costs
     // nothing in takeover time.

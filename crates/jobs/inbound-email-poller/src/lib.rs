@@ -155,6 +155,9 @@ pub struct InboundEmailPoller {
     started_at: DateTime<Utc>,
     /// The accounts whose poll state row this process has made sure of.
     watched: Mutex<HashSet<String>>,
+    /// Woken when a tick leaves mail waiting (an account past `max_messages_per_account`), so
+    /// that the next tick follows at once instead of on the schedule.
+    wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl fmt::Debug for InboundEmailPoller {
@@ -190,7 +193,15 @@ impl InboundEmailPoller {
             strikes: Mutex::new(HashMap::new()),
             started_at: Utc::now(),
             watched: Mutex::new(HashSet::new()),
+            wake: None,
         })
+    }
+
+    /// Wakes `wake` when a tick leaves mail waiting, so that the next tick follows at once.
+    #[must_use]
+    pub fn wake_on_backlog(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+        self.wake = Some(wake);
+        self
     }
 
     /// The per-account counters and last errors, for metrics and operators.
@@ -343,6 +354,14 @@ impl TimerJob for InboundEmailPoller {
 
     async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {
         let report = self.poll(ctx).await;
+        if report
+            .accounts
+            .iter()
+            .any(|a| a.more_waiting && a.failure.is_none())
+            && let Some(wake) = &self.wake
+        {
+            wake.notify_one();
+        }
         let summary = report.summary();
         let failed: Vec<&Failure> = report.failed().map(|(_, f)| f).collect();
         if !report.accounts.is_empty() && failed.len() == report.accounts.len() {

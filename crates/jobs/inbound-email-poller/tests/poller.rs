@@ -681,3 +681,32 @@ async fn a_connection_dropped_during_a_fetch_is_a_failure_not_a_vanished_message
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_tick_that_leaves_mail_waiting_wakes_the_next_one_at_once() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mailbox = user("poll-backlog");
+    for i in 0..3 {
+        send(&mailbox, "alice@example.com", &format!("ping {i}"), "x").await?;
+    }
+    wait_for_messages(&mailbox, "INBOX", 3).await?;
+    let mut one_at_a_time = config(vec![account("backlog", &mailbox, "secret")]);
+    one_at_a_time.max_messages_per_account = 1;
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let poller = poller(&db.pool, one_at_a_time).wake_on_backlog(wake.clone());
+    let busy = SkipIfBusy::new("poller");
+    let context = ctx();
+    let tick = || tick_once(&poller, &busy, None::<&NoLease>, BOUND, &context);
+    let woken = || tokio::time::timeout(Duration::from_millis(100), wake.notified());
+    for waiting in [2, 1] {
+        assert!(matches!(tick().await, TickOutcome::Ran(_)));
+        assert!(
+            woken().await.is_ok(),
+            "{waiting} waiting: the next tick is asked for at once"
+        );
+    }
+    assert!(matches!(tick().await, TickOutcome::Ran(_)));
+    assert!(woken().await.is_err(), "nothing waits after the last one");
+    assert_eq!(rows(&db.pool, "backlog").await?.len(), 3);
+    Ok(())
+}
