@@ -134,7 +134,7 @@ pub mod trace;
 
 pub use connection::{
     BrokerStatus, ConnectError, ConnectionSettings, Hold, LinkState, Session, Supervisor,
-    next_session,
+    next_session, DEFAULT_FRAME_MAX, FRAME_MAX_MIN,
 };
 pub use consumer::{
     ConsumeLoop, ConsumeSettings, ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason,

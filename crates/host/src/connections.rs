@@ -57,10 +57,12 @@ pub fn broker_connection(settings: &Settings) -> worker_broker::ConnectionSettin
         tls: broker.tls,
         ca_file: broker.ca_file.clone(),
         heartbeat: broker.heartbeat,
+        frame_max: broker.frame_max,
         connect_timeout: broker.connect_timeout,
         connection_name: format!(
-            "worker-host {} (pid {})",
+            "worker-host {} {} (pid {})",
             settings.installation,
+            settings.replica_name(),
             std::process::id()
         ),
         reconnect_min: broker.reconnect_min,

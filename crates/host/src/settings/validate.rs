@@ -107,6 +107,16 @@ impl Settings {
                 );
             }
         }
+        if self.broker.frame_max < worker_broker::FRAME_MAX_MIN {
+            fail(
+                "broker.frame_max",
+                format!(
+                    "expected at least {} bytes (AMQP's smallest frame), found {}",
+                    worker_broker::FRAME_MAX_MIN,
+                    self.broker.frame_max
+                ),
+            );
+        }
         if self.workers.lease_timeout <= worker_store::lease::DEFAULT_CHECK_TIMEOUT {
             fail(
                 "workers.lease_timeout",

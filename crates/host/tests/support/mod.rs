@@ -228,6 +228,11 @@ impl Host {
         }
     }
 
+    /// The operating system's id of the host process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }

@@ -1,0 +1,493 @@
+//! How many mails a second the whole loop answers, against what each service manages alone on
+//! this machine, in one run:
+//!
+//! 1. **ceilings**, each service with a bare client: the SMTP sink's accept rate (lettre, a
+//!    pool of `BENCH_SMTP_CONCURRENCY` connections), Dovecot's fetch rate (one session,
+//!    `UID FETCH n BODY.PEEK[]` one message at a time, as the poller does), PostgreSQL's
+//!    commit rate (one-row transactions on 8 connections, `synchronous_commit` on);
+//! 2. **inbound mails**: `BENCH_MAILS` pings appended to the host's IMAP account (each from a
+//!    sender of its own: the reply limit is a default), through poller, outbox, trigger,
+//!    action and send, until every reply is recorded sent;
+//! 3. **events**: the same number of `email.received` events published straight to the
+//!    broker, through trigger, action and send.
+//!
+//! For 2 and 3: mails a second end to end, the CPU per mail of each process group (the host,
+//! PostgreSQL, RabbitMQ, Dovecot, the SMTP sink, from `/proc`), the transactions per mail
+//! (`pg_stat_database` of the host's database) and, from a smaller run with sqlx's statement
+//! log on, the database round trips (statements) per mail. The host runs the shipped
+//! defaults (release build) but for where the services are.
+//!
+//! ```text
+//! cargo bench -p worker-host --bench mail_throughput
+//! BENCH_MAILS=2000 BENCH_COUNT_MAILS=100 cargo bench -p worker-host --bench mail_throughput
+//! ```
+//!
+//! Needs the local services (`scripts/services.sh up`).
+
+// A benchmark program: a failure should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use lettre::message::Mailbox;
+use lettre::transport::smtp::AsyncSmtpTransport;
+use lettre::transport::smtp::PoolConfig;
+use lettre::{AsyncTransport, Message, Tokio1Executor};
+use support::{Host, base_settings, publish_pings, short_id};
+use worker_testkit::{TestDb, TestVhost};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const AUTOMATION: &str = include_str!("../../../config/automations.demo.toml");
+
+/// Clock ticks a second (`getconf CLK_TCK`), as `/proc/<pid>/stat` counts.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+// ---------------------------------------------------------------------------------------------
+// CPU by process group
+// ---------------------------------------------------------------------------------------------
+
+/// The process groups whose CPU a run is charged with.
+const GROUPS: &[&str] = &["host", "PostgreSQL", "RabbitMQ", "Dovecot", "SMTP sink"];
+
+/// Which group a process belongs to, by its command line; `host_pid` is the host's.
+fn group_of(pid: u32, cmdline: &str, host_pid: u32) -> Option<&'static str> {
+    if pid == host_pid {
+        Some("host")
+    } else if cmdline.starts_with("postgres") {
+        Some("PostgreSQL")
+    } else if cmdline.contains("beam.smp") || cmdline.contains("rabbitmq") {
+        Some("RabbitMQ")
+    } else if cmdline.starts_with("dovecot")
+        || cmdline.starts_with("imap")
+        || cmdline.contains("dovecot/")
+    {
+        Some("Dovecot")
+    } else if cmdline.contains("aiosmtpd") {
+        Some("SMTP sink")
+    } else {
+        None
+    }
+}
+
+/// CPU ticks (user + system, of the process and its waited-for children) of each group.
+fn cpu_by_group(host_pid: u32) -> BTreeMap<&'static str, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline"))
+            .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+            .unwrap_or_default();
+        let Some(group) = group_of(pid, &cmdline, host_pid) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // The fields after the command (which may hold spaces, inside parentheses).
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = [11, 12, 13, 14]
+            .iter()
+            .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+            .sum();
+        *out.entry(group).or_default() += ticks;
+    }
+    out
+}
+
+/// Milliseconds of CPU per mail of each group between two readings.
+fn cpu_per_mail(
+    before: &BTreeMap<&'static str, u64>,
+    after: &BTreeMap<&'static str, u64>,
+    mails: usize,
+) -> Vec<(&'static str, f64)> {
+    GROUPS
+        .iter()
+        .map(|group| {
+            let ticks = after
+                .get(group)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(before.get(group).copied().unwrap_or(0));
+            (
+                *group,
+                ticks as f64 / TICKS_PER_SECOND * 1000.0 / mails as f64,
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ceilings
+// ---------------------------------------------------------------------------------------------
+
+fn mail_to(to: &str, from: &str, subject: &str) -> Message {
+    Message::builder()
+        .from(from.parse::<Mailbox>().unwrap())
+        .to(to.parse::<Mailbox>().unwrap())
+        .subject(subject)
+        .message_id(Some(format!(
+            "<{}@bench.test>",
+            uuid::Uuid::new_v4().simple()
+        )))
+        .body("are you there?".to_string())
+        .unwrap()
+}
+
+/// The SMTP sink's accept rate: `n` mails over a pool of `concurrency` connections.
+async fn smtp_ceiling(n: usize, concurrency: usize) -> f64 {
+    let addr = worker_testkit::smtp_addr();
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let smtp = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
+        .port(port.parse().unwrap())
+        .pool_config(PoolConfig::new().max_size(u32::try_from(concurrency).unwrap()))
+        .build();
+    let to = format!("ceiling-{}@localhost", short_id());
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let smtp = smtp.clone();
+            let mail = mail_to(&to, "bench@localhost", &format!("ceiling {i}"));
+            async move { smtp.send(mail).await.expect("the sink accepts") }
+        })
+        .buffer_unordered(concurrency)
+        .for_each(|_| async {})
+        .await;
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+type Imap = async_imap::Session<tokio::net::TcpStream>;
+
+async fn imap_session(user: &str) -> Imap {
+    let stream = tokio::net::TcpStream::connect(worker_testkit::imap_addr())
+        .await
+        .unwrap();
+    let mut client = async_imap::Client::new(stream);
+    client.read_response().await.unwrap();
+    client
+        .login(user, "secret")
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap()
+}
+
+fn raw_ping(from: &str, to: &str, i: usize) -> Vec<u8> {
+    format!(
+        "From: {from}\r\nTo: {to}\r\nSubject: ping {i}\r\nMessage-ID: <{}@bench.test>\r\n\r\nare you there?\r\n",
+        uuid::Uuid::new_v4().simple()
+    )
+    .into_bytes()
+}
+
+/// Dovecot's fetch rate: `n` mails appended (not timed), then fetched one `UID FETCH` each.
+async fn imap_ceiling(n: usize) -> f64 {
+    let user = format!("ceiling-imap-{}", short_id());
+    let mut session = imap_session(&user).await;
+    for i in 0..n {
+        session
+            .append(
+                "INBOX",
+                None,
+                None,
+                raw_ping("a@localhost", &format!("{user}@localhost"), i),
+            )
+            .await
+            .unwrap();
+    }
+    session.select("INBOX").await.unwrap();
+    let uids: Vec<u32> = session
+        .uid_search("ALL")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let started = Instant::now();
+    for uid in &uids {
+        let fetched: Vec<_> = session
+            .uid_fetch(uid.to_string(), "BODY.PEEK[]")
+            .await
+            .unwrap()
+            .collect::<Vec<_>>()
+            .await;
+        assert!(!fetched.is_empty());
+    }
+    let rate = uids.len() as f64 / started.elapsed().as_secs_f64();
+    let _ = session.logout().await;
+    rate
+}
+
+/// PostgreSQL's commit rate: one-row transactions on 8 connections.
+async fn pg_ceiling(n: usize) -> f64 {
+    let db = TestDb::create_empty().await.unwrap();
+    let pool = db.another_pool(8).await.unwrap();
+    sqlx::query("CREATE TABLE commits (id bigserial PRIMARY KEY, body text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query("INSERT INTO commits (body) VALUES ($1)")
+                    .bind(format!("row {i}"))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(8)
+        .for_each(|_| async {})
+        .await;
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loop
+// ---------------------------------------------------------------------------------------------
+
+struct World {
+    host: Host,
+    db: TestDb,
+    vhost: TestVhost,
+    account: String,
+}
+
+async fn world(rust_log: &str) -> World {
+    let db = TestDb::create().await.unwrap();
+    let vhost = TestVhost::create().await.unwrap();
+    let account = format!("bench-loop-{}", short_id());
+    let (imap_host, imap_port) = worker_testkit::imap_addr()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_string(), p.to_string()))
+        .unwrap();
+    let user = account.clone();
+    let host = Host::launch_with("BENCH_SHOW_LOG", &[("RUST_LOG", rust_log)], |dir, port| {
+        let automations = dir.join("automations.toml");
+        std::fs::write(&automations, AUTOMATION)?;
+        let files = format!("[{:?}]", automations.display().to_string());
+        let settings = base_settings("throughput-bench", &files, &db, &vhost, port);
+        Ok(format!(
+            "{settings}\n[[imap.accounts]]\nname = \"bench\"\nhost = {imap_host:?}\nport = {imap_port}\nusername = {user:?}\npassword = \"secret\"\n"
+        ))
+    })
+    .await
+    .unwrap();
+    // The account's first poll (which starts after its history).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    World {
+        host,
+        db,
+        vhost,
+        account,
+    }
+}
+
+async fn sent(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbound_emails WHERE status = 'sent'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+async fn transactions(db: &TestDb) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until `total` mails are recorded sent; the moment it saw it.
+async fn until_sent(world: &World, total: i64, bound: Duration) -> Instant {
+    let deadline = Instant::now() + bound;
+    loop {
+        if sent(&world.db).await >= total {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {total} sent within {bound:?}\n{}",
+            sent(&world.db).await,
+            world.host.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `n` pings appended to the world's account, each from a sender of its own.
+async fn append_pings(world: &World, n: usize) {
+    let mut session = imap_session(&world.account).await;
+    let run = short_id();
+    let to = format!("{}@localhost", world.account);
+    for i in 0..n {
+        let from = format!("bench-{run}-{i}@localhost");
+        session
+            .append("INBOX", None, None, raw_ping(&from, &to, i))
+            .await
+            .unwrap();
+    }
+    let _ = session.logout().await;
+}
+
+/// `n` `email.received` events, each from a sender of its own.
+async fn publish_events(world: &World, n: usize) {
+    let run = short_id();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+        for i in chunk {
+            publish_pings(&world.vhost, &format!("bench-ev-{run}-{i}@localhost"), 1)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+struct Figures {
+    label: &'static str,
+    mails: usize,
+    per_second: f64,
+    cpu: Vec<(&'static str, f64)>,
+    transactions: f64,
+}
+
+/// One run of the loop: `push` puts `n` mails in, and it ends when they are all sent.
+async fn measure<F, Fut>(world: &World, label: &'static str, n: usize, push: F) -> Figures
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let host_pid = world.host.pid();
+    let before_sent = sent(&world.db).await;
+    let before_tx = transactions(&world.db).await;
+    let before_cpu = cpu_by_group(host_pid);
+    let started = Instant::now();
+    push().await;
+    let done = until_sent(world, before_sent + n as i64, Duration::from_secs(600)).await;
+    let after_cpu = cpu_by_group(host_pid);
+    let after_tx = transactions(&world.db).await;
+    Figures {
+        label,
+        mails: n,
+        per_second: n as f64 / (done - started).as_secs_f64(),
+        cpu: cpu_per_mail(&before_cpu, &after_cpu, n),
+        transactions: (after_tx - before_tx) as f64 / n as f64,
+    }
+}
+
+/// Statements the host sent to PostgreSQL per mail, from sqlx's statement log.
+fn statements_in(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("sqlx::query")).count()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mails = env("BENCH_MAILS", 1000);
+    let counted = env("BENCH_COUNT_MAILS", 100);
+    let smtp_concurrency = env("BENCH_SMTP_CONCURRENCY", 8);
+
+    println!("ceilings, each service alone with a bare client:");
+    let smtp = smtp_ceiling(mails, smtp_concurrency).await;
+    println!(
+        "  SMTP sink accepts             {smtp:>8.0} mails/s ({smtp_concurrency} connections)"
+    );
+    let imap = imap_ceiling(mails.min(1000)).await;
+    println!("  Dovecot fetches               {imap:>8.0} mails/s (one UID FETCH each)");
+    let pg = pg_ceiling(mails * 4).await;
+    println!("  PostgreSQL commits            {pg:>8.0} transactions/s (8 connections)");
+
+    let world = world("info").await;
+    let inbound = measure(&world, "inbound mails (IMAP)", mails, || {
+        append_pings(&world, mails)
+    })
+    .await;
+    let events = measure(&world, "events (broker)", mails, || {
+        publish_events(&world, mails)
+    })
+    .await;
+    world.host.stop_cleanly().await;
+
+    let counting = world_with_statement_log().await;
+    let before = statements_in(&counting.host.log_text());
+    measure(&counting, "counted", counted, || {
+        append_pings(&counting, counted)
+    })
+    .await;
+    let statements = (statements_in(&counting.host.log_text()) - before) as f64 / counted as f64;
+    counting.host.stop_cleanly().await;
+
+    println!();
+    println!(
+        "| run | mails | mails/s | CPU ms per mail: host | PostgreSQL | RabbitMQ | Dovecot | SMTP sink | transactions per mail |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for figures in [&inbound, &events] {
+        let cpu: Vec<String> = figures
+            .cpu
+            .iter()
+            .map(|(_, ms)| format!("{ms:.2}"))
+            .collect();
+        println!(
+            "| {} | {} | {:.0} | {} | {:.1} |",
+            figures.label,
+            figures.mails,
+            figures.per_second,
+            cpu.join(" | "),
+            figures.transactions
+        );
+    }
+    println!(
+        "database round trips (statements) per inbound mail: {statements:.1} (sqlx's statement log, {counted} mails)"
+    );
+    let slowest = [
+        ("SMTP sink", smtp),
+        ("Dovecot", imap),
+        ("PostgreSQL", pg / inbound.transactions.max(1.0)),
+    ]
+    .into_iter()
+    .min_by(|a, b| a.1.total_cmp(&b.1))
+    .unwrap();
+    println!(
+        "the slowest ceiling, in mails/s: {} {:.0} (PostgreSQL's in mails: its commits over the loop's transactions per mail); inbound end to end {:.0} mails/s = {:.2} of it (goal: 0.5 or more)",
+        slowest.0,
+        slowest.1,
+        inbound.per_second,
+        inbound.per_second / slowest.1
+    );
+    let cpu_total: f64 = inbound.cpu.iter().map(|(_, ms)| ms).sum();
+    println!(
+        "inbound: {cpu_total:.1} ms of CPU per mail in all, {:.2} cores busy at {:.0} mails/s on this machine's {} cores",
+        cpu_total * inbound.per_second / 1000.0,
+        inbound.per_second,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+}
+
+/// A second world whose host logs every statement it sends (sqlx's statement log).
+async fn world_with_statement_log() -> World {
+    world("info,sqlx::query=debug").await
+}
