@@ -133,8 +133,8 @@ pub mod topology;
 pub mod trace;
 
 pub use connection::{
-    BrokerStatus, ConnectError, ConnectionSettings, Hold, LinkState, Session, Supervisor,
-    next_session, DEFAULT_FRAME_MAX, FRAME_MAX_MIN,
+    BrokerStatus, ConnectError, ConnectionSettings, DEFAULT_FRAME_MAX, FRAME_MAX_MIN, Hold,
+    LinkState, Session, Supervisor, next_session,
 };
 pub use consumer::{
     ConsumeLoop, ConsumeSettings, ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason,
