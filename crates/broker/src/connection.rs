@@ -7,6 +7,11 @@
 //! and its state, polled, since a server-initiated close raises no event), and when it is lost,
 //! withdraws the session, waits a capped, jittered backoff and starts again.
 //!
+//! A cluster is reached through the list of its nodes' addresses ([`ConnectionSettings::addresses`]):
+//! each reconnect tries them in turn ([`Rotation`]), starting after the node that failed or
+//! went away, so that losing one node costs a reconnect to the next, not a wait for the lost
+//! one to return. Quorum queues keep their messages on the nodes that remain.
+//!
 //! Consumers and publishers never keep a connection of their own: they take the current
 //! session from [`Supervisor::sessions`] and, when it dies, wait for the next one. Unacked
 //! deliveries of a lost channel return to their queue on the broker's side, and the dedup guard
@@ -26,21 +31,24 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::address::{BrokerAddress, Rotation};
 use crate::topology::{self, Topology, TopologyError};
 
 /// How to reach RabbitMQ: `[broker.connection]`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConnectionSettings {
-    pub host: String,
-    pub port: u16,
+    /// The nodes to connect to, tried in turn (see [`Rotation`]): one for a single broker,
+    /// any number of a cluster's nodes.
+    pub addresses: Vec<BrokerAddress>,
     pub vhost: String,
     pub username: String,
     /// Never printed: `Debug` redacts it and it is not serialized back.
     #[serde(skip_serializing)]
     pub password: String,
     /// `amqps` instead of `amqp`. The server's certificate is always verified, against the
-    /// system's CA certificates and those in `ca_file`, and must name `host`.
+    /// system's CA certificates and those in `ca_file`, and must name the host of the address
+    /// it is reached at.
     pub tls: bool,
     /// CA certificates (PEM) trusted for `amqps` besides the system's: a private CA.
     pub ca_file: Option<PathBuf>,
@@ -79,8 +87,7 @@ pub const FRAME_MAX_MIN: u32 = 4096;
 impl Default for ConnectionSettings {
     fn default() -> Self {
         Self {
-            host: "127.0.0.1".into(),
-            port: 5672,
+            addresses: vec![BrokerAddress::new("127.0.0.1", 5672)],
             vhost: "/".into(),
             username: "guest".into(),
             password: "guest".into(),
@@ -100,8 +107,7 @@ impl Default for ConnectionSettings {
 impl fmt::Debug for ConnectionSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConnectionSettings")
-            .field("host", &self.host)
-            .field("port", &self.port)
+            .field("addresses", &self.addresses)
             .field("vhost", &self.vhost)
             .field("username", &self.username)
             .field("password", &"<redacted>")
@@ -138,6 +144,24 @@ pub enum ConnectError {
     },
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    /// The settings list no address at all.
+    #[error("no broker address to connect to")]
+    NoAddress,
+    /// Every address of a list of more than one failed, each for its own reason.
+    #[error("no RabbitMQ node answered: {}", failures.iter().map(|e| worker_core::error_chain(e)).collect::<Vec<_>>().join("; "))]
+    NoNodeAnswered { failures: Vec<ConnectError> },
+}
+
+impl ConnectError {
+    /// The failure of a pass over the addresses: the one failure as it is when there was
+    /// one address, else all of them.
+    fn of_pass(mut failures: Vec<ConnectError>) -> Self {
+        match failures.len() {
+            0 => Self::NoAddress,
+            1 => failures.remove(0),
+            _ => Self::NoNodeAnswered { failures },
+        }
+    }
 }
 
 impl ConnectionSettings {
@@ -146,8 +170,10 @@ impl ConnectionSettings {
     pub fn from_uri(uri: &str) -> Result<Self, ConnectError> {
         let parsed: AMQPUri = uri.parse().map_err(ConnectError::InvalidUri)?;
         Ok(Self {
-            host: parsed.authority.host,
-            port: parsed.authority.port,
+            addresses: vec![BrokerAddress::new(
+                parsed.authority.host,
+                parsed.authority.port,
+            )],
             vhost: parsed.vhost,
             username: parsed.authority.userinfo.username,
             password: parsed.authority.userinfo.password,
@@ -156,12 +182,19 @@ impl ConnectionSettings {
         })
     }
 
-    /// `host:port/vhost`, for logs and errors: no credentials.
+    /// `host:port/vhost` (the addresses separated by commas), for logs and errors: no
+    /// credentials.
     pub fn server(&self) -> String {
-        format!("{}:{}/{}", self.host, self.port, self.vhost)
+        let addresses: Vec<String> = self.addresses.iter().map(ToString::to_string).collect();
+        format!("{}/{}", addresses.join(","), self.vhost)
     }
 
-    fn uri(&self) -> AMQPUri {
+    /// `host:port/vhost` of one address, for logs and errors: no credentials.
+    pub fn server_at(&self, address: &BrokerAddress) -> String {
+        format!("{address}/{}", self.vhost)
+    }
+
+    fn uri(&self, address: &BrokerAddress) -> AMQPUri {
         AMQPUri {
             scheme: if self.tls {
                 AMQPScheme::AMQPS
@@ -173,8 +206,8 @@ impl ConnectionSettings {
                     username: self.username.clone(),
                     password: self.password.clone(),
                 },
-                host: self.host.clone(),
-                port: self.port,
+                host: address.host.clone(),
+                port: address.port,
             },
             vhost: self.vhost.clone(),
             query: AMQPQueryString {
@@ -201,9 +234,23 @@ impl ConnectionSettings {
             })
     }
 
-    /// Opens one connection, without supervision (tools, tests, benchmarks).
+    /// Opens one connection, without supervision (tools, tests, benchmarks): to the first of
+    /// the addresses that answers, trying each once in order.
     pub async fn connect(&self) -> Result<Connection, ConnectError> {
-        let server = self.server();
+        let mut failures = Vec::new();
+        for address in &self.addresses {
+            match self.connect_to(address).await {
+                Ok(connection) => return Ok(connection),
+                Err(err) => failures.push(err),
+            }
+        }
+        Err(ConnectError::of_pass(failures))
+    }
+
+    /// Opens one connection to `address` (one of [`Self::addresses`], or any other node of the
+    /// same broker), without supervision.
+    pub async fn connect_to(&self, address: &BrokerAddress) -> Result<Connection, ConnectError> {
+        let server = self.server_at(address);
         let properties = ConnectionProperties::default()
             .with_connection_name(LongString::from(self.connection_name.as_str()));
         let tls = lapin::tcp::OwnedTLSConfig {
@@ -216,7 +263,7 @@ impl ConnectionSettings {
         })?;
         match tokio::time::timeout(
             self.connect_timeout,
-            Connection::connect_uri_with_config(self.uri(), properties, tls, runtime),
+            Connection::connect_uri_with_config(self.uri(address), properties, tls, runtime),
         )
         .await
         {
@@ -369,6 +416,9 @@ pub struct BrokerStatus {
     pub reconnects: u64,
     /// Why the last connection attempt or connection failed.
     pub last_error: Option<String>,
+    /// The address (`host:port`) of the node the current connection is to, or the last one
+    /// was to; `None` before the first.
+    pub address: Option<String>,
 }
 
 impl BrokerStatus {
@@ -437,6 +487,7 @@ impl Supervisor {
             state: LinkState::Connecting,
             reconnects: 0,
             last_error: None,
+            address: None,
         });
         Self {
             inner: Arc::new(SupervisorInner {
@@ -492,25 +543,27 @@ impl Supervisor {
             settings.reconnect_min.max(Duration::from_millis(10)),
             settings.reconnect_max,
         );
+        let mut rotation = Rotation::new(settings.addresses.len());
         let mut generation = 0u64;
         while !shutdown.is_cancelled() {
             let attempt = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                attempt = self.open() => attempt,
+                attempt = self.open_next(&mut rotation) => attempt,
             };
             match attempt {
-                Ok(connection) => {
+                Ok((connection, index, address)) => {
                     generation += 1;
                     backoff.reset();
+                    let server = settings.server_at(&address);
                     let session = Session {
                         connection: Arc::new(connection),
                         generation,
                     };
-                    tracing::info!(server = %settings.server(), generation, "connected to RabbitMQ");
+                    tracing::info!(%server, generation, "connected to RabbitMQ");
                     let mut events = session.connection.events_listener();
                     self.inner.sessions.send_replace(Some(session.clone()));
-                    self.set_status(LinkState::Connected, generation, None);
+                    self.set_connected(generation, &address);
                     let lost = tokio::select! {
                         biased;
                         () = shutdown.cancelled() => None,
@@ -537,7 +590,10 @@ impl Supervisor {
                             break;
                         }
                         Some(why) => {
-                            tracing::warn!(server = %settings.server(), error = %why, "lost the RabbitMQ connection; reconnecting");
+                            // The node may be gone for a while (stopped, partitioned): the
+                            // reconnect goes to the next one first.
+                            rotation.leave(index);
+                            tracing::warn!(%server, error = %why, "lost the RabbitMQ connection; reconnecting");
                             self.set_status(LinkState::Disconnected, generation, Some(why));
                         }
                     }
@@ -561,17 +617,46 @@ impl Supervisor {
             .send_modify(|s| s.state = LinkState::Stopped);
     }
 
-    /// Connects and declares the topology, all within the connect timeout.
-    async fn open(&self) -> Result<Connection, ConnectError> {
+    /// One pass over the addresses, from the rotation's cursor: connects (and declares) at
+    /// the first that answers; each that does not is left behind, so the next pass starts
+    /// after it.
+    async fn open_next(
+        &self,
+        rotation: &mut Rotation,
+    ) -> Result<(Connection, usize, BrokerAddress), ConnectError> {
         let settings = &self.inner.settings;
-        let connection = settings.connect().await?;
+        let pass = rotation.pass();
+        let mut failures = Vec::new();
+        for index in pass.iter().copied() {
+            let Some(address) = settings.addresses.get(index) else {
+                continue;
+            };
+            match self.open(address).await {
+                Ok(connection) => return Ok((connection, index, address.clone())),
+                Err(err) => {
+                    if pass.len() > 1 {
+                        tracing::warn!(server = %settings.server_at(address), error = %worker_core::error_chain(&err), "cannot connect to this RabbitMQ node; trying the next");
+                    }
+                    rotation.leave(index);
+                    failures.push(err);
+                }
+            }
+        }
+        Err(ConnectError::of_pass(failures))
+    }
+
+    /// Connects to `address` and declares the topology, all within the connect timeout.
+    async fn open(&self, address: &BrokerAddress) -> Result<Connection, ConnectError> {
+        let settings = &self.inner.settings;
+        let connection = settings.connect_to(address).await?;
+        let server = || settings.server_at(address);
         let declared = tokio::time::timeout(settings.connect_timeout, async {
             let channel =
                 connection
                     .create_channel()
                     .await
                     .map_err(|source| ConnectError::Broker {
-                        server: settings.server(),
+                        server: server(),
                         source,
                     })?;
             topology::declare(&channel, &self.inner.topology).await?;
@@ -581,7 +666,7 @@ impl Supervisor {
         .await;
         let result = match declared {
             Err(_) => Err(ConnectError::Timeout {
-                server: settings.server(),
+                server: server(),
                 after: settings.connect_timeout,
             }),
             Ok(result) => result,
@@ -626,6 +711,15 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    fn set_connected(&self, generation: u64, address: &BrokerAddress) {
+        self.inner.status.send_modify(|s| {
+            s.state = LinkState::Connected;
+            s.reconnects = generation.saturating_sub(1);
+            s.last_error = None;
+            s.address = Some(address.to_string());
+        });
     }
 
     fn set_status(&self, state: LinkState, generation: u64, last_error: Option<String>) {
@@ -689,20 +783,73 @@ mod tests {
     #[test]
     fn settings_from_a_uri() {
         let s = ConnectionSettings::from_uri("amqp://u:p@10.0.0.1:5673/wh_test").unwrap();
+        assert_eq!(s.addresses, [BrokerAddress::new("10.0.0.1", 5673)]);
         assert_eq!(
-            (
-                s.host.as_str(),
-                s.port,
-                s.vhost.as_str(),
-                s.username.as_str(),
-                s.password.as_str()
-            ),
-            ("10.0.0.1", 5673, "wh_test", "u", "p")
+            (s.vhost.as_str(), s.username.as_str(), s.password.as_str()),
+            ("wh_test", "u", "p")
         );
         assert_eq!(s.server(), "10.0.0.1:5673/wh_test");
-        let uri = s.uri();
+        let uri = s.uri(&s.addresses[0]);
         assert_eq!(uri.query.heartbeat, Some(10));
         assert_eq!(uri.query.frame_max, Some(DEFAULT_FRAME_MAX));
+    }
+
+    #[test]
+    fn several_addresses_show_as_one_server_and_each_as_its_own() {
+        let s = ConnectionSettings {
+            addresses: vec![
+                BrokerAddress::new("mq-1", 5672),
+                BrokerAddress::new("mq-2", 5673),
+            ],
+            vhost: "wh".into(),
+            ..ConnectionSettings::default()
+        };
+        assert_eq!(s.server(), "mq-1:5672,mq-2:5673/wh");
+        assert_eq!(s.server_at(&s.addresses[1]), "mq-2:5673/wh");
+        let uri = s.uri(&s.addresses[1]);
+        assert_eq!(
+            (uri.authority.host.as_str(), uri.authority.port),
+            ("mq-2", 5673)
+        );
+    }
+
+    #[test]
+    fn a_failed_pass_reports_each_node_or_the_one() {
+        let timeout = |server: &str| ConnectError::Timeout {
+            server: server.into(),
+            after: Duration::from_secs(1),
+        };
+        assert!(matches!(
+            ConnectError::of_pass(vec![]),
+            ConnectError::NoAddress
+        ));
+        let one = ConnectError::of_pass(vec![timeout("a:1/v")]).to_string();
+        assert_eq!(one, "connecting to a:1/v timed out after 1s");
+        let two = ConnectError::of_pass(vec![timeout("a:1/v"), timeout("b:2/v")]).to_string();
+        assert!(two.starts_with("no RabbitMQ node answered: "), "{two}");
+        assert!(two.contains("a:1/v") && two.contains("b:2/v"), "{two}");
+    }
+
+    #[tokio::test]
+    async fn a_connect_that_no_address_answers_names_every_address() {
+        // A port nothing listens on refuses at once: connect tries the second address after
+        // the first, and both failures come back, each naming its address.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let s = ConnectionSettings {
+            addresses: vec![
+                BrokerAddress::new("127.0.0.1", closed),
+                BrokerAddress::new("localhost", closed),
+            ],
+            connect_timeout: Duration::from_secs(2),
+            ..ConnectionSettings::default()
+        };
+        let err = worker_core::error_chain(&s.connect().await.unwrap_err());
+        assert!(err.contains(&format!("127.0.0.1:{closed}")), "{err}");
+        assert!(err.contains(&format!("localhost:{closed}")), "{err}");
     }
 
     #[test]

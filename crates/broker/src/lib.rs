@@ -60,6 +60,8 @@
 //! * [`connection`]: [`ConnectionSettings`] (`[broker.connection]`, password redacted),
 //!   [`Supervisor`] (reconnects with capped backoff, redeclares, hands out [`Session`]s and a
 //!   [`BrokerStatus`] through `tokio::sync::watch` for `/readyz`).
+//! * [`address`]: [`BrokerAddress`] (`host:port`) and the [`Rotation`] over a cluster's
+//!   addresses: each reconnect starts after the node that failed or went away.
 //! * [`trace`]: W3C `traceparent`/`tracestate` in AMQP headers.
 //!
 //! ## What the host calls
@@ -107,7 +109,8 @@
 //! * **Nothing is acked before its outcome is safe**: the handler succeeded, or its park or
 //!   dead letter was confirmed by the broker.
 //! * **lapin's auto-recovery stays off**; only the [`Supervisor`] reconnects, and consumers
-//!   and publishers always use its current [`Session`].
+//!   and publishers always use its current [`Session`]. A reconnect never waits for a node
+//!   that just failed while another address is left to try.
 //! * **No `Failure` is inspected twice**: [`consumer::decide`] maps a class to an action in
 //!   one place, [`PublishError::to_failure`] classifies publish errors in one place.
 //! * **A throttle never holds a delivery**: in-process waits have a budget per delivery
@@ -124,6 +127,7 @@
 //!   and the requeued delivery): at-least-once, never lost, and for a guarded job the second
 //!   copy is a duplicate once either succeeds; an unguarded job sees it twice.
 
+pub mod address;
 pub mod connection;
 pub mod consumer;
 pub mod message;
@@ -132,6 +136,7 @@ pub mod section;
 pub mod topology;
 pub mod trace;
 
+pub use address::{AddressError, BrokerAddress, Rotation};
 pub use connection::{
     BrokerStatus, ConnectError, ConnectionSettings, DEFAULT_FRAME_MAX, FRAME_MAX_MIN, Hold,
     LinkState, Session, Supervisor, next_session,

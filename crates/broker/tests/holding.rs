@@ -425,7 +425,7 @@ async fn a_park_whose_confirm_is_lost_leaves_a_second_copy_that_the_guard_absorb
     let proxy = MutingProxy::start().await?;
     let topology = topology(&queue_settings(&[1_500], 10))?;
     let mut settings = connection_settings(&vhost)?;
-    settings.port = proxy.port;
+    settings.addresses = vec![worker_broker::BrokerAddress::new("127.0.0.1", proxy.port)];
     let supervisor = Supervisor::new(settings, topology.clone());
     let shutdown = CancellationToken::new();
     let sup_task = tokio::spawn(supervisor.clone().run(shutdown.clone()));

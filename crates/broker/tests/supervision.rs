@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use worker_broker::{LinkState, Outgoing, Publisher, PublisherSettings, Supervisor};
+use worker_broker::{BrokerAddress, LinkState, Outgoing, Publisher, PublisherSettings, Supervisor};
 use worker_testkit::{FaultProxy, TestVhost};
 
 /// The local broker's AMQP address, as the tests' connection settings name it.
@@ -121,8 +121,7 @@ async fn supervised(
     proxy_port: u16,
 ) -> anyhow::Result<(Supervisor, CancellationToken, tokio::task::JoinHandle<()>)> {
     let mut settings = connection_settings(vhost)?;
-    settings.host = "127.0.0.1".into();
-    settings.port = proxy_port;
+    settings.addresses = vec![BrokerAddress::new("127.0.0.1", proxy_port)];
     settings.heartbeat = Duration::from_secs(1);
     settings.connect_timeout = Duration::from_secs(3);
     settings.reconnect_min = ms(100);

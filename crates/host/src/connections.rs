@@ -7,8 +7,10 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
+use worker_broker::Rotation;
+
 use crate::admin::ReadinessCheck;
-use crate::settings::{DatabaseSettings, Settings, SslMode};
+use crate::settings::{DatabaseSettings, Settings, SettingsError, SslMode};
 
 /// The pool options the settings describe.
 pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
@@ -41,12 +43,14 @@ pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
     }
 }
 
-/// The broker connection the settings describe, for the supervisor and for tools.
-pub fn broker_connection(settings: &Settings) -> worker_broker::ConnectionSettings {
+/// The broker connection the settings describe, for the supervisor and for tools. Fails only
+/// on an address that is not `host:port`, which settings validation refuses first.
+pub fn broker_connection(
+    settings: &Settings,
+) -> Result<worker_broker::ConnectionSettings, SettingsError> {
     let broker = &settings.broker;
-    worker_broker::ConnectionSettings {
-        host: broker.host.clone(),
-        port: broker.port,
+    Ok(worker_broker::ConnectionSettings {
+        addresses: broker.broker_addresses()?,
         vhost: broker.vhost.clone(),
         username: broker.username.clone(),
         password: broker
@@ -69,7 +73,7 @@ pub fn broker_connection(settings: &Settings) -> worker_broker::ConnectionSettin
         reconnect_max: broker.reconnect_max,
         // Consumers get the shutdown grace to settle; the connection must outlive them.
         close_wait: settings.workers.shutdown_grace + Duration::from_secs(5),
-    }
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,21 +85,44 @@ pub struct BrokerUnreachable {
 }
 
 /// Opens one AMQP connection, retrying a bounded number of times with backoff: the start-up
-/// check that the broker is there at all, before the supervisor takes over.
+/// check that the broker is there at all, before the supervisor takes over. Each attempt
+/// tries every address once, in turn, from the first.
 pub async fn connect_broker(
     connection: &worker_broker::ConnectionSettings,
     attempts: u32,
 ) -> Result<worker_broker::Session, BrokerUnreachable> {
+    let mut rotation = Rotation::new(connection.addresses.len());
+    connect_broker_from(connection, attempts, &mut rotation)
+        .await
+        .map(|(session, _)| session)
+}
+
+/// [`connect_broker`] from the rotation's cursor on; returns the session and the index of
+/// the address it is connected to, and leaves the rotation past every address that failed.
+pub async fn connect_broker_from(
+    connection: &worker_broker::ConnectionSettings,
+    attempts: u32,
+    rotation: &mut Rotation,
+) -> Result<(worker_broker::Session, usize), BrokerUnreachable> {
     let attempts = attempts.max(1);
     let mut backoff =
         worker_core::Backoff::doubling(Duration::from_millis(500), Duration::from_secs(10));
-    let mut cause = String::new();
+    // Why each address failed in the last pass (each names its server).
+    let mut causes = vec![String::from("no broker address to connect to")];
     for attempt in 1..=attempts {
-        match connection.connect().await {
-            Ok(connected) => return Ok(worker_broker::Session::new(connected)),
-            Err(e) => cause = worker_core::error_chain(&e),
+        causes.clear();
+        for index in rotation.pass() {
+            let Some(address) = connection.addresses.get(index) else {
+                continue;
+            };
+            let cause = match connection.connect_to(address).await {
+                Ok(connected) => return Ok((worker_broker::Session::new(connected), index)),
+                Err(e) => worker_core::error_chain(&e),
+            };
+            tracing::warn!(server = %connection.server_at(address), attempt, attempts, error = %cause, "RabbitMQ not reachable yet");
+            causes.push(cause);
+            rotation.leave(index);
         }
-        tracing::warn!(server = %connection.server(), attempt, attempts, error = %cause, "RabbitMQ not reachable yet");
         if attempt < attempts {
             tokio::time::sleep(backoff.next_wait()).await;
         }
@@ -103,7 +130,7 @@ pub async fn connect_broker(
     Err(BrokerUnreachable {
         server: connection.server(),
         attempts,
-        cause,
+        cause: causes.join("; "),
     })
 }
 

@@ -263,8 +263,8 @@ async fn reach_services(
     }
     declare_topology(settings).await?;
     let topology = settings.topology().map_err(topology_failure)?;
-    let supervisor =
-        worker_broker::Supervisor::new(connections::broker_connection(settings), topology);
+    let connection = connections::broker_connection(settings).map_err(Fatal::usage)?;
+    let supervisor = worker_broker::Supervisor::new(connection, topology);
     Ok((pool, supervisor))
 }
 

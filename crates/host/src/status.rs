@@ -264,6 +264,7 @@ impl StatusBoard {
                 "state": broker.state.as_str(),
                 "reconnects": broker.reconnects,
                 "last_error": broker.last_error,
+                "address": broker.address,
             },
             "database": self.database.read(),
             "jobs": jobs,

@@ -216,3 +216,43 @@ fn the_compose_files_host_settings_pass_the_check() {
         assert!(compose.contains(key), "docker-compose.yml gives {key}");
     }
 }
+
+/// docker-compose.yml's `cluster` profile: the same settings file, with the three nodes'
+/// addresses the compose file gives (which replace the file's single `host`), passes the
+/// check and connects to the nodes in that order.
+#[test]
+fn the_compose_files_cluster_host_settings_pass_the_check() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let addresses = r#"["rabbitmq-1:5672", "rabbitmq-2:5672", "rabbitmq-3:5672"]"#;
+    let compose = std::fs::read_to_string(format!("{root}/docker-compose.yml")).unwrap();
+    assert!(
+        compose.contains(&format!("WORKER_HOST__BROKER__ADDRESSES: '{addresses}'")),
+        "docker-compose.yml gives the cluster's addresses as this test does"
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
+        .args(["config", "check", "--config"])
+        .arg(format!("{root}/config/worker-host.compose.toml"))
+        .env_remove("WORKER_HOST_CONFIG")
+        .env(
+            "WORKER_HOST__AUTOMATIONS_FILES",
+            format!("[\"{root}/config/automations.demo.toml\"]"),
+        )
+        .env("WORKER_HOST__DATABASE__PASSWORD", "worker_host")
+        .env("WORKER_HOST__BROKER__PASSWORD", "worker_host")
+        .env("WORKER_HOST__BROKER__ADDRESSES", addresses)
+        .env(
+            "WORKER_HOST__ADMIN__OPERATOR_TOKEN",
+            "compose-dev-operator-token",
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let at = |node: &str| stdout.find(&format!("\"{node}:5672\""));
+    let order = [at("rabbitmq-1"), at("rabbitmq-2"), at("rabbitmq-3")];
+    assert!(
+        order.iter().all(Option::is_some) && order.is_sorted(),
+        "the effective settings list the nodes in order: {stdout}"
+    );
+}

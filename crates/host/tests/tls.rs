@@ -96,12 +96,12 @@ async fn amqps_connects_with_the_given_ca_and_refuses_a_server_it_does_not_vouch
         ))
     };
 
-    let trusted = connections::broker_connection(&broker(&ca.cert_path()));
+    let trusted = connections::broker_connection(&broker(&ca.cert_path()))?;
     let connection = trusted.connect().await?;
     assert!(connection.status().connected());
     connection.close(200, "done".into()).await?;
 
-    let untrusted = connections::broker_connection(&broker(&other.cert_path()));
+    let untrusted = connections::broker_connection(&broker(&other.cert_path()))?;
     let err = untrusted.connect().await.unwrap_err();
     let text = worker_core::error_chain(&err);
     assert!(text.contains(&format!("localhost:{port}")), "{text}");

@@ -371,7 +371,7 @@ where
     Fut: std::future::Future<Output = T>,
 {
     let session = connections::connect_broker(
-        &connections::broker_connection(settings),
+        &connections::broker_connection(settings).map_err(Fatal::usage)?,
         settings.broker.connect_attempts,
     )
     .await

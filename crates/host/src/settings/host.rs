@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use worker_broker::{AddressError, BrokerAddress};
 use worker_core::{RetryPolicy, TlsMode};
 
+use super::SettingsError;
 use crate::secret::Secret;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -87,8 +89,16 @@ impl SslMode {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BrokerSettings {
+    /// The one broker's host, when `addresses` is unset.
     pub host: String,
+    /// The one broker's port, when `addresses` is unset.
     pub port: u16,
+    /// The nodes of a RabbitMQ cluster, `host:port` each, tried in turn: the host connects to
+    /// the first that answers, and when the node it is on fails or goes away, the next
+    /// reconnect starts at the one after it. Set, it replaces `host` and `port`, which are
+    /// then not used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<Vec<String>>,
     pub vhost: String,
     pub username: String,
     pub password: Option<Secret>,
@@ -98,11 +108,13 @@ pub struct BrokerSettings {
     /// The largest AMQP frame asked for, in bytes (at least 4096). The client keeps 32 frames
     /// of buffer each way per connection: 16 KiB costs 1 MiB, the broker's default 128 KiB 8.
     pub frame_max: u32,
-    /// `amqps` instead of `amqp`; the certificate is always checked, and must name `host`.
+    /// `amqps` instead of `amqp`; the certificate is always checked, and must name the host
+    /// it is reached by (`host`, or each entry's host in `addresses`).
     pub tls: bool,
     /// The CA certificates (PEM) trusted for `amqps`; unset: the public web PKI's roots.
     pub ca_file: Option<PathBuf>,
-    /// Lets the password go to a host that is not loopback without `tls`; refused otherwise.
+    /// Lets the password go to a host that is not loopback without `tls`; refused otherwise
+    /// (for each of `addresses`).
     pub allow_plaintext: bool,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -123,6 +135,7 @@ impl Default for BrokerSettings {
         Self {
             host: "127.0.0.1".into(),
             port: 5672,
+            addresses: None,
             // The host's own user on its own vhost (`scripts/services.sh` creates both), not
             // guest: guest is an administrator of every vhost.
             vhost: "worker_host".into(),
@@ -141,6 +154,40 @@ impl Default for BrokerSettings {
             topology: worker_broker::TopologySettings::default(),
             publisher: worker_broker::PublisherSettings::default(),
         }
+    }
+}
+
+impl BrokerSettings {
+    /// Each address the host connects to, in order, with the key that sets it: the entries
+    /// of `addresses` (`broker.addresses[i]`) when set, else `host:port` (`broker.host`).
+    /// An entry that is not `host:port` comes back as why.
+    pub fn address_entries(&self) -> Vec<(String, Result<BrokerAddress, AddressError>)> {
+        match &self.addresses {
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, text)| (format!("broker.addresses[{i}]"), text.parse()))
+                .collect(),
+            None => vec![(
+                "broker.host".into(),
+                Ok(BrokerAddress::new(self.host.clone(), self.port)),
+            )],
+        }
+    }
+
+    /// The addresses the host connects to, in order; the first entry that is not one
+    /// (settings validation refuses those before anything starts) as a settings error.
+    pub fn broker_addresses(&self) -> Result<Vec<BrokerAddress>, SettingsError> {
+        self.address_entries()
+            .into_iter()
+            .map(|(key, entry)| {
+                entry.map_err(|e| SettingsError {
+                    source: None,
+                    key,
+                    problem: e.to_string(),
+                })
+            })
+            .collect()
     }
 }
 

@@ -797,3 +797,105 @@ fn a_bad_value_in_a_flattened_part_is_named_by_its_key_and_file() {
     let error = only_error(&format!("{SECRETS}[jobs.reconciler]\nstuck_after = 7\n"));
     assert_eq!(error.key, "jobs.reconciler.stuck_after", "{error}");
 }
+
+#[test]
+fn broker_addresses_replace_host_and_port_and_keep_their_order() {
+    let settings = load_text(
+        "[database]\npassword = \"pw\"\n[broker]\npassword = \"guest\"\n\
+         addresses = [\"127.0.0.1:5673\", \"localhost:5674\", \"[::1]:5675\"]\n",
+    )
+    .unwrap();
+    let connection = crate::connections::broker_connection(&settings).unwrap();
+    let shown: Vec<String> = connection
+        .addresses
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        shown,
+        ["127.0.0.1:5673", "localhost:5674", "[::1]:5675"],
+        "{connection:?}"
+    );
+}
+
+#[test]
+fn without_addresses_host_and_port_are_the_one_address() {
+    let settings = load_text(
+        "[database]\npassword = \"pw\"\n[broker]\npassword = \"guest\"\nhost = \"localhost\"\nport = 5680\n",
+    )
+    .unwrap();
+    let connection = crate::connections::broker_connection(&settings).unwrap();
+    assert_eq!(
+        connection.addresses,
+        [worker_broker::BrokerAddress::new("localhost", 5680)]
+    );
+}
+
+#[test]
+fn broker_addresses_come_from_the_environment_as_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = write(&dir, "s.toml", SECRETS);
+    let env = vec![(
+        "WORKER_HOST__BROKER__ADDRESSES".to_string(),
+        "[\"127.0.0.1:5673\", \"127.0.0.1:5674\"]".to_string(),
+    )];
+    let settings = Settings::load(&source, &env).unwrap();
+    assert_eq!(
+        settings.broker.addresses.as_deref(),
+        Some(["127.0.0.1:5673".to_string(), "127.0.0.1:5674".to_string()].as_slice())
+    );
+}
+
+#[test]
+fn a_bad_broker_address_is_named_by_its_entry() {
+    let error = only_error(&format!(
+        "{SECRETS}addresses = [\"127.0.0.1:5673\", \"127.0.0.1\", \"127.0.0.1:5675\"]\n"
+    ));
+    assert_eq!(error.key, "broker.addresses[1]", "{error}");
+    assert!(error.problem.contains("host:port"), "{error}");
+    assert!(error.problem.contains("`127.0.0.1`"), "{error}");
+
+    let error = only_error(&format!("{SECRETS}addresses = [\"mq:0\"]\n"));
+    assert_eq!(error.key, "broker.addresses[0]", "{error}");
+    assert!(error.problem.contains("port"), "{error}");
+}
+
+#[test]
+fn an_empty_or_repeating_address_list_is_refused() {
+    let error = only_error(&format!("{SECRETS}addresses = []\n"));
+    assert_eq!(error.key, "broker.addresses", "{error}");
+    assert!(error.problem.contains("at least one"), "{error}");
+
+    let error = only_error(&format!(
+        "{SECRETS}addresses = [\"127.0.0.1:5673\", \"127.0.0.1:5674\", \"127.0.0.1:5673\"]\n"
+    ));
+    assert_eq!(error.key, "broker.addresses[2]", "{error}");
+    assert!(error.problem.contains("broker.addresses[0]"), "{error}");
+}
+
+#[test]
+fn addresses_replace_a_host_and_port_the_file_sets() {
+    let settings = load_text(&format!(
+        "{SECRETS}host = \"mq-old.example.com\"\nport = 5673\naddresses = [\"127.0.0.1:5674\"]\n"
+    ))
+    .unwrap();
+    let connection = crate::connections::broker_connection(&settings).unwrap();
+    assert_eq!(
+        connection.addresses,
+        [worker_broker::BrokerAddress::new("127.0.0.1", 5674)],
+        "and the plain-text rule looks at the list, not at the host it replaces"
+    );
+}
+
+#[test]
+fn plain_text_to_one_remote_node_is_refused_naming_that_entry() {
+    let text = format!(
+        "{SECRETS}addresses = [\"127.0.0.1:5672\", \"mq-2.example.com:5672\", \"localhost:5674\"]\n"
+    );
+    let error = only_error(&text);
+    assert_eq!(error.key, "broker.addresses[1]", "{error}");
+    assert!(error.problem.contains("mq-2.example.com"), "{error}");
+    assert!(error.problem.contains("allow_plaintext"), "{error}");
+    load_text(&format!("{text}tls = true\n")).unwrap();
+    load_text(&format!("{text}allow_plaintext = true\n")).unwrap();
+}

@@ -193,8 +193,39 @@ impl Settings {
                 format!("expected a level or tracing filter like `info`: {e}"),
             );
         }
+        self.validate_broker_addresses(&mut fail);
         self.validate_transport(&mut fail);
         self.validate_console(&mut fail);
+    }
+
+    /// `broker.addresses`: a list of at least one `host:port`, no node twice. It replaces
+    /// `host` and `port`, whatever they say (a settings file can keep its single broker's
+    /// `host` while the environment gives a cluster's addresses).
+    fn validate_broker_addresses(&self, fail: &mut impl FnMut(&str, String)) {
+        let broker = &self.broker;
+        let Some(list) = &broker.addresses else {
+            return;
+        };
+        if list.is_empty() {
+            fail(
+                "broker.addresses",
+                "expected at least one `host:port`, found an empty list (leave the key out to use broker.host and broker.port)".into(),
+            );
+            return;
+        }
+        let mut seen: Vec<(String, worker_broker::BrokerAddress)> = Vec::new();
+        for (key, entry) in broker.address_entries() {
+            match entry {
+                Err(problem) => fail(&key, problem.to_string()),
+                Ok(address) => match seen.iter().find(|(_, earlier)| *earlier == address) {
+                    Some((earlier, _)) => fail(
+                        &key,
+                        format!("expected each node once, but {address} is {earlier} again"),
+                    ),
+                    None => seen.push((key, address)),
+                },
+            }
+        }
     }
 
     /// The console: an operator token where the admin port is reachable from elsewhere, and
@@ -258,16 +289,26 @@ impl Settings {
             );
         }
         let broker = &self.broker;
-        if !broker.tls && !broker.allow_plaintext && !is_loopback(&broker.host) {
-            fail(
-                "broker.tls",
-                plain(
-                    "the broker password",
-                    &broker.host,
-                    "set `tls = true` (with `ca_file` for a private CA)",
-                    "broker",
-                ),
-            );
+        // Each address on its own: one node of a cluster off this machine is enough for the
+        // password to cross the network.
+        for (key, entry) in broker.address_entries() {
+            let Ok(address) = entry else { continue };
+            if !broker.tls && !broker.allow_plaintext && !is_loopback(&address.host) {
+                let key = if broker.addresses.is_some() {
+                    key.as_str()
+                } else {
+                    "broker.tls"
+                };
+                fail(
+                    key,
+                    plain(
+                        "the broker password",
+                        &address.host,
+                        "set `broker.tls = true` (with `ca_file` for a private CA)",
+                        "broker",
+                    ),
+                );
+            }
         }
         if let Some(path) = &broker.ca_file {
             check_ca_file(fail, "broker.ca_file", path, broker.tls, "`tls = true`");
