@@ -149,6 +149,6 @@ pub use message::{Delivery, HeaderValue, Headers, Properties};
 pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings, headers_from_json};
 pub use section::{ConsumerSection, validate_runner};
 pub use topology::{
-    BindingSettings, DeclareConflict, QueueDefaults, QueueSettings, QueueTopology, RetryTier,
-    Topology, TopologyError, TopologySettings, declare,
+    BindingSettings, DeclareConflict, LeaderLocator, QueueDefaults, QueueSettings, QueueTopology,
+    QuorumPlacement, RetryTier, Topology, TopologyError, TopologySettings, declare,
 };

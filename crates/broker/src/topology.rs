@@ -20,6 +20,10 @@
 //!   instead of failing on an inequivalent `x-message-ttl`.
 //! - A parked copy is published to the tier through the default exchange, which replaces its
 //!   routing key; the original one travels in [`ORIGINAL_ROUTING_KEY_HEADER`].
+//! - On a cluster, every quorum queue (work, tier and dead queues alike) is placed as
+//!   [`QuorumPlacement`] says: how many nodes hold a replica, and where its leader goes. Its
+//!   arguments are sent only when they are set, because RabbitMQ compares them on every
+//!   declare: adding one to queues that exist without it fails with PRECONDITION_FAILED.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -42,6 +46,17 @@ pub struct TopologySettings {
     pub events_exchange: String,
     /// The direct exchange commands are published to.
     pub commands_exchange: String,
+    /// Nodes that hold a replica of each quorum queue, from its declaration on
+    /// (`x-quorum-initial-group-size`). Unset: the broker's default, every node of the
+    /// cluster. Queues that exist keep theirs, and declaring them with another fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quorum_initial_group_size: Option<u32>,
+    /// Which node leads each new quorum queue (`x-queue-leader-locator`, RabbitMQ 3.10 and
+    /// later): `balanced` spreads the leaders over the nodes, `client-local` puts each on the
+    /// node that declares it. Unset: the broker's default (`client-local`). As with
+    /// `quorum_initial_group_size`, queues that exist keep theirs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_leader_locator: Option<LeaderLocator>,
 }
 
 impl Default for TopologySettings {
@@ -49,8 +64,41 @@ impl Default for TopologySettings {
         Self {
             events_exchange: "events".into(),
             commands_exchange: "commands".into(),
+            quorum_initial_group_size: None,
+            queue_leader_locator: None,
         }
     }
+}
+
+/// `x-queue-leader-locator`: where RabbitMQ puts a new quorum queue's leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaderLocator {
+    /// On the node the declaring client is connected to.
+    ClientLocal,
+    /// On the node that leads the fewest queues, so that leaders (which do a queue's work)
+    /// spread over the cluster.
+    Balanced,
+}
+
+impl LeaderLocator {
+    /// The argument's value as RabbitMQ spells it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ClientLocal => "client-local",
+            Self::Balanced => "balanced",
+        }
+    }
+}
+
+/// How every quorum queue of the topology is spread over a cluster's nodes; `None` leaves
+/// the choice to the broker and sends no argument.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuorumPlacement {
+    /// `x-quorum-initial-group-size`: the nodes that hold a replica of each queue.
+    pub initial_group_size: Option<u32>,
+    /// `x-queue-leader-locator`: where each queue's leader goes.
+    pub leader_locator: Option<LeaderLocator>,
 }
 
 /// One binding of a consumer queue: an exchange and the routing keys (or, on a topic exchange,
@@ -259,6 +307,8 @@ pub struct Topology {
     pub events_exchange: String,
     pub commands_exchange: String,
     pub queues: Vec<QueueTopology>,
+    /// How every quorum queue above is spread over a cluster's nodes.
+    pub placement: QuorumPlacement,
 }
 
 impl Topology {
@@ -276,6 +326,13 @@ impl Topology {
                 problem,
             })?;
         }
+        if settings.quorum_initial_group_size == Some(0) {
+            return Err(TopologyError::Invalid {
+                queue: String::new(),
+                key: "quorum_initial_group_size".into(),
+                problem: "expected at least 1 node, found 0 (leave it unset for every node)".into(),
+            });
+        }
         let queues: Vec<QueueTopology> = queues.into_iter().collect();
         let mut names = BTreeSet::new();
         for q in &queues {
@@ -291,6 +348,10 @@ impl Topology {
             events_exchange: settings.events_exchange.clone(),
             commands_exchange: settings.commands_exchange.clone(),
             queues,
+            placement: QuorumPlacement {
+                initial_group_size: settings.quorum_initial_group_size,
+                leader_locator: settings.queue_leader_locator,
+            },
         })
     }
 
@@ -378,17 +439,21 @@ pub async fn declare(channel: &Channel, topology: &Topology) -> Result<(), Topol
     declare_exchange(channel, &topology.events_exchange, ExchangeKind::Topic).await?;
     declare_exchange(channel, &topology.commands_exchange, ExchangeKind::Direct).await?;
     for queue in &topology.queues {
-        declare_queue_topology(channel, queue).await?;
+        declare_queue_topology(channel, queue, topology.placement).await?;
     }
     Ok(())
 }
 
-async fn declare_queue_topology(channel: &Channel, q: &QueueTopology) -> Result<(), TopologyError> {
+async fn declare_queue_topology(
+    channel: &Channel,
+    q: &QueueTopology,
+    placement: QuorumPlacement,
+) -> Result<(), TopologyError> {
     declare_exchange(channel, &q.dead_exchange, ExchangeKind::Fanout).await?;
-    declare_queue(channel, &q.dead_queue, quorum_args()).await?;
+    declare_queue(channel, &q.dead_queue, quorum_args(placement)).await?;
     bind(channel, &q.dead_queue, &q.dead_exchange, "").await?;
 
-    let mut args = quorum_args();
+    let mut args = quorum_args(placement);
     args.insert(
         "x-delivery-limit".into(),
         AMQPValue::LongLongInt(i64::from(q.delivery_limit)),
@@ -410,7 +475,7 @@ async fn declare_queue_topology(channel: &Channel, q: &QueueTopology) -> Result<
     }
 
     for tier in &q.tiers {
-        let mut args = quorum_args();
+        let mut args = quorum_args(placement);
         let ttl = i64::try_from(tier.delay.as_millis()).unwrap_or(i64::MAX);
         args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
         args.insert("x-dead-letter-exchange".into(), long_string(""));
@@ -425,9 +490,23 @@ async fn declare_queue_topology(channel: &Channel, q: &QueueTopology) -> Result<
     Ok(())
 }
 
-fn quorum_args() -> FieldTable {
+/// A quorum queue's own arguments: its type, and its placement where the settings give one
+/// (only then: see the module docs).
+fn quorum_args(placement: QuorumPlacement) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert("x-queue-type".into(), long_string("quorum"));
+    if let Some(size) = placement.initial_group_size {
+        args.insert(
+            "x-quorum-initial-group-size".into(),
+            AMQPValue::LongLongInt(i64::from(size)),
+        );
+    }
+    if let Some(locator) = placement.leader_locator {
+        args.insert(
+            "x-queue-leader-locator".into(),
+            long_string(locator.as_str()),
+        );
+    }
     args
 }
 
@@ -766,6 +845,49 @@ mod tests {
     }
 
     #[test]
+    fn placement_arguments_are_sent_only_when_set() {
+        let unset = quorum_args(QuorumPlacement::default());
+        assert_eq!(unset.inner().len(), 1, "{unset:?}");
+        let set = quorum_args(QuorumPlacement {
+            initial_group_size: Some(3),
+            leader_locator: Some(LeaderLocator::Balanced),
+        });
+        assert_eq!(
+            set.inner().get("x-quorum-initial-group-size"),
+            Some(&AMQPValue::LongLongInt(3))
+        );
+        assert_eq!(
+            set.inner().get("x-queue-leader-locator"),
+            Some(&long_string("balanced"))
+        );
+    }
+
+    #[test]
+    fn placement_settings_are_read_and_a_group_of_none_is_refused() {
+        let settings: TopologySettings =
+            toml::from_str("quorum_initial_group_size = 3\nqueue_leader_locator = \"balanced\"")
+                .unwrap();
+        let topology = Topology::from_settings(&settings, []).unwrap();
+        assert_eq!(
+            topology.placement,
+            QuorumPlacement {
+                initial_group_size: Some(3),
+                leader_locator: Some(LeaderLocator::Balanced),
+            }
+        );
+        assert!(toml::from_str::<TopologySettings>("queue_leader_locator = \"random\"").is_err());
+        let none = TopologySettings {
+            quorum_initial_group_size: Some(0),
+            ..TopologySettings::default()
+        };
+        let err = Topology::from_settings(&none, []).unwrap_err().to_string();
+        assert!(err.contains("quorum_initial_group_size"), "{err}");
+        // Unset stays out of the printed settings, as it stays out of the declare.
+        let printed = toml::to_string(&TopologySettings::default()).unwrap();
+        assert!(!printed.contains("quorum"), "{printed}");
+    }
+
+    #[test]
     fn inequivalent_arg_messages_are_parsed() {
         let raw = "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'email.send' in vhost 'v': received the value '3' of type 'long' but current is the value '5' of type 'long'";
         let (arg, wanted, existing) = parse_inequivalent(raw).unwrap();
@@ -778,6 +900,20 @@ mod tests {
         assert_eq!(
             (arg.as_str(), wanted.as_str(), existing.as_str()),
             ("x-queue-type", "quorum", "none (not set)")
+        );
+        // What 3.10.8 answers when a placement setting is added to (or taken from, or changed
+        // on) a queue that exists.
+        let raw = "PRECONDITION_FAILED - inequivalent arg 'x-queue-leader-locator' for queue 'q' in vhost 'v': received the value 'balanced' of type 'longstr' but current is none";
+        let (arg, wanted, existing) = parse_inequivalent(raw).unwrap();
+        assert_eq!(
+            (arg.as_str(), wanted.as_str(), existing.as_str()),
+            ("x-queue-leader-locator", "balanced", "none (not set)")
+        );
+        let raw = "PRECONDITION_FAILED - inequivalent arg 'x-quorum-initial-group-size' for queue 'q' in vhost 'v': received '3' but current is '2'";
+        let (arg, wanted, existing) = parse_inequivalent(raw).unwrap();
+        assert_eq!(
+            (arg.as_str(), wanted.as_str(), existing.as_str()),
+            ("x-quorum-initial-group-size", "3", "2")
         );
     }
 }

@@ -899,3 +899,30 @@ fn plain_text_to_one_remote_node_is_refused_naming_that_entry() {
     load_text(&format!("{text}tls = true\n")).unwrap();
     load_text(&format!("{text}allow_plaintext = true\n")).unwrap();
 }
+
+#[test]
+fn quorum_placement_is_read_and_a_group_of_none_named_by_its_key() {
+    let settings = load_text(&format!(
+        "{SECRETS}[broker.topology]\nquorum_initial_group_size = 3\nqueue_leader_locator = \"balanced\"\n"
+    ))
+    .unwrap();
+    let placement = settings.topology().unwrap().placement;
+    assert_eq!(placement.initial_group_size, Some(3));
+    assert_eq!(
+        placement.leader_locator,
+        Some(worker_broker::LeaderLocator::Balanced)
+    );
+    assert_eq!(
+        load_text(SECRETS).unwrap().topology().unwrap().placement,
+        worker_broker::QuorumPlacement::default(),
+        "unset by default: existing queues keep working"
+    );
+
+    let error = only_error(&format!(
+        "{SECRETS}[broker.topology]\nquorum_initial_group_size = 0\n"
+    ));
+    assert_eq!(
+        error.key, "broker.topology.quorum_initial_group_size",
+        "{error}"
+    );
+}
