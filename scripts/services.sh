@@ -4,10 +4,15 @@
 #   scripts/services.sh up        install what is missing (Debian/Ubuntu apt), start what is not
 #                                 running, reuse what already answers; safe to run again (fast)
 #   scripts/services.sh down      stop what this script started; leave reused services alone
-#   scripts/services.sh status    one line per service; exit 0 only when all four answer
+#   scripts/services.sh status    one line per service; exit 0 only when all four answer (and,
+#                                 with --rabbitmq-cluster or once up started it, the cluster)
 #   scripts/services.sh env       print `export` lines for the tests (eval "$(scripts/services.sh env)")
 #   scripts/services.sh selftest  send a mail through the SMTP sink, read it back over IMAP, check
 #                                 the failure switches, PostgreSQL login and the RabbitMQ API
+#
+#   --rabbitmq-cluster            up: also start (or reuse) the three-node RabbitMQ cluster below;
+#                                 down: stop only that cluster; status, env: the cluster too
+#                                 (status shows it anyway once this script started it)
 #
 # Services (all on 127.0.0.1):
 #   PostgreSQL  5432   role/database worker_host, password worker_host, CREATEDB, max_connections>=200
@@ -16,6 +21,15 @@
 #                      15672 (data under the services dir when started here); the host's own
 #                      user worker_host/worker_host with configure, write and read on its own
 #                      vhost worker_host only (created if missing, also on a reused broker)
+#   RabbitMQ cluster   (with --rabbitmq-cluster) three more nodes, beside the one above, which
+#                      keeps running: wh-cluster-1..3@localhost on AMQP 5673 5674 5675,
+#                      management API 15673 15674 15675, Erlang distribution 25673 25674 25675,
+#                      clustered with `rabbitmqctl join_cluster`, with the same users and vhost.
+#                      Data, logs and the cluster's own Erlang cookie under
+#                      <services dir>/rabbitmq-cluster. The nodes run as the user running this
+#                      script, from RabbitMQ's unwrapped scripts (/usr/lib/rabbitmq/bin, or
+#                      $WH_RABBITMQ_BIN), so they need no sudo. For the host:
+#                      WORKER_HOST__BROKER__ADDRESSES='["127.0.0.1:5673","127.0.0.1:5674","127.0.0.1:5675"]'
 #   Dovecot     10143  IMAP, plain logins: alice/secret bob/secret demo/demo ops/secret; any other
 #                      user name logs in with password `secret`. Mail of user X is read from
 #                      <services dir>/mail/X/Maildir.
@@ -130,14 +144,15 @@ no_link() {
 
 port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/$HOST/$1" 2>/dev/null; }
 
-# GET a path of the RabbitMQ management API as guest/guest; success on HTTP 200.
+# GET a path of the RabbitMQ management API (on port $2, the shared node's by default) as
+# guest/guest; success on HTTP 200.
 rabbit_api_ok() {
     timeout 3 bash -c '
         exec 3<>"/dev/tcp/$0/$1" || exit 1
         printf "GET %s HTTP/1.0\r\nHost: %s\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n\r\n" "$2" "$0" >&3
         IFS= read -r line <&3 || exit 1
         case "$line" in "HTTP/1."?" 200"*) exit 0 ;; *) exit 1 ;; esac
-    ' "$HOST" "$RABBIT_API_PORT" "${1:-/api/overview}" 2>/dev/null
+    ' "$HOST" "${2:-$RABBIT_API_PORT}" "${1:-/api/overview}" 2>/dev/null
 }
 
 # wait_until NAME SECONDS LOG CHECK...: poll CHECK every 0.25 s, fail clearly on timeout.
@@ -395,11 +410,11 @@ rabbitmq_up() {
 }
 
 # The host's own user (MQ_HOST_USER) with configure, write and read on its own vhost only and
-# no management tag, through the management API as guest; what exists is left as it is, so
-# that a second run costs three GETs.
+# no management tag, through the management API (on port $1, the shared node's by default) as
+# guest; what exists is left as it is, so that a second run costs three GETs.
 rabbit_host_user() {
-    local made
-    made=$("$(any_python)" - "$HOST" "$RABBIT_API_PORT" "$MQ_HOST_USER" "$MQ_HOST_PASS" "$MQ_HOST_VHOST" <<'PY'
+    local made api_port=${1:-$RABBIT_API_PORT}
+    made=$("$(any_python)" - "$HOST" "$api_port" "$MQ_HOST_USER" "$MQ_HOST_PASS" "$MQ_HOST_VHOST" <<'PY'
 import base64, json, sys, urllib.error, urllib.parse, urllib.request
 host, port, user, password, vhost = sys.argv[1:]
 base = "http://%s:%s/api" % (host, port)
@@ -434,8 +449,8 @@ if not exists(perm):
     made.append("its rights on " + vhost)
 print(", ".join(made))
 PY
-    ) || die "rabbitmq: could not create the host's user $MQ_HOST_USER on vhost $MQ_HOST_VHOST through the management API"
-    [ -z "$made" ] || say "rabbitmq: created $made (the host's own user, rights on its vhost only)"
+    ) || die "rabbitmq: could not create the host's user $MQ_HOST_USER on vhost $MQ_HOST_VHOST through the management API on $HOST:$api_port"
+    [ -z "$made" ] || say "rabbitmq: created $made on $HOST:$api_port (the host's own user, rights on its vhost only)"
 }
 
 rabbitmq_down() {
@@ -457,6 +472,207 @@ rabbitmq_down() {
         say "rabbitmq stopped"
     fi
     rm -f "$(marker rabbitmq)"
+}
+
+# ---------------------------------------------------------------------------------- rabbitmq cluster
+
+# Three nodes on loopback beside the shared one (see the header). Node i answers AMQP on
+# AMQP_PORT+i, its management API on RABBIT_API_PORT+i and Erlang distribution on
+# AMQP_PORT+20000+i (the shared node's 25672 plus i).
+CLUSTER_DIR=$DIR/rabbitmq-cluster
+CLUSTER_SIZE=3
+CLUSTER_BIN=${WH_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
+
+cluster_node() { echo "wh-cluster-$1@localhost"; }
+cluster_amqp_port() { echo $((AMQP_PORT + $1)); }
+cluster_api_port() { echo $((RABBIT_API_PORT + $1)); }
+cluster_dist_port() { echo $((AMQP_PORT + 20000 + $1)); }
+cluster_node_dir() { echo "$CLUSTER_DIR/node$1"; }
+
+# The addresses as a comma-separated list, and as the host's broker.addresses takes them.
+cluster_addresses() {
+    local i out=""
+    for i in $(seq 1 "$CLUSTER_SIZE"); do out="$out${out:+,}$HOST:$(cluster_amqp_port "$i")"; done
+    echo "$out"
+}
+cluster_addresses_toml() {
+    local i out=""
+    for i in $(seq 1 "$CLUSTER_SIZE"); do out="$out${out:+,}\"$HOST:$(cluster_amqp_port "$i")\""; done
+    echo "[$out]"
+}
+
+# The environment of node I's server and of every rabbitmqctl call on it: HOME holds the
+# cluster's own Erlang cookie, so that these calls reach its nodes and nothing else's (the
+# shared node keeps its own cookie).
+cluster_env() {
+    local i=$1 d
+    d=$(cluster_node_dir "$i")
+    echo "HOME=$CLUSTER_DIR/home"
+    echo "RABBITMQ_NODENAME=$(cluster_node "$i")"
+    echo "RABBITMQ_DIST_PORT=$(cluster_dist_port "$i")"
+    echo "RABBITMQ_MNESIA_BASE=$d/mnesia"
+    echo "RABBITMQ_LOG_BASE=$d/log"
+    echo "RABBITMQ_PID_FILE=$d/rabbitmq.pid"
+    echo "RABBITMQ_CONFIG_FILE=$d/rabbitmq.conf"
+    echo "RABBITMQ_ENABLED_PLUGINS_FILE=$d/enabled_plugins"
+}
+
+cluster_ctl() { # cluster_ctl I ARGS...: rabbitmqctl on node I, bounded
+    local i=$1 envs=()
+    shift
+    mapfile -t envs < <(cluster_env "$i")
+    env "${envs[@]}" timeout 120 "$CLUSTER_BIN/rabbitmqctl" -n "$(cluster_node "$i")" "$@" 9>&-
+}
+
+cluster_node_ready() { port_open "$(cluster_amqp_port "$1")" && rabbit_api_ok /api/overview "$(cluster_api_port "$1")"; }
+
+cluster_log() { echo "$(cluster_node_dir "$1")/log/ and $(cluster_node_dir "$1")/startup.log"; }
+
+# The nodes node 1's management API reports running, one name a line. Through the API, not
+# rabbitmqctl, so that a cluster another checkout started (another cookie) is seen too.
+cluster_running_members() {
+    "$(any_python)" - "$HOST" "$(cluster_api_port 1)" <<'PY' 2>/dev/null
+import base64, json, sys, urllib.request
+host, port = sys.argv[1:]
+req = urllib.request.Request("http://%s:%s/api/nodes" % (host, port),
+                             headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+with urllib.request.urlopen(req, timeout=10) as r:
+    for node in json.load(r):
+        if node.get("running"):
+            print(node["name"])
+PY
+}
+
+cluster_is_member() { cluster_running_members | grep -qx "$(cluster_node "$1")"; }
+
+cluster_clustered() {
+    local i
+    for i in $(seq 2 "$CLUSTER_SIZE"); do cluster_is_member "$i" || return 1; done
+}
+
+cluster_prepare() {
+    private_dir "$CLUSTER_DIR"
+    private_dir "$CLUSTER_DIR/home"
+    no_link "$CLUSTER_DIR/home/.erlang.cookie"
+    if [ ! -s "$CLUSTER_DIR/home/.erlang.cookie" ]; then
+        # Erlang refuses a cookie others can read.
+        (umask 077 && od -An -N20 -tx1 /dev/urandom | tr -d ' \n' >"$CLUSTER_DIR/home/.erlang.cookie")
+        chmod 400 "$CLUSTER_DIR/home/.erlang.cookie"
+    fi
+    local i d
+    for i in $(seq 1 "$CLUSTER_SIZE"); do
+        d=$(cluster_node_dir "$i")
+        private_dir "$d"
+        no_link "$d/mnesia" "$d/log" "$d/rabbitmq.conf" "$d/enabled_plugins" "$d/startup.log"
+        mkdir -p "$d/mnesia" "$d/log"
+        cat >"$d/rabbitmq.conf" <<EOF
+# generated by scripts/services.sh: node $i of the local three-node cluster
+listeners.tcp.default = $HOST:$(cluster_amqp_port "$i")
+management.tcp.ip = $HOST
+management.tcp.port = $(cluster_api_port "$i")
+EOF
+        echo '[rabbitmq_management].' >"$d/enabled_plugins"
+    done
+}
+
+cluster_start_node() {
+    local i=$1 envs=() d port
+    d=$(cluster_node_dir "$i")
+    for port in "$(cluster_amqp_port "$i")" "$(cluster_api_port "$i")" "$(cluster_dist_port "$i")"; do
+        port_open "$port" && die "rabbitmq cluster: port $port of node $i is taken by something else; free it or stop what holds it"
+    done
+    mapfile -t envs < <(cluster_env "$i")
+    env "${envs[@]}" "$CLUSTER_BIN/rabbitmq-server" -detached >>"$d/startup.log" 2>&1 9>&- ||
+        die "rabbitmq cluster: starting node $i failed; log: $(cluster_log "$i")"
+}
+
+# join_cluster for every node that is not a member of node 1's cluster yet (a node of its own
+# after its first boot): stop its application, join, start it again.
+cluster_join() {
+    local i
+    for i in $(seq 2 "$CLUSTER_SIZE"); do
+        cluster_is_member "$i" && continue
+        say "rabbitmq cluster: joining $(cluster_node "$i") to $(cluster_node 1)"
+        {
+            cluster_ctl "$i" stop_app &&
+                cluster_ctl "$i" join_cluster "$(cluster_node 1)" &&
+                cluster_ctl "$i" start_app
+        } >>"$(cluster_node_dir "$i")/startup.log" 2>&1 ||
+            die "rabbitmq cluster: node $i could not join $(cluster_node 1); log: $(cluster_node_dir "$i")/startup.log \
+(a node clustered elsewhere before: scripts/services.sh down --rabbitmq-cluster, then remove $(cluster_node_dir "$i"))"
+    done
+}
+
+rabbitmq_cluster_up() {
+    local t0=$EPOCHREALTIME i started=()
+    [ -x "$CLUSTER_BIN/rabbitmq-server" ] ||
+        die "rabbitmq cluster: no $CLUSTER_BIN/rabbitmq-server (apt-get install rabbitmq-server, or set WH_RABBITMQ_BIN)"
+    for i in $(seq 1 "$CLUSTER_SIZE"); do
+        cluster_node_ready "$i" || started+=("$i")
+    done
+    if [ "${#started[@]}" -gt 0 ]; then
+        cluster_prepare
+        # All at once: a node that was clustered before waits at boot for the others.
+        for i in "${started[@]}"; do cluster_start_node "$i"; done
+        echo "$CLUSTER_DIR" >"$(marker rabbitmq-cluster)"
+        for i in "${started[@]}"; do
+            wait_until "rabbitmq cluster node $i" 180 "$(cluster_log "$i")" cluster_node_ready "$i"
+        done
+    fi
+    if ! cluster_clustered; then
+        ours rabbitmq-cluster ||
+            die "rabbitmq cluster: nodes answer on $(cluster_addresses) but are not one cluster, and this script did not start them"
+        cluster_join
+        wait_until "rabbitmq cluster" 120 "$(cluster_log 1)" cluster_clustered
+    fi
+    rabbit_host_user "$(cluster_api_port 1)"
+    if [ "${#started[@]}" -gt 0 ]; then
+        say "rabbitmq cluster up in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')s (started nodes ${started[*]}; data in $CLUSTER_DIR)"
+    else
+        say "rabbitmq cluster $(ours rabbitmq-cluster && echo 'already running (started by us)' || echo reused)"
+    fi
+    for i in $(seq 1 "$CLUSTER_SIZE"); do
+        say "rabbitmq cluster node $i: $(cluster_node "$i") on $HOST:$(cluster_amqp_port "$i") (API $HOST:$(cluster_api_port "$i"))"
+    done
+    say "rabbitmq cluster: for the host, WORKER_HOST__BROKER__ADDRESSES='$(cluster_addresses_toml)'"
+}
+
+rabbitmq_cluster_down() {
+    ours rabbitmq-cluster || return 0
+    local i pids=()
+    for i in $(seq 1 "$CLUSTER_SIZE"); do
+        if port_open "$(cluster_amqp_port "$i")" || cluster_ctl "$i" ping >/dev/null 2>&1; then
+            # Given the pid file, `stop` returns once the node's OS process is gone.
+            cluster_ctl "$i" stop "$(cluster_node_dir "$i")/rabbitmq.pid" >/dev/null 2>&1 &
+            pids+=($!)
+        fi
+    done
+    for i in "${pids[@]}"; do wait "$i" || warn "rabbitmq cluster: a node did not stop cleanly"; done
+    rm -f "$(marker rabbitmq-cluster)"
+    say "rabbitmq cluster stopped (data kept in $CLUSTER_DIR)"
+}
+
+cluster_status() {
+    local i rc=0 origin_note
+    if ours rabbitmq-cluster; then origin_note="started by us"; else origin_note="reused"; fi
+    for i in $(seq 1 "$CLUSTER_SIZE"); do
+        if cluster_node_ready "$i"; then
+            printf 'services: %-9s up    %-34s %s\n' "rabbitmq-cluster-$i" \
+                "$HOST:$(cluster_amqp_port "$i") (API $HOST:$(cluster_api_port "$i"))" "$origin_note"
+        else
+            printf 'services: %-9s down  %s\n' "rabbitmq-cluster-$i" "$HOST:$(cluster_amqp_port "$i")"
+            rc=1
+        fi
+    done
+    if [ "$rc" = 0 ]; then
+        if cluster_clustered; then
+            say "rabbitmq cluster: $CLUSTER_SIZE nodes clustered; addresses $(cluster_addresses)"
+        else
+            say "rabbitmq cluster: the nodes answer but are not one cluster"
+            rc=1
+        fi
+    fi
+    return $rc
 }
 
 # ---------------------------------------------------------------------------------- dovecot
@@ -694,11 +910,17 @@ cmd_up() {
     rabbitmq_up
     dovecot_up
     smtp_up
+    if [ "$WITH_CLUSTER" = 1 ]; then rabbitmq_cluster_up; fi
     say "all up in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')s; data in $DIR"
 }
 
 cmd_down() {
     lock
+    rabbitmq_cluster_down
+    if [ "$WITH_CLUSTER" = 1 ]; then
+        say "down: the RabbitMQ cluster only; the other services keep running"
+        return 0
+    fi
     smtp_down
     dovecot_down
     rabbitmq_down
@@ -723,6 +945,9 @@ cmd_status() {
     status_line rabbitmq "$HOST:$AMQP_PORT (API $HOST:$RABBIT_API_PORT)" rabbit_ready || rc=1
     status_line dovecot "$HOST:$IMAP_PORT" port_open "$IMAP_PORT" || rc=1
     status_line smtp "$HOST:$SMTP_PORT" port_open "$SMTP_PORT" || rc=1
+    if [ "$WITH_CLUSTER" = 1 ] || ours rabbitmq-cluster; then
+        cluster_status || rc=1
+    fi
     return $rc
 }
 
@@ -750,6 +975,9 @@ export WH_SERVICES_DIR=$dir
 export WH_TEST_CHROMEDRIVER=$(command -v chromedriver || echo /usr/bin/chromedriver)
 export WH_TEST_CHROMIUM=$(command -v chromium || echo /usr/bin/chromium)
 EOF
+    if [ "$WITH_CLUSTER" = 1 ]; then
+        echo "export WH_TEST_RABBIT_CLUSTER=$(cluster_addresses)"
+    fi
 }
 
 cmd_selftest() {
@@ -888,7 +1116,20 @@ PY
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 
-case "${1:-}" in
+WITH_CLUSTER=0
+COMMAND=${1:-}
+[ "$#" -gt 0 ] && shift
+for arg in "$@"; do
+    case "$arg" in
+    --rabbitmq-cluster) WITH_CLUSTER=1 ;;
+    *)
+        usage >&2
+        exit 2
+        ;;
+    esac
+done
+
+case "$COMMAND" in
 up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
