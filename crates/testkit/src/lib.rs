@@ -10,9 +10,10 @@
 //! - [`Browser`]: a headless Debian Chromium driven through a ChromeDriver of the test's own
 //!   (on a free port, with an empty profile), for the console's browser tests;
 //! - private servers for tests that stop a server or need it configured otherwise: a
-//!   PostgreSQL cluster ([`PgCluster`]), a RabbitMQ node ([`RabbitNode`]) and a Dovecot
-//!   ([`Dovecot`]), each on ports and in a folder of its own, optionally serving TLS with a
-//!   certificate from a [`TestCa`], a certificate authority of the test's own.
+//!   PostgreSQL cluster ([`PgCluster`]), a RabbitMQ node ([`RabbitNode`]) or cluster of them
+//!   ([`RabbitCluster`]) and a Dovecot ([`Dovecot`]), each on ports and in a folder of its
+//!   own, optionally serving TLS with a certificate from a [`TestCa`], a certificate authority
+//!   of the test's own.
 //!
 //! And the helpers tests would otherwise copy: [`wait::eventually`] (poll a condition within
 //! a bound instead of sleeping) and [`amqp`] (a queue's depth, taking its messages, headers,
@@ -30,6 +31,7 @@ mod browser;
 mod dovecot;
 mod pg_cluster;
 mod proxy;
+mod rabbit_cluster;
 mod rabbit_node;
 mod smtp;
 mod template;
@@ -40,6 +42,7 @@ pub use browser::Browser;
 pub use dovecot::Dovecot;
 pub use pg_cluster::PgCluster;
 pub use proxy::FaultProxy;
+pub use rabbit_cluster::RabbitCluster;
 pub use rabbit_node::RabbitNode;
 pub use smtp::SmtpSink;
 pub use tls::{ServerCert, TestCa};

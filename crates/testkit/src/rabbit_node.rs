@@ -1,6 +1,7 @@
 //! A private RabbitMQ node for the fault suite's broker scenarios, so that their process
 //! faults (kill -9, SIGSTOP, `stop_app`, a memory alarm) never touch the shared broker, and for
 //! tests that need a broker configured otherwise (a TLS listener: [`RabbitNode::start_with_tls`]).
+//! Three of them with one cookie make a [`RabbitCluster`](crate::RabbitCluster).
 //!
 //! The node has a name of its own (`wh-<id>@localhost`), its own AMQP, distribution and
 //! management ports (free ones), its data (`mnesia/`), logs (`log/`), settings and Erlang
@@ -67,7 +68,9 @@ impl RabbitNode {
     /// Prepares the node's folder under `dir` (`dir/rabbit`) and starts it; returns once it
     /// answers on AMQP and on its management API.
     pub async fn start(dir: &Path) -> anyhow::Result<Self> {
-        Self::start_in(dir, None, None).await
+        let mut node = Self::launch(dir, "rabbit", None, None, None)?;
+        node.wait_ready().await?;
+        Ok(node)
     }
 
     /// A node in a temporary folder of its own (removed with it) with, besides its plain
@@ -79,15 +82,22 @@ impl RabbitNode {
             .tempdir()
             .context("creating the node's folder")?;
         let dir = temp.path().to_path_buf();
-        Self::start_in(&dir, Some(cert), Some(temp)).await
+        let mut node = Self::launch(&dir, "rabbit", None, Some(cert), Some(temp))?;
+        node.wait_ready().await?;
+        Ok(node)
     }
 
-    async fn start_in(
+    /// Prepares the node's folder (`dir/folder`) and starts its process, without waiting for
+    /// it to answer ([`Self::wait_ready`]), so that a cluster's nodes boot side by side.
+    /// `cookie` is the Erlang cookie it shares with other nodes; unset, one of its own.
+    pub(crate) fn launch(
         dir: &Path,
+        folder: &str,
+        cookie: Option<&str>,
         tls: Option<&ServerCert>,
         temp: Option<tempfile::TempDir>,
     ) -> anyhow::Result<Self> {
-        let dir = dir.join("rabbit");
+        let dir = dir.join(folder);
         for sub in ["home", "mnesia", "log"] {
             std::fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
@@ -95,7 +105,7 @@ impl RabbitNode {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let name = format!("wh-{}@localhost", &id[..12]);
         let [amqp_port, management_port, dist_port, amqps] = free_ports()?;
-        write_private(&dir.join("home/.erlang.cookie"), &id)?;
+        write_private(&dir.join("home/.erlang.cookie"), cookie.unwrap_or(&id))?;
         let mut conf = format!(
             "# written by worker-testkit for a private node\n\
              listeners.tcp.default = 127.0.0.1:{amqp_port}\n\
@@ -132,7 +142,6 @@ impl RabbitNode {
             child: None,
         };
         node.spawn()?;
-        node.wait_ready().await?;
         Ok(node)
     }
 
@@ -309,8 +318,21 @@ impl RabbitNode {
         Ok(())
     }
 
-    /// Starts the node again on the same data (after [`Self::kill9`]); returns once it
-    /// answers.
+    /// Stops the whole node gracefully (`rabbitmqctl stop`): its client connections are closed
+    /// (a `connection.close` with CONNECTION_FORCED, or a reset, as 3.10.8 does either), the
+    /// quorum queues it led elect leaders among their other members, and its OS process exits;
+    /// returns once it has. [`Self::restart`] starts it again on the same data.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        let pid_file = self.pid_file();
+        let pid_file = pid_file.to_string_lossy().into_owned();
+        // Given the pid file, `stop` waits for the OS process to end.
+        self.ctl(&["stop", &pid_file]).await?;
+        self.kill_group();
+        Ok(())
+    }
+
+    /// Starts the node again on the same data (after [`Self::kill9`] or [`Self::stop`]);
+    /// returns once it answers.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill_group();
         self.spawn()?;

@@ -20,6 +20,7 @@ mod pg_terminate;
 mod poison_429;
 mod poison_malformed;
 mod poison_panic;
+mod rabbit_cluster_node_stop;
 mod rabbit_kill9;
 mod rabbit_restart;
 mod rabbit_sigstop;
@@ -110,6 +111,10 @@ pub struct Scenario {
 /// `--fault-injection-host-bin`).
 pub const NEEDS_FAULT_INJECTION: &[&str] = &["poison-panic"];
 
+/// The scenarios `--quick` leaves out unless named with `--scenario`: what they start takes
+/// too long for CI's quick run (a three-node cluster: about 40 s before the first ping).
+pub const FULL_RUN_ONLY: &[&str] = &["rabbit-cluster-node-stop"];
+
 /// The host's own default `broker.heartbeat`, which most scenarios keep.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
@@ -125,6 +130,7 @@ pub fn all() -> Vec<Scenario> {
         amqp_cut::scenario(),
         amqp_blackhole::scenario(),
         memory_alarm::scenario(),
+        rabbit_cluster_node_stop::scenario(),
         // The database.
         pg_restart::scenario(),
         pg_immediate::scenario(),
