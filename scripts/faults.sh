@@ -5,7 +5,8 @@
 #
 #   scripts/faults.sh                          every scenario at its full load (long)
 #   scripts/faults.sh --quick                  each once with a small load, 6 at a time, on
-#                                              the debug binary (what CI runs after the tests)
+#                                              the debug binary (what CI runs after the tests);
+#                                              rabbit-cluster-node-stop only when named
 #   scripts/faults.sh --scenario host-kill9    only that one (repeatable)
 #   scripts/faults.sh --baseline-messages 1000 --repetitions 5   smaller full run
 #   scripts/faults.sh --output -               print only, write no document (the full run

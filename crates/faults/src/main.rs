@@ -52,7 +52,8 @@ const HEARTBEAT_SECS: f64 = scenarios::DEFAULT_HEARTBEAT.as_secs_f64();
     about = "The worker-host fault suite (issue 11)"
 )]
 struct Args {
-    /// One repetition of each scenario with a small load.
+    /// One repetition of each scenario with a small load (those of `FULL_RUN_ONLY` only
+    /// when named with --scenario).
     #[arg(long)]
     quick: bool,
     /// Run only these scenarios (repeatable); all by default.
