@@ -1,8 +1,8 @@
 //! How many mails a second the whole loop answers, against what each service manages alone on
 //! this machine, in one run:
 //!
-//! 1. **ceilings**, each service with a bare client: the SMTP sink's accept rate (lettre, a
-//!    pool of `BENCH_SMTP_CONCURRENCY` connections), Dovecot's fetch rate (one session,
+//! 1. **ceilings**, each service with a bare client: the SMTP sink's accept rate (lettre's
+//!    connection, `BENCH_SMTP_CONCURRENCY` of them side by side), Dovecot's fetch rate (one session,
 //!    `UID FETCH n BODY.PEEK[]` one message at a time, as the poller does), PostgreSQL's
 //!    commit rate (one-row transactions on 8 connections, `synchronous_commit` on);
 //! 2. **inbound mails**: `BENCH_MAILS` pings appended to the host's IMAP account (each from a
@@ -34,11 +34,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use lettre::Message;
 use lettre::message::Mailbox;
-use lettre::transport::smtp::AsyncSmtpTransport;
-use lettre::transport::smtp::PoolConfig;
-use lettre::{AsyncTransport, Message, Tokio1Executor};
-use support::{Host, base_settings, publish_pings, short_id};
+use lettre::transport::smtp::client::AsyncSmtpConnection;
+use lettre::transport::smtp::extension::ClientId;
+use support::{Host, base_settings, short_id};
 use worker_testkit::{TestDb, TestVhost};
 
 fn env(name: &str, default: usize) -> usize {
@@ -156,26 +156,36 @@ fn mail_to(to: &str, from: &str, subject: &str) -> Message {
         .unwrap()
 }
 
-/// The SMTP sink's accept rate: `n` mails over a pool of `concurrency` connections.
+/// The SMTP sink's accept rate: `n` mails over `concurrency` connections side by side, each
+/// sending its share one after another (Nagle's algorithm off, as the host's own pool).
 async fn smtp_ceiling(n: usize, concurrency: usize) -> f64 {
-    let addr = worker_testkit::smtp_addr();
-    let (host, port) = addr.rsplit_once(':').unwrap();
-    let smtp = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-        .port(port.parse().unwrap())
-        .pool_config(PoolConfig::new().max_size(u32::try_from(concurrency).unwrap()))
-        .build();
     let to = format!("ceiling-{}@localhost", short_id());
     let started = Instant::now();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let smtp = smtp.clone();
-            let mail = mail_to(&to, "bench@localhost", &format!("ceiling {i}"));
-            async move { smtp.send(mail).await.expect("the sink accepts") }
-        })
-        .buffer_unordered(concurrency)
-        .for_each(|_| async {})
-        .await;
-    n as f64 / started.elapsed().as_secs_f64()
+    let share = n.div_ceil(concurrency);
+    let workers = (0..concurrency).map(|w| {
+        let to = to.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(worker_testkit::smtp_addr())
+                .await
+                .unwrap();
+            tcp.set_nodelay(true).unwrap();
+            let hello = ClientId::Domain("bench.test".into());
+            let mut connection = AsyncSmtpConnection::connect_with_transport(Box::new(tcp), &hello)
+                .await
+                .unwrap();
+            for i in 0..share {
+                let mail = mail_to(&to, "bench@localhost", &format!("ceiling {w}-{i}"));
+                let envelope = mail.envelope().clone();
+                connection
+                    .send(&envelope, &mail.formatted())
+                    .await
+                    .expect("the sink accepts");
+            }
+            let _ = connection.quit().await;
+        }
+    });
+    futures::future::join_all(workers).await;
+    (share * concurrency) as f64 / started.elapsed().as_secs_f64()
 }
 
 type Imap = async_imap::Session<tokio::net::TcpStream>;
@@ -353,16 +363,19 @@ async fn append_pings(world: &World, n: usize) {
     let _ = session.logout().await;
 }
 
-/// `n` `email.received` events, each from a sender of its own.
+/// `n` `email.received` events, each from a sender of its own, on one connection.
 async fn publish_events(world: &World, n: usize) {
     let run = short_id();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
-        for i in chunk {
-            publish_pings(&world.vhost, &format!("bench-ev-{run}-{i}@localhost"), 1)
-                .await
-                .unwrap();
-        }
-    }
+    let events: Vec<_> = (0..n)
+        .map(|i| support::ping_from(&format!("bench-ev-{run}-{i}@localhost"), i))
+        .collect();
+    let messages: Vec<(lapin::BasicProperties, &[u8])> = events
+        .iter()
+        .map(|(properties, body)| (properties.clone(), body.as_slice()))
+        .collect();
+    worker_testkit::amqp::publish_confirmed(&world.vhost, "events", "email.received", &messages)
+        .await
+        .unwrap();
 }
 
 struct Figures {
