@@ -14,6 +14,19 @@ use crate::settings::{DatabaseSettings, Settings, SettingsError, SslMode};
 
 /// The pool options the settings describe.
 pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
+    pool_options_with(settings, None)
+}
+
+/// [`pool_options`], with every session's TCP keepalives set for `lease_timeout`
+/// ([`worker_store::KeepAlive`]): the pool the host runs its jobs and leases on.
+pub fn run_pool_options(settings: &Settings) -> worker_store::PoolOptions {
+    pool_options_with(&settings.database, Some(settings.workers.lease_timeout))
+}
+
+fn pool_options_with(
+    settings: &DatabaseSettings,
+    lease_timeout: Option<Duration>,
+) -> worker_store::PoolOptions {
     let mut connect = PgConnectOptions::new()
         .host(&settings.host)
         .port(settings.port)
@@ -32,6 +45,9 @@ pub fn pool_options(settings: &DatabaseSettings) -> worker_store::PoolOptions {
     }
     if let Some(password) = &settings.password {
         connect = connect.password(password.expose());
+    }
+    if let Some(takeover) = lease_timeout {
+        connect = worker_store::KeepAlive::for_takeover(takeover).connect_options(connect);
     }
     worker_store::PoolOptions {
         connect,

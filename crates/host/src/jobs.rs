@@ -186,8 +186,7 @@ fn inbound_email_poller(
     // and the server ends that wait at once when the session goes, so a slow check costs
     // nothing in takeover time.
     let idle_lease = AdvisoryLease::new(ctx.pool.clone())
-        .with_checks(Duration::from_secs(5), Duration::from_secs(5))
-        .with_takeover(ctx.settings.workers.lease_timeout);
+        .with_checks(Duration::from_secs(5), Duration::from_secs(5));
     ctx.tracker.spawn(poller.idler().run(
         Arc::new(idle_lease),
         wake.clone(),

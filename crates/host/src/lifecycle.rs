@@ -49,14 +49,12 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         pool: pool.clone(),
         publisher: supervisor.publisher(settings.broker.publisher.clone()),
         supervisor: supervisor.clone(),
-        lease: Arc::new(
-            AdvisoryLease::new(pool.clone()).with_takeover(settings.workers.lease_timeout),
-        ),
+        lease: Arc::new(AdvisoryLease::new(pool.clone())),
         attempt_log,
         metrics: observability.metrics.clone(),
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
-        pauses: Some(Arc::new(crate::scheduler::control::DatabasePauses(
+        pauses: Some(Arc::new(crate::scheduler::control::DatabasePauses::new(
             pool.clone(),
         ))),
     };
@@ -242,7 +240,7 @@ async fn console(
 async fn reach_services(
     settings: &Settings,
 ) -> Result<(sqlx::PgPool, worker_broker::Supervisor), Fatal> {
-    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+    let pool = worker_store::connect(&connections::run_pool_options(settings))
         .await
         .map_err(Fatal::unavailable)?;
     if settings.database.migrate_on_start {

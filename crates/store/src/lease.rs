@@ -3,6 +3,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgConnectOptions;
 use worker_core::{Failure, SingletonLease};
 
 use crate::classify;
@@ -39,9 +40,6 @@ pub struct AdvisoryLease {
     pool: PgPool,
     check_interval: Duration,
     check_timeout: Duration,
-    /// How long the server keeps a lease whose holder went silent; `None`: the server's
-    /// own TCP settings (often two hours).
-    takeover: Option<Duration>,
 }
 
 /// A held lease. `release` unlocks it and returns the connection to the pool; dropping it
@@ -58,18 +56,7 @@ impl AdvisoryLease {
             pool,
             check_interval: DEFAULT_CHECK_INTERVAL,
             check_timeout: DEFAULT_CHECK_TIMEOUT,
-            takeover: None,
         }
-    }
-
-    /// Bounds how long the server keeps the lease of a holder that vanished without closing
-    /// its connection (its machine lost, the network cut): each held lease's session gets TCP
-    /// keepalives and a user timeout ([`KeepAlive::for_takeover`]), so that the server ends the
-    /// session, and frees the lock, within `takeover` of the holder going silent.
-    #[must_use]
-    pub fn with_takeover(mut self, takeover: Duration) -> Self {
-        self.takeover = Some(takeover);
-        self
     }
 
     /// How long each wait of a held lease's session lasts during a tick, and how long past
@@ -123,9 +110,6 @@ impl AdvisoryLease {
             .fetch_one(&mut *conn)
             .await
             .map_err(classify)?;
-        if held && let Some(takeover) = self.takeover {
-            KeepAlive::for_takeover(takeover).apply(&mut conn).await?;
-        }
         Ok(held.then(|| LeaseGuard {
             conn: Some(conn),
             job: job.to_string(),
@@ -133,7 +117,9 @@ impl AdvisoryLease {
     }
 }
 
-/// The TCP settings of a lease's session on the server's side.
+/// The TCP settings of a lease's session on the server's side: with them, the server ends the
+/// session of a holder that vanished without closing its connection (its machine lost, the
+/// network cut), and frees its lock, within the takeover they were made for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeepAlive {
     /// Silence before the first keepalive probe.
@@ -160,22 +146,22 @@ impl KeepAlive {
         }
     }
 
-    /// Sets them on `conn`'s session (they stay with the pooled connection, harmlessly).
-    async fn apply(&self, conn: &mut PoolConnection<Postgres>) -> Result<(), Failure> {
-        sqlx::query(
-            "SELECT set_config('tcp_keepalives_idle', $1, false), \
-                    set_config('tcp_keepalives_interval', $2, false), \
-                    set_config('tcp_keepalives_count', $3, false), \
-                    set_config('tcp_user_timeout', $4, false)",
-        )
-        .bind(self.idle.as_secs().to_string())
-        .bind(self.interval.as_secs().to_string())
-        .bind(self.count.to_string())
-        .bind(self.user_timeout.as_millis().to_string())
-        .execute(&mut **conn)
-        .await
-        .map_err(classify)?;
-        Ok(())
+    /// `options` with these settings asked for at every connection's start, so that every
+    /// session of the pool (a lease's among them) has them from its first moment, at no cost
+    /// per lease.
+    pub fn connect_options(&self, options: PgConnectOptions) -> PgConnectOptions {
+        options.options([
+            ("tcp_keepalives_idle", self.idle.as_secs().to_string()),
+            (
+                "tcp_keepalives_interval",
+                self.interval.as_secs().to_string(),
+            ),
+            ("tcp_keepalives_count", self.count.to_string()),
+            (
+                "tcp_user_timeout",
+                self.user_timeout.as_millis().to_string(),
+            ),
+        ])
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
-use worker_store::AdvisoryLease;
+use worker_store::{AdvisoryLease, KeepAlive};
 use worker_testkit::TestDb;
 
 /// Two replicas (each with its own pool) loop a slow tick under the lease; the intervals in
@@ -304,11 +304,15 @@ async fn a_wait_in_flight_when_the_tick_ends_leaves_the_connection_sound() -> an
 }
 
 #[tokio::test]
-async fn a_held_leases_session_carries_keepalives_that_bound_its_takeover() -> anyhow::Result<()> {
+async fn a_pool_made_for_a_takeover_carries_keepalives_that_bound_it() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
-    // One connection: the one the lease held is the one asked after.
-    let pool = db.another_pool(1).await?;
-    let lease = AdvisoryLease::new(pool.clone()).with_takeover(Duration::from_secs(15));
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse()?;
+    let options = KeepAlive::for_takeover(Duration::from_secs(15)).connect_options(options);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    let lease = AdvisoryLease::new(pool.clone());
     let guard = lease.acquire("keepalive-job").await?.expect("free");
     guard.release().await;
     let settings: Vec<(String, String)> = sqlx::query_as(

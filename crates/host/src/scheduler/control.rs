@@ -44,16 +44,46 @@ pub async fn paused(pauses: &dyn PauseCheck, job: &str) -> bool {
     }
 }
 
-/// The pauses as the database holds them (`job_pauses`), shared by every replica.
-#[derive(Debug, Clone)]
-pub struct DatabasePauses(pub sqlx::PgPool);
+/// The pauses as the database holds them (`job_pauses`), shared by every replica, read at
+/// most once per [`PAUSES_FRESH`] for all jobs together: the outbox drain ticks at every
+/// commit, and a query per tick to learn that nothing is paused would cost more than the
+/// tick. A pause or a resume therefore takes effect within that time on every replica.
+#[derive(Debug)]
+pub struct DatabasePauses {
+    pool: sqlx::PgPool,
+    read: tokio::sync::Mutex<Option<(tokio::time::Instant, std::collections::HashSet<String>)>>,
+}
+
+/// How long a reading of the paused jobs is taken as current.
+pub const PAUSES_FRESH: Duration = Duration::from_secs(1);
+
+impl DatabasePauses {
+    pub fn new(pool: sqlx::PgPool) -> Self {
+        Self {
+            pool,
+            read: tokio::sync::Mutex::new(None),
+        }
+    }
+}
 
 impl PauseCheck for DatabasePauses {
     fn is_paused<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<bool, String>> {
         Box::pin(async move {
-            worker_store::pauses::is_paused(&self.0, job)
+            let mut read = self.read.lock().await;
+            if let Some((at, paused)) = read.as_ref()
+                && at.elapsed() < PAUSES_FRESH
+            {
+                return Ok(paused.contains(job));
+            }
+            let paused: std::collections::HashSet<String> = worker_store::pauses::list(&self.pool)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|p| p.job)
+                .collect();
+            let answer = paused.contains(job);
+            *read = Some((tokio::time::Instant::now(), paused));
+            Ok(answer)
         })
     }
 }
