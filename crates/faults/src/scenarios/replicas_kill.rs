@@ -10,11 +10,11 @@ use anyhow::Context;
 use worker_testkit::FaultProxy;
 
 use super::timer_lease_kill::{poller_holder, secs, watch_takeover};
-use super::timer_replicas::{IMAP_DELAY, replica_checks};
+use super::timer_replicas::{replica_checks, slow_imap_replicas};
 use super::{Fault, Load, Scenario};
 use crate::oracle::Check;
 use crate::run::{HostId, Run, Setup};
-use crate::timers::{self, HolderSamples};
+use crate::timers::HolderSamples;
 
 /// The poller's interval in the replica settings ([`timers::replica_env`]).
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -70,15 +70,7 @@ struct ReplicasKill {
 #[async_trait::async_trait]
 impl Fault for ReplicasKill {
     async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
-        let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
-        proxy.slow(IMAP_DELAY);
-        let setup = Setup {
-            env: timers::replica_env(),
-            imap_port: Some(proxy.port()),
-            ..Setup::default()
-        };
-        self.imap = Some(proxy);
-        Ok(setup)
+        slow_imap_replicas(&mut self.imap).await
     }
 
     async fn begin(&mut self, run: &mut Run) -> anyhow::Result<()> {

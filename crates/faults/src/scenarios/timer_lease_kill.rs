@@ -9,7 +9,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 use worker_testkit::FaultProxy;
 
-use super::timer_replicas::{IMAP_DELAY, replica_checks};
+use super::timer_replicas::{replica_checks, slow_imap_replicas};
 use super::{Fault, Load, Scenario};
 use crate::oracle::Check;
 use crate::run::{HostId, Run, Setup};
@@ -72,17 +72,9 @@ struct TimerLeaseKill {
 #[async_trait::async_trait]
 impl Fault for TimerLeaseKill {
     async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
-        let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
         // A poll lasts about a second, about its interval, and both processes tick on the
         // same second: the poller's lease is held most of the time, and the kill lands mid-tick.
-        proxy.slow(IMAP_DELAY);
-        let setup = Setup {
-            env: timers::replica_env(),
-            imap_port: Some(proxy.port()),
-            ..Setup::default()
-        };
-        self.imap = Some(proxy);
-        Ok(setup)
+        slow_imap_replicas(&mut self.imap).await
     }
 
     async fn begin(&mut self, run: &mut Run) -> anyhow::Result<()> {

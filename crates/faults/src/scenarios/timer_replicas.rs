@@ -57,18 +57,24 @@ struct TimerReplicas {
     holders: HolderSamples,
 }
 
+/// What the replica scenarios prepare: IMAP through a proxy that slows every chunk by
+/// [`IMAP_DELAY`] (kept in `imap` for the scenario's life), and the replica settings.
+pub async fn slow_imap_replicas(imap: &mut Option<FaultProxy>) -> anyhow::Result<Setup> {
+    let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
+    proxy.slow(IMAP_DELAY);
+    let setup = Setup {
+        env: timers::replica_env(),
+        imap_port: Some(proxy.port()),
+        ..Setup::default()
+    };
+    *imap = Some(proxy);
+    Ok(setup)
+}
+
 #[async_trait::async_trait]
 impl Fault for TimerReplicas {
     async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
-        let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
-        proxy.slow(IMAP_DELAY);
-        let setup = Setup {
-            env: timers::replica_env(),
-            imap_port: Some(proxy.port()),
-            ..Setup::default()
-        };
-        self.imap = Some(proxy);
-        Ok(setup)
+        slow_imap_replicas(&mut self.imap).await
     }
 
     async fn begin(&mut self, run: &mut Run) -> anyhow::Result<()> {

@@ -31,16 +31,54 @@ fn quick(mut config: PollerConfig) -> PollerConfig {
     config
 }
 
-/// Runs `idler` on `tracker` until `stop`, waking `wake`.
-fn idle(
+/// An idler running on a task of its own, the wake it rings, and how to stop it.
+struct Idling {
     idler: Idler,
-    db: &TestDb,
-    wake: &Arc<Notify>,
-    stop: &CancellationToken,
-    tracker: &TaskTracker,
-) {
-    let lease = Arc::new(AdvisoryLease::new(db.pool.clone()));
-    tracker.spawn(idler.run(lease, wake.clone(), stop.clone()));
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Idling {
+    /// Runs `idler` (on the lease of `db`) until [`Idling::end`].
+    fn start(idler: Idler, db: &TestDb) -> Self {
+        let (wake, stop, tracker) = (
+            Arc::new(Notify::new()),
+            CancellationToken::new(),
+            TaskTracker::new(),
+        );
+        let lease = Arc::new(AdvisoryLease::new(db.pool.clone()));
+        tracker.spawn(idler.clone().run(lease, wake.clone(), stop.clone()));
+        Self {
+            idler,
+            wake,
+            stop,
+            tracker,
+        }
+    }
+
+    /// Stops it and waits for its task to end.
+    async fn end(self) {
+        self.stop.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    /// The news counted for `account` so far, once there is some (within 5 s).
+    async fn news(&self, account: &str) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let news = self
+                .idler
+                .stats()
+                .account(account)
+                .map_or(0, |s| s.idle_news);
+            if news > 0 || Instant::now() > deadline {
+                return news;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// Waits up to `within` for the wake.
@@ -64,39 +102,28 @@ async fn idle_state(idler: &Idler, account: &str, wanted: &str) -> String {
     }
 }
 
+/// The server's own notification, with no recheck.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_mail_wakes_the_poller_at_once() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let mailbox = user("idle-news");
-    let poller = poller(
-        &db.pool,
-        quick(config(vec![account("news", &mailbox, "secret")])),
-    );
-    let idler = poller.idler();
-    let (wake, stop, tracker) = (
-        Arc::new(Notify::new()),
-        CancellationToken::new(),
-        TaskTracker::new(),
-    );
-    idle(idler.clone(), &db, &wake, &stop, &tracker);
-    assert_eq!(idle_state(&idler, "news", "idling").await, "idling");
+    let mut config = quick(config(vec![account("news", &mailbox, "secret")]));
+    config.idle.recheck = Duration::ZERO;
+    let poller = poller(&db.pool, config);
+    let idling = Idling::start(poller.idler(), &db);
+    assert_eq!(idle_state(&idling.idler, "news", "idling").await, "idling");
     // The wake of the (re)connect itself, for mail that came while nobody idled.
-    assert!(woken(&wake, Duration::from_secs(5)).await);
+    assert!(woken(&idling.wake, Duration::from_secs(5)).await);
 
-    let sent = Instant::now();
     send(&mailbox, "alice@example.com", "ping idle", "are you there?").await?;
     assert!(
-        woken(&wake, Duration::from_secs(5)).await,
+        woken(&idling.wake, Duration::from_secs(5)).await,
         "the server's news woke the poller"
     );
-    let took = sent.elapsed();
-    assert!(idler.stats().account("news").unwrap().idle_news >= 1);
+    assert!(idling.news("news").await >= 1);
     // The poll it wakes finds the mail.
-    let report = poll(&poller).await;
-    assert_eq!(report.totals().stored, 1, "{took:?}");
-    stop.cancel();
-    tracker.close();
-    tracker.wait().await;
+    assert_eq!(poll(&poller).await.totals().stored, 1);
+    idling.end().await;
     Ok(())
 }
 
@@ -109,31 +136,23 @@ async fn a_rechecking_idle_sees_every_mail_of_a_burst() -> anyhow::Result<()> {
         &db.pool,
         quick(config(vec![account("burst", &mailbox, "secret")])),
     );
-    let idler = poller.idler();
-    let (wake, stop, tracker) = (
-        Arc::new(Notify::new()),
-        CancellationToken::new(),
-        TaskTracker::new(),
-    );
-    idle(idler.clone(), &db, &wake, &stop, &tracker);
-    assert_eq!(idle_state(&idler, "burst", "idling").await, "idling");
+    let idling = Idling::start(poller.idler(), &db);
+    assert_eq!(idle_state(&idling.idler, "burst", "idling").await, "idling");
     assert!(
-        woken(&wake, Duration::from_secs(5)).await,
+        woken(&idling.wake, Duration::from_secs(5)).await,
         "the connect's own wake"
     );
     let mut stored = 0;
     for i in 0..5 {
         send(&mailbox, "dave@example.com", &format!("ping {i}"), "x").await?;
         assert!(
-            woken(&wake, Duration::from_secs(5)).await,
+            woken(&idling.wake, Duration::from_secs(5)).await,
             "mail {i} woke the poller"
         );
         stored += poll(&poller).await.totals().stored;
     }
     assert_eq!(stored, 5, "each wake found its mail");
-    stop.cancel();
-    tracker.close();
-    tracker.wait().await;
+    idling.end().await;
     Ok(())
 }
 
@@ -142,44 +161,34 @@ async fn one_replica_idles_and_another_takes_over_when_it_goes() -> anyhow::Resu
     let db = TestDb::create().await?;
     let mailbox = user("idle-lease");
     let accounts = || quick(config(vec![account("shared", &mailbox, "secret")]));
-    let (first, second) = (
-        poller(&db.pool, accounts()).idler(),
-        poller(&db.pool, accounts()).idler(),
-    );
-    let tracker = TaskTracker::new();
-    let (wake_first, wake_second) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let (stop_first, stop_second) = (CancellationToken::new(), CancellationToken::new());
-    idle(first.clone(), &db, &wake_first, &stop_first, &tracker);
-    assert_eq!(idle_state(&first, "shared", "idling").await, "idling");
-    idle(second.clone(), &db, &wake_second, &stop_second, &tracker);
+    let first = Idling::start(poller(&db.pool, accounts()).idler(), &db);
+    assert_eq!(idle_state(&first.idler, "shared", "idling").await, "idling");
+    let second = Idling::start(poller(&db.pool, accounts()).idler(), &db);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        second.stats().account("shared").unwrap().idle,
+        second.idler.stats().account("shared").unwrap().idle,
         None,
         "only the lease holder idles"
     );
 
     // The holder goes; the other takes the lease within its retry and idles.
-    stop_first.cancel();
+    first.end().await;
     let gone = Instant::now();
-    assert_eq!(idle_state(&second, "shared", "idling").await, "idling");
+    assert_eq!(
+        idle_state(&second.idler, "shared", "idling").await,
+        "idling"
+    );
     assert!(
         gone.elapsed() < Duration::from_secs(3),
         "taken over in {:?}",
         gone.elapsed()
     );
     send(&mailbox, "bob@example.com", "ping after", "x").await?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while second.stats().account("shared").unwrap().idle_news == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert!(
-        second.stats().account("shared").unwrap().idle_news >= 1,
+        second.news("shared").await >= 1,
         "the new holder hears the news"
     );
-    stop_second.cancel();
-    tracker.close();
-    tracker.wait().await;
+    second.end().await;
     Ok(())
 }
 
@@ -190,37 +199,27 @@ async fn a_connection_gone_silent_is_found_at_the_refresh_and_reconnected() -> a
     let proxy = FaultProxy::start(worker_testkit::imap_addr()).await?;
     let mut through = account("silent", &mailbox, "secret");
     through.port = proxy.port();
-    let poller = poller(&db.pool, quick(config(vec![through])));
-    let idler = poller.idler();
-    let (wake, stop, tracker) = (
-        Arc::new(Notify::new()),
-        CancellationToken::new(),
-        TaskTracker::new(),
+    let idling = Idling::start(poller(&db.pool, quick(config(vec![through]))).idler(), &db);
+    assert_eq!(
+        idle_state(&idling.idler, "silent", "idling").await,
+        "idling"
     );
-    idle(idler.clone(), &db, &wake, &stop, &tracker);
-    assert_eq!(idle_state(&idler, "silent", "idling").await, "idling");
 
     proxy.blackhole();
-    let state = idle_state(&idler, "silent", "reconnecting").await;
+    let state = idle_state(&idling.idler, "silent", "reconnecting").await;
     assert!(
         state.starts_with("reconnecting"),
         "a DONE with no answer is a dead connection: {state}"
     );
     proxy.heal();
     assert_eq!(
-        idle_state(&idler, "silent", "idling").await,
+        idle_state(&idling.idler, "silent", "idling").await,
         "idling",
         "back after the wait"
     );
     send(&mailbox, "carol@example.com", "ping back", "x").await?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while idler.stats().account("silent").unwrap().idle_news == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(idler.stats().account("silent").unwrap().idle_news >= 1);
-    stop.cancel();
-    tracker.close();
-    tracker.wait().await;
+    assert!(idling.news("silent").await >= 1);
+    idling.end().await;
     Ok(())
 }
 
@@ -237,18 +236,12 @@ async fn a_server_without_idle_is_left_to_the_schedule() -> anyhow::Result<()> {
     let mut plain = account("no-idle", &mailbox, "secret");
     plain.port = server.port;
     let poller = poller(&db.pool, quick(config(vec![plain])));
-    let idler = poller.idler();
-    let (wake, stop, tracker) = (
-        Arc::new(Notify::new()),
-        CancellationToken::new(),
-        TaskTracker::new(),
-    );
-    idle(idler.clone(), &db, &wake, &stop, &tracker);
-    let state = idle_state(&idler, "no-idle", "not offered").await;
+    let idling = Idling::start(poller.idler(), &db);
+    let state = idle_state(&idling.idler, "no-idle", "not offered").await;
     assert!(state.starts_with("not offered"), "{state}");
     // The idler ended on its own: nothing holds the lease or the account any more.
-    tracker.close();
-    tokio::time::timeout(BOUND, tracker.wait()).await?;
+    idling.tracker.close();
+    tokio::time::timeout(BOUND, idling.tracker.wait()).await?;
     let report = poll(&poller).await;
     assert!(
         report.failed().next().is_none(),
