@@ -83,6 +83,7 @@
 pub mod address;
 pub mod loops;
 pub mod render;
+pub mod reply_limit;
 pub mod settings;
 pub mod webhook;
 
@@ -105,6 +106,7 @@ use worker_store::{ProcessedMessages, classify};
 
 pub use address::WebhookAllow;
 pub use render::{RenderedEmail, render_email};
+pub use reply_limit::{DEFAULT_REPLY_LIMIT, DEFAULT_REPLY_WINDOW, ReplyLimit};
 pub use settings::{AutoReplySettings, AutomationActionSettings};
 pub use webhook::WebhookClient;
 
@@ -125,28 +127,6 @@ pub const DEFAULT_RECORD_BUDGET: Duration = Duration::from_secs(10);
 
 /// Added to the webhook timeout and the record budget to make the stale limit of a claim.
 pub const STALE_CLAIM_MARGIN: Duration = Duration::from_secs(30);
-
-/// The default reply limit: one automation sends one address at most this many mails ...
-pub const DEFAULT_REPLY_LIMIT: u32 = 10;
-/// ... within this window.
-pub const DEFAULT_REPLY_WINDOW: Duration = Duration::from_secs(3600);
-
-/// At most `max` mails from one automation to one address within `window`: a sender that
-/// forges its address cannot make an automation a mail cannon aimed at someone else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplyLimit {
-    pub max: u32,
-    pub window: Duration,
-}
-
-impl Default for ReplyLimit {
-    fn default() -> Self {
-        Self {
-            max: DEFAULT_REPLY_LIMIT,
-            window: DEFAULT_REPLY_WINDOW,
-        }
-    }
-}
 
 /// Why an executor could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -426,7 +406,8 @@ impl ActionExecutor {
                     return Ok(Started::Finished(Handled::Done));
                 }
                 if let Some(reason) = self
-                    .apply_reply_limit(tx, execution.automation_id, &mut email)
+                    .reply_limit
+                    .apply(tx, execution.automation_id, &mut email)
                     .await?
                 {
                     skip(tx, id, &reason).await?;
@@ -581,79 +562,6 @@ impl ActionExecutor {
         tx.commit().await.map_err(classify)
     }
 
-    /// Drops from `email` the recipients this automation has sent [`ReplyLimit::max`] mails
-    /// to within the window; when no `to` is left, the reason to skip the execution. Each
-    /// recipient's count is taken under a transaction-scoped advisory lock of (automation,
-    /// address), so that parallel executions cannot all pass the same last slot. Only the
-    /// executions created within the window count (the index on (automation, created_at)
-    /// bounds the look-up).
-    async fn apply_reply_limit(
-        &self,
-        tx: &mut PgConnection,
-        automation_id: Uuid,
-        email: &mut RenderedEmail,
-    ) -> Result<Option<String>, Failure> {
-        let ReplyLimit { max, window } = self.reply_limit;
-        let mut recipients: Vec<String> = email
-            .to
-            .iter()
-            .chain(&email.cc)
-            .map(|a| loops::bare_address(a))
-            .collect();
-        // One lock order for every transaction: no deadlock between two of them.
-        recipients.sort();
-        recipients.dedup();
-        let mut over = Vec::new();
-        for address in recipients {
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(format!("reply-limit {automation_id} {address}"))
-                .execute(&mut *tx)
-                .await
-                .map_err(classify)?;
-            let sent: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM outbound_emails e \
-                 JOIN action_executions x ON x.id = e.action_execution_id \
-                 WHERE x.automation_id = $1 \
-                   AND x.created_at > now() - make_interval(secs => $2) \
-                   AND e.created_at > now() - make_interval(secs => $2) \
-                   AND EXISTS (SELECT 1 FROM unnest(e.to_addresses || e.cc_addresses) AS r(a) \
-                               WHERE lower(r.a) = $3)",
-            )
-            .bind(automation_id)
-            .bind(window.as_secs_f64())
-            .bind(&address)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(classify)?;
-            if sent >= i64::from(max) {
-                over.push((address, sent));
-            }
-        }
-        if over.is_empty() {
-            return Ok(None);
-        }
-        let listed: Vec<String> = over
-            .iter()
-            .map(|(address, sent)| format!("{address} ({sent})"))
-            .collect();
-        let reason = format!(
-            "the reply limit: within {} this automation already mailed {}; at most {max} mails \
-             per address",
-            humantime::format_duration(window),
-            listed.join(", ")
-        );
-        let kept = |list: &mut Vec<String>| {
-            list.retain(|a| !over.iter().any(|(o, _)| *o == loops::bare_address(a)));
-        };
-        kept(&mut email.to);
-        kept(&mut email.cc);
-        if email.to.is_empty() {
-            return Ok(Some(reason));
-        }
-        tracing::warn!(%reason, "recipients over the reply limit are left out of this mail");
-        Ok(None)
-    }
-
     async fn queue_email(
         &self,
         tx: &mut PgConnection,
@@ -683,6 +591,7 @@ impl ActionExecutor {
         .execute(&mut *tx)
         .await
         .map_err(classify)?;
+        reply_limit::record(tx, email_id, execution.automation_id, email).await?;
         let command = EmailSendCommand {
             email_message_id: email_id,
         };

@@ -15,7 +15,7 @@ use worker_core::{Handled, WorkContext, execute_once};
 use worker_messages::{ActionCommand, DomainEvent, action_execution_id};
 use worker_testkit::TestDb;
 
-use job_automation_action::{ActionExecutor, GUARD_SCOPE, JOB_NAME};
+use job_automation_action::{ActionExecutor, GUARD_SCOPE, JOB_NAME, reply_limit};
 
 fn ctx() -> WorkContext {
     WorkContext::new(JOB_NAME, CancellationToken::new())
@@ -249,6 +249,69 @@ async fn the_reply_limit_stops_a_forged_sender_from_making_an_automation_a_mail_
         run(&db.pool, &executor, &command).await.0,
         "skipped",
         "addresses compare without case"
+    );
+    Ok(())
+}
+
+/// Rows the table scans of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan read: what each returned
+/// and what its filters removed, times its loops.
+fn rows_read(plan: &Value) -> f64 {
+    let here = match plan["Node Type"].as_str() {
+        Some("Seq Scan" | "Index Scan" | "Index Only Scan" | "Bitmap Heap Scan") => {
+            let count = |key: &str| plan[key].as_f64().unwrap_or(0.0);
+            (count("Actual Rows")
+                + count("Rows Removed by Filter")
+                + count("Rows Removed by Index Recheck"))
+                * count("Actual Loops")
+        }
+        _ => 0.0,
+    };
+    let below: f64 = plan["Plans"]
+        .as_array()
+        .map(|plans| plans.iter().map(rows_read).sum())
+        .unwrap_or(0.0);
+    here + below
+}
+
+#[tokio::test]
+async fn the_reply_limit_reads_only_the_mails_to_the_address_it_counts() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let automation_id = automation(&db.pool).await;
+    let executor = executor(&db.pool);
+    // An automation that has answered many people within the window, and the victim twice.
+    for i in 0..300 {
+        let event = mail_event(&format!("customer-{i}@example.com"), json!({}));
+        let command = execution(&db.pool, automation_id, &event).await;
+        assert_eq!(run(&db.pool, &executor, &command).await.0, "succeeded");
+    }
+    for _ in 0..2 {
+        let event = mail_event("victim@example.com", json!({}));
+        let command = execution(&db.pool, automation_id, &event).await;
+        assert_eq!(run(&db.pool, &executor, &command).await.0, "succeeded");
+    }
+    sqlx::query("ANALYZE").execute(&db.pool).await?;
+
+    let mut conn = db.pool.acquire().await?;
+    let window = Duration::from_secs(3600);
+    let sent = reply_limit::sent_within(&mut conn, automation_id, "victim@example.com", window)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f}"))?;
+    assert_eq!(sent, 2);
+    let plan: Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+        reply_limit::SENT_WITHIN
+    ))
+    .bind(automation_id)
+    .bind(window.as_secs_f64())
+    .bind("victim@example.com")
+    .fetch_one(&mut *conn)
+    .await?;
+    let read = rows_read(&plan[0]["Plan"]);
+    // Each mail costs the same however many others the automation sent: the count reads the
+    // victim's rows, not the 300 others'.
+    assert!(
+        read <= 10.0,
+        "the reply limit's count read {read} rows for 2 mails:\n{plan:#}"
     );
     Ok(())
 }
