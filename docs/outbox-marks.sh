@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# What the outbox drain's marks cost PostgreSQL, against deleting the published rows instead:
+# 20,000 rows of ~1 KiB with the outbox's indexes, claimed 500 at a time (FOR UPDATE SKIP
+# LOCKED) and then either marked processed (what the drain does) or deleted. Prints the time
+# of each, twice, alternating. Needs the local services (scripts/services.sh up); it works in a
+# scratch table `outbox_marks_bench` of the shared database and drops it at the end.
+#
+#   docs/outbox-marks.sh
+set -euo pipefail
+url=${WH_TEST_DATABASE_URL:-postgres://worker_host:worker_host@127.0.0.1:5432/worker_host}
+sql() { psql "$url" -qX "$@"; }
+
+fill() {
+    sql <<'SQL' >/dev/null
+SET client_min_messages = warning;
+DROP TABLE IF EXISTS outbox_marks_bench;
+CREATE TABLE outbox_marks_bench (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status text NOT NULL DEFAULT 'pending',
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    processed_at timestamptz,
+    attempts int NOT NULL DEFAULT 0,
+    message_id text NOT NULL,
+    headers jsonb NOT NULL,
+    body bytea NOT NULL);
+CREATE INDEX ON outbox_marks_bench (id) INCLUDE (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX ON outbox_marks_bench (processed_at) WHERE status = 'processed';
+CREATE INDEX ON outbox_marks_bench (message_id) WHERE status = 'pending';
+INSERT INTO outbox_marks_bench (message_id, headers, body)
+SELECT 'm' || g, '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}',
+       convert_to(repeat('x', 1000) || g, 'UTF8')
+FROM generate_series(1, 20000) g;
+VACUUM ANALYZE outbox_marks_bench;
+SQL
+}
+
+batches() {
+    local settle=$1
+    for _ in $(seq 1 40); do
+        cat <<SQL
+BEGIN;
+SELECT array_agg(id) AS ids FROM (
+    SELECT id, message_id, headers, body, attempts FROM outbox_marks_bench
+    WHERE status = 'pending' AND next_attempt_at <= now()
+    ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED) claimed \gset
+$settle
+COMMIT;
+SQL
+    done
+}
+
+mark="UPDATE outbox_marks_bench SET status = 'processed', processed_at = now() WHERE id = ANY(:'ids') AND status = 'pending';"
+delete="DELETE FROM outbox_marks_bench WHERE id = ANY(:'ids');"
+for round in 1 2; do
+    for way in mark delete; do
+        fill
+        script=$(batches "${!way}")
+        started=$(date +%s%N)
+        sql <<<"$script" >/dev/null
+        ended=$(date +%s%N)
+        printf 'round %d: claim + %-6s %5d ms for 20000 rows\n' "$round" "$way" $(((ended - started) / 1000000))
+    done
+done
+sql -c 'DROP TABLE outbox_marks_bench' >/dev/null
