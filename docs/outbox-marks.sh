@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What the outbox drain's marks cost PostgreSQL, against deleting the published rows instead:
-# 20,000 rows of ~1 KiB with the outbox's indexes, claimed 500 at a time (FOR UPDATE SKIP
-# LOCKED) and then either marked processed (what the drain does) or deleted. Prints the time
-# of each, twice, alternating. Needs the local services (scripts/services.sh up); it works in a
+# What the outbox drain's marks cost PostgreSQL, against deleting the published rows instead,
+# and against only reading them: 20,000 rows of ~1 KiB with the outbox's indexes, claimed 500
+# at a time (FOR UPDATE SKIP LOCKED) and then either marked processed (what the drain does)
+# or deleted; or read 500 at a time with no lock and no settle. Prints the time of each,
+# twice, alternating. Needs the local services (scripts/services.sh up); it works in a
 # scratch table `outbox_marks_bench` of the shared database and drops it at the end.
 #
 #   docs/outbox-marks.sh
@@ -34,31 +35,37 @@ VACUUM ANALYZE outbox_marks_bench;
 SQL
 }
 
+# 40 batches of 500: `lock` is how the claim locks its rows, `settle` what follows it.
 batches() {
-    local settle=$1
-    for _ in $(seq 1 40); do
+    local lock=$1 settle=$2
+    for i in $(seq 0 39); do
         cat <<SQL
 BEGIN;
 SELECT array_agg(id) AS ids FROM (
     SELECT id, message_id, headers, body, attempts FROM outbox_marks_bench
-    WHERE status = 'pending' AND next_attempt_at <= now()
-    ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED) claimed \gset
+    WHERE status = 'pending' AND next_attempt_at <= now() AND id > $((i * 500))
+    ORDER BY id LIMIT 500 $lock) claimed \gset
 $settle
 COMMIT;
 SQL
     done
 }
 
+claim="FOR UPDATE SKIP LOCKED"
+read_lock="" read="" read_label="read only"
+mark_lock=$claim delete_lock=$claim
+mark_label="claim + mark" delete_label="claim + delete"
 mark="UPDATE outbox_marks_bench SET status = 'processed', processed_at = now() WHERE id = ANY(:'ids') AND status = 'pending';"
 delete="DELETE FROM outbox_marks_bench WHERE id = ANY(:'ids');"
 for round in 1 2; do
-    for way in mark delete; do
+    for way in read mark delete; do
         fill
-        script=$(batches "${!way}")
+        lock=${way}_lock label=${way}_label
+        script=$(batches "${!lock}" "${!way}")
         started=$(date +%s%N)
         sql <<<"$script" >/dev/null
         ended=$(date +%s%N)
-        printf 'round %d: claim + %-6s %5d ms for 20000 rows\n' "$round" "$way" $(((ended - started) / 1000000))
+        printf 'round %d: %-14s %5d ms for 20000 rows\n' "$round" "${!label}" $(((ended - started) / 1000000))
     done
 done
 sql -c 'DROP TABLE outbox_marks_bench' >/dev/null

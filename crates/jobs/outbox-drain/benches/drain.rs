@@ -23,13 +23,9 @@
 //!
 //! Needs the local services (`scripts/services.sh up`).
 //!
-//! ## Figures (2 cores shared with other builds and tests, load average 2–4)
-//!
-//! `BENCH_IN_FLIGHT=3 BENCH_ROUNDS=6`: bare 9.7k–13.4k rows/s, drain 6.5k–9.2k rows/s, ratio
-//! per round 0.63–0.91, median 0.83. With 2 in flight: median 0.75. CPU per 1000 rows: bare
-//! ≈ broker 100 ms + publisher 36 ms; drain ≈ broker 100 ms + PostgreSQL 35 ms + host 50 ms.
-//! Every core is busy, so the ratio follows the CPU ratio; claim + mark alone runs at
-//! 25k–33k rows/s. Where PostgreSQL has cores of its own, the pipelined lanes hide its work.
+//! Each round also prints the two runs' CPU per row (broker, PostgreSQL and this process
+//! together) as a ratio: where they share the cores, the rate ratio follows it. Figures, and
+//! what they mean: `docs/SCALING.md`, "The outbox drain against bare publishing".
 
 // A benchmark program: a failure should stop it loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -233,6 +229,13 @@ impl Cpu {
         cpu
     }
 
+    /// CPU milliseconds per 1000 rows since `before`, of the three together.
+    fn total_per_thousand(self, before: Self, rows: usize) -> f64 {
+        let ticks = (self.broker + self.database + self.this)
+            .saturating_sub(before.broker + before.database + before.this);
+        (ticks * 10) as f64 * 1000.0 / rows as f64
+    }
+
     /// CPU milliseconds per 1000 rows since `before`, assuming 100 ticks a second.
     fn per_thousand(self, before: Self, rows: usize) -> String {
         let ms = |a: u64, b: u64| (a.saturating_sub(b) * 10) as f64 * 1000.0 / rows as f64;
@@ -325,6 +328,7 @@ async fn main() {
     let mut best_bare: f64 = 0.0;
     let mut best_drain: f64 = 0.0;
     let mut ratios = Vec::new();
+    let mut cpu_ratios = Vec::new();
     // A warm-up round (a tenth of the rows, not reported) so that no run pays for first use.
     {
         let messages: Vec<OutboxMessage> = (0..rows / 10).map(|i| message(usize::MAX, i)).collect();
@@ -348,12 +352,16 @@ async fn main() {
         // Alternate the order, so that neither always runs on a warmer broker.
         let mut bare_rate = 0.0;
         let mut drain_rate = 0.0;
+        let mut bare_cpu_total = 0.0;
+        let mut drain_cpu_total = 0.0;
         for which in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
             if which == 0 {
                 let cpu = Cpu::now(&db.name);
                 let took = bare(&publisher, &out, batch, in_flight).await;
                 bare_rate = rate(rows, took);
-                let bare_cpu = Cpu::now(&db.name).per_thousand(cpu, rows);
+                let after = Cpu::now(&db.name);
+                bare_cpu_total = after.total_per_thousand(cpu, rows);
+                let bare_cpu = after.per_thousand(cpu, rows);
                 let took1 = {
                     channel
                         .queue_purge(QUEUE.into(), QueuePurgeOptions::default())
@@ -377,7 +385,9 @@ async fn main() {
                 let started = Instant::now();
                 let report = drain.drain(&CancellationToken::new()).await.unwrap();
                 let took = started.elapsed();
-                let drain_cpu = Cpu::now(&db.name).per_thousand(cpu, rows);
+                let after = Cpu::now(&db.name);
+                drain_cpu_total = after.total_per_thousand(cpu, rows);
+                let drain_cpu = after.per_thousand(cpu, rows);
                 assert_eq!(report.published, rows as u64, "{report:?}");
                 drain_rate = rate(rows, took);
                 println!(
@@ -391,11 +401,15 @@ async fn main() {
                 .await
                 .unwrap();
         }
+        // On cores shared by the broker, PostgreSQL and the publisher, a run's rate follows
+        // its CPU per row: the second ratio says how much of the first is that.
         println!(
-            "round {round}: ratio drain / bare   {:.2}",
-            drain_rate / bare_rate
+            "round {round}: ratio drain / bare   {:.2} (CPU per row, bare / drain: {:.2})",
+            drain_rate / bare_rate,
+            bare_cpu_total / drain_cpu_total.max(f64::MIN_POSITIVE)
         );
         ratios.push(drain_rate / bare_rate);
+        cpu_ratios.push(bare_cpu_total / drain_cpu_total.max(f64::MIN_POSITIVE));
         best_bare = best_bare.max(bare_rate);
         best_drain = best_drain.max(drain_rate);
 
@@ -429,10 +443,12 @@ async fn main() {
         );
     }
     ratios.sort_by(f64::total_cmp);
+    cpu_ratios.sort_by(f64::total_cmp);
     println!(
         "best: bare {best_bare:.0} rows/s, drain {best_drain:.0} rows/s, ratio of bests {:.2}; \
-         median ratio of the rounds {:.2}",
+         median ratio of the rounds {:.2}; median CPU ratio (bare / drain) {:.2}",
         best_drain / best_bare,
-        ratios[ratios.len() / 2]
+        ratios[ratios.len() / 2],
+        cpu_ratios[cpu_ratios.len() / 2]
     );
 }
