@@ -183,10 +183,13 @@ fn inbound_email_poller(
     let wake = Arc::new(Notify::new());
     let poller = poller.wake_on_backlog(wake.clone());
     // Held for as long as this replica idles: its session waits in `pg_sleep` between checks,
-    // and the server ends that wait at once when the session goes, so a slow check costs
-    // nothing in takeover time.
-    let idle_lease = AdvisoryLease::new(ctx.pool.clone())
-        .with_checks(Duration::from_secs(5), Duration::from_secs(5));
+    // and the server ends that wait at once when the session goes, so a long wait costs
+    // nothing in takeover time. The longest (half a second) keeps each wait out of the
+    // slow-statement warnings.
+    let idle_lease = AdvisoryLease::new(ctx.pool.clone()).with_checks(
+        worker_store::lease::MAX_CHECK_INTERVAL,
+        Duration::from_secs(5),
+    );
     ctx.tracker.spawn(poller.idler().run(
         Arc::new(idle_lease),
         wake.clone(),

@@ -13,6 +13,8 @@
 //!   is dropped by the executor's guard; `/metrics` shows the counts the test produced.
 //! - `a_4xx_parks_the_reply_which_arrives_once_when_the_server_recovers`
 //! - `a_5xx_dead_letters_the_send_as_rejected_and_fails_the_email_row`
+//! - `a_host_that_idles_on_its_mailbox_logs_no_slow_statement`: the idle lease's waits on the
+//!   server stay under the slow-statement threshold, so that its warning means a slow statement
 //!
 //! A failed wait prints the tail of the host's log; `MAIL_LOOP_SHOW_LOG=1` prints the whole
 //! log of every host when it stops.
@@ -512,5 +514,29 @@ async fn a_5xx_dead_letters_the_send_as_rejected_and_fails_the_email_row() -> an
 
     host.stop_cleanly().await;
     eprintln!("test done in {:?}", started.elapsed());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_host_that_idles_on_its_mailbox_logs_no_slow_statement() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::create_empty().await?;
+    let vhost = TestVhost::create().await?;
+    let boxes = Mailboxes::new("quiet");
+    let host = Host::start(&db, &vhost, &boxes.account).await?;
+    // Long enough for the idle lease's session to wait, and be checked, several times.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let slow: Vec<String> = host
+        .log_text()
+        .lines()
+        .filter(|line| line.contains("slow statement"))
+        .map(str::to_string)
+        .collect();
+    host.stop_cleanly().await;
+    assert!(
+        slow.is_empty(),
+        "an idle host with nothing slow warned of slow statements:\n{}",
+        slow.join("\n")
+    );
     Ok(())
 }

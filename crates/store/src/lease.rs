@@ -16,6 +16,10 @@ const LEASE_NAMESPACE: i32 = 0x5748_4c53; // "WHLS"
 /// longest a release waits for the wait in flight to end.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
+/// The longest wait of a held lease's session: half of [`crate::SLOW_STATEMENT`], so that a
+/// wait, and a statement queued behind one, is never logged as a slow statement.
+pub const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
 /// How long past its end a wait may go unanswered before the session counts as lost, by
 /// default.
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,11 +63,12 @@ impl AdvisoryLease {
         }
     }
 
-    /// How long each wait of a held lease's session lasts during a tick, and how long past
-    /// its end a wait may go unanswered before the session counts as lost.
+    /// How long each wait of a held lease's session lasts during a tick (at most
+    /// [`MAX_CHECK_INTERVAL`]), and how long past its end a wait may go unanswered before the
+    /// session counts as lost.
     #[must_use]
     pub fn with_checks(mut self, interval: Duration, timeout: Duration) -> Self {
-        self.check_interval = interval.max(Duration::from_millis(10));
+        self.check_interval = interval.clamp(Duration::from_millis(10), MAX_CHECK_INTERVAL);
         self.check_timeout = timeout.max(Duration::from_millis(10));
         self
     }

@@ -1,8 +1,13 @@
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
 use worker_core::Backoff;
+
+/// A statement that runs longer than this is logged as a warning (sqlx's slow-statement log,
+/// set on every connection [`connect`] opens). The lease's deliberate waits stay below it
+/// ([`crate::lease::MAX_CHECK_INTERVAL`]), so that a warning always means a slow statement.
+pub const SLOW_STATEMENT: Duration = Duration::from_secs(1);
 
 /// How to reach the database and how patiently.
 #[derive(Debug, Clone)]
@@ -48,7 +53,12 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(options.connect.clone())
+            .connect_with(
+                options
+                    .connect
+                    .clone()
+                    .log_slow_statements(tracing::log::LevelFilter::Warn, SLOW_STATEMENT),
+            )
             .await;
         match result {
             Ok(pool) => return Ok(pool),
