@@ -30,6 +30,7 @@ pub mod amqp;
 mod browser;
 mod dovecot;
 mod pg_cluster;
+pub mod plan;
 mod proxy;
 mod rabbit_cluster;
 mod rabbit_node;

@@ -253,26 +253,6 @@ async fn the_reply_limit_stops_a_forged_sender_from_making_an_automation_a_mail_
     Ok(())
 }
 
-/// Rows the table scans of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan read: what each returned
-/// and what its filters removed, times its loops.
-fn rows_read(plan: &Value) -> f64 {
-    let here = match plan["Node Type"].as_str() {
-        Some("Seq Scan" | "Index Scan" | "Index Only Scan" | "Bitmap Heap Scan") => {
-            let count = |key: &str| plan[key].as_f64().unwrap_or(0.0);
-            (count("Actual Rows")
-                + count("Rows Removed by Filter")
-                + count("Rows Removed by Index Recheck"))
-                * count("Actual Loops")
-        }
-        _ => 0.0,
-    };
-    let below: f64 = plan["Plans"]
-        .as_array()
-        .map(|plans| plans.iter().map(rows_read).sum())
-        .unwrap_or(0.0);
-    here + below
-}
-
 #[tokio::test]
 async fn the_reply_limit_reads_only_the_mails_to_the_address_it_counts() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
@@ -306,7 +286,7 @@ async fn the_reply_limit_reads_only_the_mails_to_the_address_it_counts() -> anyh
     .bind("victim@example.com")
     .fetch_one(&mut *conn)
     .await?;
-    let read = rows_read(&plan[0]["Plan"]);
+    let read = worker_testkit::plan::rows_read(&plan[0]["Plan"]);
     // Each mail costs the same however many others the automation sent: the count reads the
     // victim's rows, not the 300 others'.
     assert!(

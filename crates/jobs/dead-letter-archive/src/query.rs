@@ -523,16 +523,18 @@ pub async fn depth_by_queue(pool: &PgPool) -> Result<Vec<QueueDepth>, Failure> {
     .map_err(classify)
 }
 
+/// The age of the oldest waiting dead letter, in seconds: one end of the index
+/// `dead_letters_dead_by_age`, however many wait. Public so that a test can read its plan.
+pub const OLDEST_AGE: &str = "SELECT extract(epoch FROM now() - min(died_at))::float8 \
+     FROM dead_letters WHERE status = 'dead'";
+
 /// The age of the oldest waiting dead letter (since it died), by the database's clock;
 /// `None` when none waits.
 pub async fn oldest_age(pool: &PgPool) -> Result<Option<Duration>, Failure> {
-    let secs: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM now() - min(died_at))::float8 \
-         FROM dead_letters WHERE status = 'dead'",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(classify)?;
+    let secs: Option<f64> = sqlx::query_scalar(OLDEST_AGE)
+        .fetch_one(pool)
+        .await
+        .map_err(classify)?;
     Ok(secs.map(|s| Duration::from_secs_f64(s.max(0.0))))
 }
 

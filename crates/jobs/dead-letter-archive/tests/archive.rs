@@ -1278,6 +1278,37 @@ async fn the_same_content_on_a_first_delivery_is_a_second_dead_letter_and_a_rede
 }
 
 #[tokio::test]
+async fn the_oldest_age_reads_one_row_however_many_wait() -> anyhow::Result<()> {
+    let (db, _, _) = ten_archived().await?;
+    // A backlog: 5,000 more waiting, older and newer ones mixed, and some settled.
+    sqlx::query(
+        "INSERT INTO dead_letters (dedup_key, source, queue, reason, error_fingerprint, \
+             error_normalized, died_at, body, status, replayed_at) \
+         SELECT 'backlog-' || g, 'runner', 'orders', 'rejected', 'fp', 'an error', \
+                now() - make_interval(secs => (g * 7919) % 86400), '\\x00', \
+                CASE WHEN g % 4 = 0 THEN 'replayed' ELSE 'dead' END, \
+                CASE WHEN g % 4 = 0 THEN now() END \
+         FROM generate_series(1, 5000) g",
+    )
+    .execute(&db.pool)
+    .await?;
+    sqlx::query("ANALYZE dead_letters")
+        .execute(&db.pool)
+        .await?;
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+        job_dead_letter_archive::query::OLDEST_AGE
+    ))
+    .fetch_one(&db.pool)
+    .await?;
+    let read = worker_testkit::plan::rows_read(&plan[0]["Plan"]);
+    // The sampler reads it on every round, on every replica: it must not grow with the backlog.
+    assert!(read <= 5.0, "the oldest age read {read} rows:\n{plan:#}");
+    assert!(oldest_age(&db.pool).await?.unwrap() > Duration::from_secs(80_000));
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_depth_age_and_inflow_readings_count_the_dead_letters() -> anyhow::Result<()> {
     let before = chrono::Utc::now() - chrono::Duration::seconds(1);
     let (db, _, _) = ten_archived().await?;
