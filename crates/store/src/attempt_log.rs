@@ -654,16 +654,19 @@ pub async fn for_message(
     Ok(rows.into_iter().map(record_of).collect())
 }
 
+/// What [`recent`] selects from: a job's (`$1`) latest `$2` rows, newest first. A range of
+/// `attempt_log_job_at`, however many rows the other jobs wrote. Public so that a test can
+/// read its plan.
+pub const RECENT: &str = "FROM attempt_log WHERE job = $1 ORDER BY at DESC, id DESC LIMIT $2";
+
 /// A job's latest rows (a timer's failed ticks, say), newest first, at most `limit`.
 pub async fn recent(pool: &PgPool, job: &str, limit: u32) -> Result<Vec<AttemptRecord>, Failure> {
-    let rows: Vec<Row> = sqlx::query_as(&format!(
-        "SELECT {ROW_COLUMNS} FROM attempt_log WHERE job = $1 ORDER BY at DESC, id DESC LIMIT $2"
-    ))
-    .bind(job)
-    .bind(i64::from(limit.max(1)))
-    .fetch_all(pool)
-    .await
-    .map_err(classify)?;
+    let rows: Vec<Row> = sqlx::query_as(&format!("SELECT {ROW_COLUMNS} {RECENT}"))
+        .bind(job)
+        .bind(i64::from(limit.max(1)))
+        .fetch_all(pool)
+        .await
+        .map_err(classify)?;
     Ok(rows.into_iter().map(record_of).collect())
 }
 

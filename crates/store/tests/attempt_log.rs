@@ -252,3 +252,37 @@ async fn retention_deletes_old_rows() -> anyhow::Result<()> {
     assert_eq!(rows(&db).await?, 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_jobs_latest_rows_are_read_without_the_other_jobs_rows() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    // A consumer that writes a lot, and a timer that failed three ticks long ago.
+    sqlx::query(
+        "INSERT INTO attempt_log (job, message_id, attempt, try_number, outcome, is_final, \
+                                  duration_ms, at) \
+         SELECT CASE WHEN g <= 3 THEN 'retention' ELSE 'email-send' END, 'm-' || g, 1, 1, \
+                'failed', true, 1.0, now() - make_interval(secs => 10000 - g) \
+         FROM generate_series(1, 5000) g",
+    )
+    .execute(&db.pool)
+    .await?;
+    sqlx::query("ANALYZE attempt_log").execute(&db.pool).await?;
+
+    let latest = attempt_log::recent(&db.pool, "retention", 20).await?;
+    assert_eq!(latest.len(), 3);
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * {}",
+        attempt_log::RECENT
+    ))
+    .bind("retention")
+    .bind(20_i64)
+    .fetch_one(&db.pool)
+    .await?;
+    let read = worker_testkit::plan::rows_read(&plan[0]["Plan"]);
+    // The console's job page reads it: it must not walk the other jobs' rows.
+    assert!(
+        read <= 25.0,
+        "a job's latest rows read {read} rows:\n{plan:#}"
+    );
+    Ok(())
+}
