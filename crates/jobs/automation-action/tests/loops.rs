@@ -71,6 +71,16 @@ async fn automation(pool: &PgPool) -> Uuid {
 
 /// One execution of `automation`'s reply for `event`, as the trigger writes it.
 async fn execution(pool: &PgPool, automation_id: Uuid, event: &DomainEvent) -> ActionCommand {
+    execution_of(pool, automation_id, event, reply_action()).await
+}
+
+/// One execution of `action` for `event`, as the trigger writes it.
+async fn execution_of(
+    pool: &PgPool,
+    automation_id: Uuid,
+    event: &DomainEvent,
+    action: Value,
+) -> ActionCommand {
     let id = action_execution_id(event.id, automation_id, 0);
     sqlx::query(
         "INSERT INTO action_executions (id, automation_id, event_id, action_index, action, event) \
@@ -79,7 +89,7 @@ async fn execution(pool: &PgPool, automation_id: Uuid, event: &DomainEvent) -> A
     .bind(id)
     .bind(automation_id)
     .bind(event.id)
-    .bind(reply_action())
+    .bind(action)
     .bind(serde_json::to_value(event).unwrap())
     .execute(pool)
     .await
@@ -293,5 +303,26 @@ async fn the_reply_limit_reads_only_the_mails_to_the_address_it_counts() -> anyh
         read <= 10.0,
         "the reply limit's count read {read} rows for 2 mails:\n{plan:#}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_reply_limit_counts_a_recipient_written_with_a_name() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let automation_id = automation(&db.pool).await;
+    let executor = executor(&db.pool).with_reply_limit(1, Duration::from_secs(3600));
+    let named = json!({
+        "type": "send_email",
+        "to": ["Victim <{{ from }}>"],
+        "subject": "Re: {{ subject }}",
+        "text": "pong",
+    });
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let event = mail_event("victim@example.com", json!({}));
+        let command = execution_of(&db.pool, automation_id, &event, named.clone()).await;
+        statuses.push(run(&db.pool, &executor, &command).await.0);
+    }
+    assert_eq!(statuses, ["succeeded", "skipped"]);
     Ok(())
 }
