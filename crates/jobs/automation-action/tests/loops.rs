@@ -326,3 +326,55 @@ async fn the_reply_limit_counts_a_recipient_written_with_a_name() -> anyhow::Res
     assert_eq!(statuses, ["succeeded", "skipped"]);
     Ok(())
 }
+
+/// The migration that brought `outbound_email_recipients` in.
+const RECIPIENTS_MIGRATION: i64 = 20261202000200;
+
+#[tokio::test]
+async fn an_upgraded_installation_keeps_counting_the_mails_it_sent_before() -> anyhow::Result<()> {
+    // An installation at the migration before, with mails queued to a named and a bare
+    // recipient; then the upgrade.
+    let db = TestDb::create_empty().await?;
+    let applied = |before: bool| {
+        worker_store::MIGRATOR
+            .iter()
+            .filter(move |m| (m.version < RECIPIENTS_MIGRATION) == before)
+    };
+    for migration in applied(true) {
+        sqlx::raw_sql(&migration.sql).execute(&db.pool).await?;
+    }
+    let automation_id = automation(&db.pool).await;
+    for (n, to) in ["Victim <Victim@Example.com>", "victim@example.com"]
+        .iter()
+        .enumerate()
+    {
+        let event = mail_event("victim@example.com", json!({}));
+        let command = execution(&db.pool, automation_id, &event).await;
+        sqlx::query(
+            "INSERT INTO outbound_emails (id, action_execution_id, message_id, to_addresses, subject) \
+             VALUES ($1, $2, $3, $4, 'Re: ping')",
+        )
+        .bind(Uuid::new_v4())
+        .bind(command.action_execution_id)
+        .bind(format!("old-{n}@worker-host"))
+        .bind(vec![to.to_string()])
+        .execute(&db.pool)
+        .await?;
+    }
+    for migration in applied(false) {
+        sqlx::raw_sql(&migration.sql).execute(&db.pool).await?;
+    }
+
+    let mut conn = db.pool.acquire().await?;
+    let window = Duration::from_secs(3600);
+    let sent = reply_limit::sent_within(&mut conn, automation_id, "victim@example.com", window)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f}"))?;
+    assert_eq!(sent, 2, "both mails sent before the upgrade count");
+    // With a limit of 2, the next mail to the victim is not sent.
+    let executor = executor(&db.pool).with_reply_limit(2, window);
+    let event = mail_event("victim@example.com", json!({}));
+    let command = execution(&db.pool, automation_id, &event).await;
+    assert_eq!(run(&db.pool, &executor, &command).await.0, "skipped");
+    Ok(())
+}
