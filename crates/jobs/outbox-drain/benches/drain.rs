@@ -120,15 +120,11 @@ async fn fill_outbox(db: &TestDb, messages: &[OutboxMessage]) {
 }
 
 /// The drain's database work alone: claim a batch, mark it processed, commit.
-async fn claim_and_mark(db: &TestDb, batch: u32) -> (u64, Duration) {
+async fn claim_and_mark(drain: &OutboxDrain, batch: u32) -> (u64, Duration) {
     let started = Instant::now();
     let mut total = 0;
     loop {
-        let mut tx = db.pool.begin().await.unwrap();
-        sqlx::query("SET LOCAL synchronous_commit = off")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
+        let mut tx = drain.begin().await.unwrap();
         let rows = outbox::claim(&mut tx, batch).await.unwrap();
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         outbox::mark_processed(&mut tx, &ids).await.unwrap();
@@ -431,7 +427,7 @@ async fn main() {
             .unwrap();
         fill_outbox(&db, &messages).await;
         let cpu = Cpu::now(&db.name);
-        let (marked, took) = claim_and_mark(&db, u32::try_from(batch).unwrap()).await;
+        let (marked, took) = claim_and_mark(&drain, u32::try_from(batch).unwrap()).await;
         assert_eq!(marked, rows as u64);
         println!(
             "  claim + mark: {}",

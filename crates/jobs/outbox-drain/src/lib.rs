@@ -75,6 +75,9 @@ pub use waker::{ListenerSettings, listen};
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "outbox-drain";
 
+/// How a batch's transaction begins ([`OutboxDrain::begin`]).
+const BEGIN_BATCH: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
 /// `[jobs.outbox_drain]`: how the drain claims, publishes, retries and sweeps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -354,18 +357,19 @@ impl OutboxDrain {
         }
     }
 
+    /// Begins a batch's transaction, committing without waiting for the WAL flush: losing
+    /// its commit to a PostgreSQL crash only means publishing its rows again, which
+    /// at-least-once allows. The setting goes with the `BEGIN`, in the same round trip.
+    pub async fn begin(&self) -> Result<Tx, Failure> {
+        self.pool.begin_with(BEGIN_BATCH).await.map_err(classify)
+    }
+
     /// Begins a transaction, claims a batch and publishes it; `None` when nothing is due.
     async fn claim_and_publish(
         &self,
         cancel: &CancellationToken,
     ) -> Result<Option<(Tx, PublishedBatch)>, Failure> {
-        let mut tx = self.pool.begin().await.map_err(classify)?;
-        // Losing this transaction's commit to a PostgreSQL crash only means publishing its
-        // rows again, which at-least-once allows: no need to wait for the WAL flush.
-        sqlx::query("SET LOCAL synchronous_commit = off")
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
+        let mut tx = self.begin().await?;
         let batch = self.publish_batch(&mut tx, cancel).await?;
         if batch.is_empty() {
             tx.rollback().await.map_err(classify)?;

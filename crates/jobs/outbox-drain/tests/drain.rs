@@ -440,3 +440,22 @@ async fn listen_notify_wakes_the_drain_on_commit() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_commits_without_waiting_for_the_wal_flush_and_the_setting_ends_with_it()
+-> anyhow::Result<()> {
+    let env = Env::create().await?;
+    let drain = env.drain(None, settings(50, 1)).await?;
+    async fn setting(conn: &mut sqlx::PgConnection) -> sqlx::Result<String> {
+        sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(conn)
+            .await
+    }
+    let mut tx = drain.begin().await.map_err(|f| anyhow::anyhow!("{f}"))?;
+    assert_eq!(setting(&mut tx).await?, "off");
+    tx.commit().await?;
+    // The rest of the pool commits durably, as the enqueuing transactions must.
+    let mut conn = env.db.pool.acquire().await?;
+    assert_eq!(setting(&mut conn).await?, "on");
+    Ok(())
+}
