@@ -91,12 +91,31 @@ impl InboundEmailPoller {
             }
         };
 
+        // Only the lease holder polls this mailbox, so what is stored now stays so for the
+        // tick; `store::record` refuses a second row all the same.
+        let stored = match store::stored_among(
+            &self.pool,
+            &account.name,
+            &account.mailbox,
+            uidvalidity,
+            &uids,
+        )
+        .await
+        {
+            Ok(stored) => stored,
+            Err(failure) => {
+                report.failure = Some(failure);
+                return true;
+            }
+        };
+
         for uid in uids {
             let size = sizes.get(&uid).copied();
+            let stored = stored.contains(&uid);
             let span = message_span(account, uidvalidity, uid);
             let unit = run_unit(JOB_NAME, limit, cancel, |_token| async {
                 Ok(self
-                    .handle_message(session, account, uidvalidity, uid, size)
+                    .handle_message(session, account, uidvalidity, uid, size, stored)
                     .await)
             })
             .instrument(span.clone())

@@ -123,14 +123,12 @@ impl InboundEmailPoller {
         uidvalidity: u32,
         uid: u32,
         size: Option<u32>,
+        stored: bool,
     ) -> Result<Disposition, MessageFailure> {
         let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
         let pool = &self.pool;
         let limit = self.config.message_timeout;
-        if store::exists(pool, name, mailbox, uidvalidity, uid)
-            .await
-            .map_err(MessageFailure::db)?
-        {
+        if stored {
             store::skip_past(pool, name, mailbox, uidvalidity, uid)
                 .await
                 .map_err(MessageFailure::db)?;

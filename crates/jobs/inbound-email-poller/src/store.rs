@@ -1,6 +1,8 @@
 //! The poller's tables: `imap_poll_state` and `inbound_emails` (migration
 //! `20261129000300_inbound_email.sql`), written together with the outbox row.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -89,25 +91,31 @@ pub async fn start_at(
     Ok(())
 }
 
-/// The existence check: is (account, mailbox, UIDVALIDITY, UID) stored already?
-pub async fn exists(
+/// The existence check for a tick's new UIDs, in one statement: which of `uids` (under
+/// `uidvalidity`) are stored already.
+pub async fn stored_among(
     pool: &PgPool,
     account: &str,
     mailbox: &str,
     uidvalidity: u32,
-    uid: u32,
-) -> Result<bool, Failure> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM inbound_emails \
-         WHERE account = $1 AND mailbox = $2 AND uidvalidity = $3 AND uid = $4)",
+    uids: &[u32],
+) -> Result<HashSet<u32>, Failure> {
+    let uids: Vec<i64> = uids.iter().map(|&uid| i64::from(uid)).collect();
+    let stored: Vec<i64> = sqlx::query_scalar(
+        "SELECT uid FROM inbound_emails \
+         WHERE account = $1 AND mailbox = $2 AND uidvalidity = $3 AND uid = ANY($4)",
     )
     .bind(account)
     .bind(mailbox)
     .bind(i64::from(uidvalidity))
-    .bind(i64::from(uid))
-    .fetch_one(pool)
+    .bind(&uids)
+    .fetch_all(pool)
     .await
-    .map_err(classify)
+    .map_err(classify)?;
+    Ok(stored
+        .into_iter()
+        .filter_map(|uid| u32::try_from(uid).ok())
+        .collect())
 }
 
 /// What makes a mail the same mail: its Message-ID, or its content when it has none.
