@@ -22,6 +22,7 @@
 // A benchmark program: a failure should stop it loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -30,18 +31,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_imap::extensions::idle::IdleResponse;
 use async_imap::imap_proto::{MailboxDatum, Response};
-use support::{Host, base_settings, send_mail, short_id};
+use common::env;
+use support::{Host, send_mail, short_id};
 use worker_testkit::{TestDb, TestVhost};
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// The demo's automation: a reply to every mail whose subject starts with "ping".
-const AUTOMATION: &str = include_str!("../../../config/automations.demo.toml");
 
 /// The Maildir folders (`new`, `cur`) of `local` on the shared SMTP sink and Dovecot.
 fn maildir(local: &str) -> [PathBuf; 2] {
@@ -197,28 +189,7 @@ fn report(label: &str, latencies: impl IntoIterator<Item = Duration>) -> (Durati
 /// A host with the shipped defaults but for where the services are, its IMAP account and
 /// the demo's automation; `extra` sections besides (IDLE off).
 async fn host(account: &str, extra: &str) -> (Host, TestDb, TestVhost) {
-    let db = TestDb::create().await.unwrap();
-    let vhost = TestVhost::create().await.unwrap();
-    let (imap_host, imap_port) = worker_testkit::imap_addr()
-        .rsplit_once(':')
-        .map(|(h, p)| (h.to_string(), p.to_string()))
-        .unwrap();
-    let account = account.to_string();
-    let extra = extra.to_string();
-    let host = Host::launch("BENCH_SHOW_LOG", |dir, port| {
-        let automations = dir.join("automations.toml");
-        std::fs::write(&automations, AUTOMATION)?;
-        let files = format!("[{:?}]", automations.display().to_string());
-        let settings = base_settings("latency-bench", &files, &db, &vhost, port);
-        Ok(format!(
-            "{settings}\n[[imap.accounts]]\nname = \"bench\"\nhost = {imap_host:?}\nport = {imap_port}\nusername = {account:?}\npassword = \"secret\"\n\n{extra}\n"
-        ))
-    })
-    .await
-    .unwrap();
-    // The first poll of the account (which starts after its history) before the first ping.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    (host, db, vhost)
+    common::launch("latency-bench", account, extra, &[]).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -27,28 +27,21 @@
 // A benchmark program: a failure should stop it loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::env;
 use futures::StreamExt;
 use lettre::Message;
 use lettre::message::Mailbox;
 use lettre::transport::smtp::client::AsyncSmtpConnection;
 use lettre::transport::smtp::extension::ClientId;
-use support::{Host, base_settings, short_id};
+use support::{Host, short_id};
 use worker_testkit::{TestDb, TestVhost};
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-const AUTOMATION: &str = include_str!("../../../config/automations.demo.toml");
 
 /// Clock ticks a second (`getconf CLK_TCK`), as `/proc/<pid>/stat` counts.
 const TICKS_PER_SECOND: f64 = 100.0;
@@ -286,27 +279,9 @@ struct World {
 }
 
 async fn world(rust_log: &str) -> World {
-    let db = TestDb::create().await.unwrap();
-    let vhost = TestVhost::create().await.unwrap();
     let account = format!("bench-loop-{}", short_id());
-    let (imap_host, imap_port) = worker_testkit::imap_addr()
-        .rsplit_once(':')
-        .map(|(h, p)| (h.to_string(), p.to_string()))
-        .unwrap();
-    let user = account.clone();
-    let host = Host::launch_with("BENCH_SHOW_LOG", &[("RUST_LOG", rust_log)], |dir, port| {
-        let automations = dir.join("automations.toml");
-        std::fs::write(&automations, AUTOMATION)?;
-        let files = format!("[{:?}]", automations.display().to_string());
-        let settings = base_settings("throughput-bench", &files, &db, &vhost, port);
-        Ok(format!(
-            "{settings}\n[[imap.accounts]]\nname = \"bench\"\nhost = {imap_host:?}\nport = {imap_port}\nusername = {user:?}\npassword = \"secret\"\n"
-        ))
-    })
-    .await
-    .unwrap();
-    // The account's first poll (which starts after its history).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (host, db, vhost) =
+        common::launch("throughput-bench", &account, "", &[("RUST_LOG", rust_log)]).await;
     World {
         host,
         db,
