@@ -183,12 +183,11 @@ fn the_config_path_comes_from_the_environment_too() {
     assert!(String::from_utf8_lossy(&output.stdout).contains("installation = \"client-42\""));
 }
 
-/// docker-compose.yml's host: its settings file, with what the compose file gives through
-/// the environment, passes the check (the container paths aside).
-#[test]
-fn the_compose_files_host_settings_pass_the_check() {
+/// `config check` of the compose file's host settings, with what docker-compose.yml gives
+/// through the environment (the container paths aside) and `vars` besides.
+fn compose_config_check(vars: &[(&str, &str)]) -> std::process::Output {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
+    Command::new(env!("CARGO_BIN_EXE_worker-host"))
         .args(["config", "check", "--config"])
         .arg(format!("{root}/config/worker-host.compose.toml"))
         .env_remove("WORKER_HOST_CONFIG")
@@ -202,8 +201,17 @@ fn the_compose_files_host_settings_pass_the_check() {
             "WORKER_HOST__ADMIN__OPERATOR_TOKEN",
             "compose-dev-operator-token",
         )
+        .envs(vars.iter().copied())
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// docker-compose.yml's host: its settings file, with what the compose file gives through
+/// the environment, passes the check (the container paths aside).
+#[test]
+fn the_compose_files_host_settings_pass_the_check() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let output = compose_config_check(&[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let compose = std::fs::read_to_string(format!("{root}/docker-compose.yml")).unwrap();
@@ -229,23 +237,7 @@ fn the_compose_files_cluster_host_settings_pass_the_check() {
         compose.contains(&format!("WORKER_HOST__BROKER__ADDRESSES: '{addresses}'")),
         "docker-compose.yml gives the cluster's addresses as this test does"
     );
-    let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
-        .args(["config", "check", "--config"])
-        .arg(format!("{root}/config/worker-host.compose.toml"))
-        .env_remove("WORKER_HOST_CONFIG")
-        .env(
-            "WORKER_HOST__AUTOMATIONS_FILES",
-            format!("[\"{root}/config/automations.demo.toml\"]"),
-        )
-        .env("WORKER_HOST__DATABASE__PASSWORD", "worker_host")
-        .env("WORKER_HOST__BROKER__PASSWORD", "worker_host")
-        .env("WORKER_HOST__BROKER__ADDRESSES", addresses)
-        .env(
-            "WORKER_HOST__ADMIN__OPERATOR_TOKEN",
-            "compose-dev-operator-token",
-        )
-        .output()
-        .unwrap();
+    let output = compose_config_check(&[("WORKER_HOST__BROKER__ADDRESSES", addresses)]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let stdout = String::from_utf8_lossy(&output.stdout);
