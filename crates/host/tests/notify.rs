@@ -3,6 +3,7 @@
 //! while its job loops are alive and none once a handler is wedged (the fault-injection
 //! build's `x-fault-inject: wedge`), `STOPPING=1` at shutdown.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod support;
 
 use std::path::{Path, PathBuf};

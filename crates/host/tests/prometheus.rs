@@ -7,6 +7,7 @@
 //! - every panel of the dashboard runs against that Prometheus without an error and names no
 //!   series that does not exist.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
