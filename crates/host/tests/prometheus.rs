@@ -489,3 +489,74 @@ async fn every_dashboard_query_runs(prometheus: &Prometheus) -> anyhow::Result<(
     );
     Ok(())
 }
+
+/// `/metrics` of a running host: every counter ends in `_total` and no gauge does, and what
+/// was renamed is still there under its old name for one release (the changelog lists it):
+/// `worker_broker_reconnects` beside `worker_broker_reconnects_total`, and the `job` label
+/// beside `worker_job` with the same value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_follow_prometheus_conventions_and_keep_their_old_names() -> anyhow::Result<()>
+{
+    use worker_host::metrics::names;
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let host = Host::launch("WH_SHOW_PROMETHEUS_LOG", |_, port| {
+        Ok(base_settings("conventions", "[]", &db, &vhost, port))
+    })
+    .await?;
+    let scrape = host
+        .wait_for("the timers' first ticks on /metrics", || async {
+            let scrape = host.metrics().await?;
+            Ok((scrape.sum(names::TICKS, &[]) > 0.0).then_some(scrape))
+        })
+        .await;
+    let types: BTreeMap<String, String> = scrape
+        .0
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| (name.to_string(), kind.to_string()))
+        .collect();
+    for (name, kind) in &types {
+        match kind.as_str() {
+            "counter" => assert!(name.ends_with("_total"), "counter {name} ends in _total"),
+            _ => assert!(
+                !name.ends_with("_total"),
+                "{kind} {name} does not end in _total"
+            ),
+        }
+    }
+    assert_eq!(
+        types.get(names::BROKER_RECONNECTS).map(String::as_str),
+        Some("counter")
+    );
+    assert_eq!(
+        types
+            .get(names::BROKER_RECONNECTS_GAUGE)
+            .map(String::as_str),
+        Some("gauge"),
+        "the deprecated gauge is still emitted"
+    );
+    assert_eq!(
+        scrape.sum(names::BROKER_RECONNECTS, &[]),
+        scrape.sum(names::BROKER_RECONNECTS_GAUGE, &[])
+    );
+    let new = scrape.label_values(names::TICKS, names::JOB_LABEL);
+    let old = scrape.label_values(names::TICKS, names::DEPRECATED_JOB_LABEL);
+    assert!(new.contains("db-health"), "{new:?}");
+    assert_eq!(new, old, "the deprecated job label has the same values");
+    let build = scrape.label_values(names::BUILD_INFO, "version");
+    assert_eq!(
+        build,
+        BTreeSet::from([env!("CARGO_PKG_VERSION").to_string()])
+    );
+    for deprecation in names::DEPRECATED {
+        assert!(
+            scrape.0.contains(deprecation.old) && scrape.0.contains(deprecation.new),
+            "{deprecation:?}"
+        );
+    }
+    host.stop_cleanly().await;
+    Ok(())
+}
