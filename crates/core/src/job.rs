@@ -32,6 +32,9 @@ pub struct WorkContext {
     pub correlation_id: Option<String>,
     /// The tick's sequence number, for timer jobs.
     pub tick: Option<u64>,
+    /// Where each try of this unit is recorded while it runs, for the host's watchdog
+    /// ([`crate::liveness`]); `None` records nothing.
+    pub liveness: Option<crate::liveness::Liveness>,
 }
 
 impl WorkContext {
@@ -45,7 +48,23 @@ impl WorkContext {
             message_id: None,
             correlation_id: None,
             tick: None,
+            liveness: None,
         }
+    }
+
+    /// Records each try of the unit in `liveness` while it runs.
+    #[must_use]
+    pub fn with_liveness(mut self, liveness: crate::liveness::Liveness) -> Self {
+        self.liveness = Some(liveness);
+        self
+    }
+
+    /// Records one try of this unit, which its timeout should end within `limit`, until the
+    /// guard is dropped.
+    pub fn begin_try(&self, limit: Duration) -> Option<crate::liveness::UnitGuard> {
+        self.liveness
+            .as_ref()
+            .map(|liveness| liveness.begin(self.job.clone(), limit))
     }
 
     #[must_use]
@@ -314,11 +333,14 @@ pub async fn tick_once_timed<J: TimerJob, L: SingletonLease>(
         if ctx.cancel.is_cancelled() {
             return TickOutcome::Cancelled;
         }
-        let run = || {
+        // The unit is recorded for as long as its future runs, not only while it is built.
+        let run = || async {
+            let _unit = ctx.begin_try(timeout);
             run_unit(name, timeout, &ctx.cancel, |token| {
                 let ctx = ctx.clone().with_cancel(token);
                 async move { job.tick(&ctx).await }
             })
+            .await
         };
         let Some(lease) = lease else {
             began = Some(tokio::time::Instant::now());
@@ -705,6 +727,23 @@ mod tests {
             })
         );
         assert_eq!(job.runs.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tick_is_in_progress_in_its_liveness_while_it_runs_and_not_after() {
+        let job = Drain::new(Duration::from_secs(2));
+        let busy = SkipIfBusy::new("outbox-drain");
+        let liveness = crate::liveness::Liveness::default();
+        let c = ctx("outbox-drain").with_liveness(liveness.clone());
+        let tick = tick_once(&job, &busy, None::<&NoLease>, Duration::from_secs(5), &c);
+        let watch = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            liveness.running()
+        };
+        let (out, during) = tokio::join!(tick, watch);
+        assert!(matches!(out, TickOutcome::Ran(_)), "{out:?}");
+        assert_eq!(during, 1, "the tick is recorded while it runs");
+        assert_eq!(liveness.running(), 0, "and not once it has ended");
     }
 
     #[tokio::test(start_paused = true)]

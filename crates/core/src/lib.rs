@@ -34,6 +34,9 @@
 //!   connection is secured. Reading files and the environment stays in the host.
 //! * [`dedup`] — [`ProcessedGuard`]: the one processed-message guard, marked inside the
 //!   caller's transaction so the effect and the mark commit together.
+//! * [`liveness`] — [`Liveness`](liveness::Liveness): the units of work in progress and the
+//!   limit each one's timeout sets, so that a watchdog can tell a busy host from one whose
+//!   work blocks a thread past the reach of its timeout.
 //! * [`job`] — [`ConsumerJob`] (one decoded message in, [`Handled`] out) and [`TimerJob`]
 //!   (one tick in, [`TickReport`] out), the [`WorkContext`] each unit of work receives, and the
 //!   single-step entries [`execute_once`] and [`tick_once`] that drive exactly one unit of work
@@ -90,6 +93,7 @@ pub mod dedup;
 pub mod failure;
 pub mod job;
 pub mod lease;
+pub mod liveness;
 pub mod retry;
 pub mod settings;
 pub mod text;

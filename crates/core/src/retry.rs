@@ -322,6 +322,7 @@ impl<'a> Retry<'a> {
                 None => self.per_try_timeout,
             };
             let try_started = Instant::now();
+            let unit = base.begin_try(limit);
             let result = run_unit(self.job, limit, self.parent, |token| {
                 let mut ctx = base.clone();
                 ctx.cancel = token;
@@ -329,6 +330,7 @@ impl<'a> Retry<'a> {
                 op(ctx)
             })
             .await;
+            drop(unit);
             let duration = try_started.elapsed();
             let failure = match result {
                 Ok(value) => {
@@ -643,6 +645,23 @@ mod tests {
         let round_trip: RetryPolicy =
             serde_json::from_value(serde_json::to_value(&p).unwrap()).unwrap();
         assert_eq!(round_trip, p);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_try_is_in_progress_in_the_liveness_only_while_it_runs() {
+        let parent = CancellationToken::new();
+        let policy = steady(2, ms(500));
+        let liveness = crate::liveness::Liveness::default();
+        let during = Mutex::new(Vec::new());
+        let outcome = Retry::new("mailer", &policy, Duration::from_secs(5), &parent)
+            .run(&ctx(&parent).with_liveness(liveness.clone()), |_| {
+                during.lock().unwrap().push(liveness.running());
+                async { Err::<(), _>(Failure::transient("connection reset")) }
+            })
+            .await;
+        assert!(matches!(outcome, RetryOutcome::Failed { tries: 2, .. }));
+        assert_eq!(*during.lock().unwrap(), [1, 1], "one unit a try");
+        assert_eq!(liveness.running(), 0, "none after the last try");
     }
 
     #[tokio::test(start_paused = true)]

@@ -25,9 +25,70 @@ pub trait ReadinessCheck: Send + Sync {
     fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>>;
 }
 
+/// What readiness depends on: every check must pass. Shared by `/readyz` and the service
+/// manager's notifications ([`crate::notify`]), so both say ready on the same condition.
+#[derive(Clone)]
+pub struct Readiness(Arc<Vec<Box<dyn ReadinessCheck>>>);
+
+/// One reading of [`Readiness`]: ready or not, and each check's state.
+#[derive(Debug, Clone)]
+pub struct ReadinessReport {
+    pub ready: bool,
+    /// Each check by name: `{"status": "up"}`, or `{"status": "down", "error": ...}`.
+    pub checks: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ReadinessReport {
+    /// The checks that failed and why, in one line (`broker: connection refused`).
+    pub fn failures(&self) -> String {
+        self.checks
+            .iter()
+            .filter_map(|(name, value)| {
+                let error = value.get("error")?.as_str()?;
+                Some(format!("{name}: {error}"))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.0.iter().map(|c| c.name()).collect();
+        f.debug_tuple("Readiness").field(&names).finish()
+    }
+}
+
+impl Readiness {
+    pub fn new(checks: Vec<Box<dyn ReadinessCheck>>) -> Self {
+        Self(Arc::new(checks))
+    }
+
+    /// Runs every check, each bounded by [`CHECK_TIMEOUT`].
+    pub async fn check(&self) -> ReadinessReport {
+        let mut ready = true;
+        let mut checks = serde_json::Map::new();
+        for check in self.0.iter() {
+            let result = match tokio::time::timeout(CHECK_TIMEOUT, check.check()).await {
+                Ok(result) => result,
+                Err(_) => Err(format!("no answer within {CHECK_TIMEOUT:?}")),
+            };
+            let value = match result {
+                Ok(()) => json!({"status": "up"}),
+                Err(why) => {
+                    ready = false;
+                    json!({"status": "down", "error": why})
+                }
+            };
+            checks.insert(check.name().to_string(), value);
+        }
+        ReadinessReport { ready, checks }
+    }
+}
+
 #[derive(Clone)]
 pub struct AdminState {
-    checks: Arc<Vec<Box<dyn ReadinessCheck>>>,
+    readiness: Readiness,
     prometheus: Option<PrometheusReader>,
     status: Option<StatusBoard>,
     console: Option<Arc<Console>>,
@@ -35,17 +96,16 @@ pub struct AdminState {
 
 impl std::fmt::Debug for AdminState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<_> = self.checks.iter().map(|c| c.name()).collect();
         f.debug_struct("AdminState")
-            .field("checks", &names)
+            .field("readiness", &self.readiness)
             .finish()
     }
 }
 
 impl AdminState {
-    pub fn new(checks: Vec<Box<dyn ReadinessCheck>>) -> Self {
+    pub fn new(readiness: Readiness) -> Self {
         Self {
-            checks: Arc::new(checks),
+            readiness,
             prometheus: None,
             status: None,
             console: None,
@@ -116,7 +176,7 @@ async fn metrics(State(state): State<AdminState>) -> axum::response::Response {
         Ok(text) => (
             [(
                 axum::http::header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
+                crate::metrics::exposition::CONTENT_TYPE,
             )],
             text,
         )
@@ -144,26 +204,14 @@ async fn healthz() -> &'static str {
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    let mut ready = true;
-    let mut body = serde_json::Map::new();
-    for check in state.checks.iter() {
-        let result = match tokio::time::timeout(CHECK_TIMEOUT, check.check()).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("no answer within {CHECK_TIMEOUT:?}")),
-        };
-        let value = match result {
-            Ok(()) => json!({"status": "up"}),
-            Err(why) => {
-                ready = false;
-                json!({"status": "down", "error": why})
-            }
-        };
-        body.insert(check.name().to_string(), value);
-    }
-    let status = if ready {
+    let report = state.readiness.check().await;
+    let status = if report.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, Json(json!({"ready": ready, "checks": body})))
+    (
+        status,
+        Json(json!({"ready": report.ready, "checks": report.checks})),
+    )
 }

@@ -12,9 +12,10 @@ use clap::{Parser, Subcommand};
 /// WORKER_HOST__SECTION__KEY, e.g. WORKER_HOST__DATABASE__PORT=5433. See
 /// config/worker-host.example.toml for every key.
 ///
-/// Exit codes: 0 done, 64 bad usage or settings, 69 a server stayed unreachable, 70 other failure.
+/// Exit codes: 0 done, 1 not healthy (`health`), 64 bad usage or settings, 69 a server stayed
+/// unreachable, 70 other failure.
 #[derive(Debug, Parser)]
-#[command(name = "worker-host", version, about, long_about)]
+#[command(name = "worker-host", version = crate::version::LONG, about, long_about)]
 pub struct Cli {
     /// The settings file.
     #[arg(long, global = true, env = "WORKER_HOST_CONFIG", value_name = "PATH")]
@@ -34,6 +35,14 @@ pub enum Command {
     /// Print the running host's status (jobs, broker, database, active alerts) as JSON, read
     /// from its admin endpoint `/status`.
     Status,
+    /// Whether the running host is ready, asked of its admin endpoint's `/readyz`: exit 0 when
+    /// it is, 1 when it is not or nothing answers (a container's HEALTHCHECK).
+    Health,
+    /// The replicas that report to the shared database, and forgetting one that is gone.
+    Replicas {
+        #[command(subcommand)]
+        action: ReplicasAction,
+    },
     /// Search, replay and purge the dead-letter archive.
     Dlq {
         #[command(subcommand)]
@@ -63,6 +72,22 @@ pub enum Command {
     Config {
         #[command(subcommand)]
         action: ConfigAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReplicasAction {
+    /// Every replica that reported in the last week: live, silent (stopped reporting without
+    /// a clean stop) or stopped.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a replica that is gone for good without a clean stop (killed, its machine
+    /// removed), so that it no longer counts as silent.
+    Forget {
+        /// The replica's name, as `replicas list` shows it.
+        name: String,
     },
 }
 

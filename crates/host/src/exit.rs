@@ -1,6 +1,9 @@
 //! How the host ends: the exit codes, after BSD's sysexits (what a supervisor or an operator's
 //! script can act on), and [`Fatal`], the failure that carries one.
 
+/// `worker-host health`: the host is not ready, or nothing answers (what a container's health
+/// check takes as unhealthy).
+pub const UNHEALTHY: i32 = 1;
 /// Bad usage or bad settings.
 pub const USAGE: i32 = 64;
 /// A server the host needs stayed unreachable.

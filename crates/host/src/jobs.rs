@@ -34,6 +34,8 @@ pub struct JobsContext {
     pub shutdown: CancellationToken,
     /// Where timer jobs read whether an operator paused them (every replica reads the same).
     pub pauses: Option<Arc<dyn PauseCheck>>,
+    /// Every unit of work in progress, for the watchdog ([`crate::watchdog`]).
+    pub liveness: worker_core::liveness::Liveness,
 }
 
 /// A job that cannot be built from the settings; names the job and why.
@@ -365,6 +367,7 @@ fn timer<J: worker_core::TimerJob, S: TimerSection>(
         metrics: ctx.metrics.clone(),
         attempt_log: ctx.attempt_log.clone(),
         control,
+        liveness: Some(ctx.liveness.clone()),
     };
     ctx.tracker
         .spawn(task.run(ctx.tracker.clone(), ctx.shutdown.child_token()));
@@ -418,6 +421,7 @@ pub fn consumer<J: worker_core::ConsumerJob>(
         job.name(),
         ctx.metrics.clone(),
         ctx.attempt_log.clone(),
+        ctx.liveness.clone(),
     ));
     let entry = JobEntry {
         name: job.name().to_string(),

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::admin::{self, AdminState, ReadinessCheck};
+use crate::admin::{self, AdminState, Readiness, ReadinessCheck};
 use crate::alerts::AlertBook;
 use crate::commands::topology::{declare_topology, topology_failure};
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
@@ -15,6 +15,7 @@ use crate::console::{Access, BulkRuns, Console, Views};
 use crate::exit::Fatal;
 use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
+use crate::notify::{self, Notifier};
 use crate::sampler;
 use crate::settings::Settings;
 use crate::status::{Reading, StatusBoard};
@@ -41,6 +42,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
     tracker.spawn(supervisor.clone().run(shutdown.clone()));
 
     let settings = Arc::new(settings);
+    let liveness = worker_core::liveness::Liveness::default();
     let (attempt_log, attempt_writer) =
         AttemptLog::new(pool.clone(), &settings.workers.attempt_log);
     tracker.spawn(attempt_writer.run(shutdown.child_token()));
@@ -57,8 +59,23 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         pauses: Some(Arc::new(crate::scheduler::control::DatabasePauses::new(
             pool.clone(),
         ))),
+        liveness: liveness.clone(),
     };
     let started = jobs::start_all(&jobs_context).map_err(Fatal::usage)?;
+    crate::metrics::jobs::register(
+        &observability.metrics,
+        &started.entries,
+        &liveness,
+        &crate::metrics::jobs::Build::of(&settings),
+    );
+    let readiness = readiness(&settings, &supervisor, &started);
+    let notifier = Notifier::from_env();
+    tracker.spawn(notify::supervise(
+        notifier,
+        readiness.clone(),
+        liveness,
+        shutdown.child_token(),
+    ));
 
     let (alerts, readings) = start_sampler(
         &settings,
@@ -74,7 +91,11 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
             &settings,
             &supervisor,
             started,
-            Sampled { alerts, readings },
+            Watched {
+                alerts,
+                readings,
+                readiness,
+            },
             &observability,
             &tracker,
             &shutdown,
@@ -85,13 +106,22 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
 
     tracing::info!(installation = %settings.installation, "worker host running");
     wait_for_signal().await;
-    tracing::info!(grace = ?settings.workers.shutdown_grace, "shutting down");
+    let grace = settings.workers.shutdown_grace;
+    tracing::info!(?grace, "shutting down");
+    notifier.stopping(&format!(
+        "stopping: draining within {}",
+        humantime::format_duration(grace)
+    ));
     shutdown.cancel();
-    if tokio::time::timeout(settings.workers.shutdown_grace, tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(grace = ?settings.workers.shutdown_grace, "work still in flight at the end of the grace period was abandoned");
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "work still in flight at the end of the grace period was abandoned"
+        );
+    }
+    // A clean stop, so that the other replicas do not count this one as gone silent.
+    if let Err(e) = worker_store::replicas::stopped(&pool, &settings.replica_name()).await {
+        tracing::warn!(error = %e, "could not record this replica's clean stop");
     }
     pool.close().await;
     tracing::info!("stopped");
@@ -123,10 +153,11 @@ fn start_sampler(
                 installation: settings.installation.clone(),
                 host: whoami::fallible::hostname().unwrap_or_else(|_| "unknown".into()),
                 pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
-                version: env!("CARGO_PKG_VERSION").to_string(),
+                version: crate::version::VERSION.to_string(),
                 started_at: chrono::Utc::now(),
                 last_seen: chrono::Utc::now(),
             },
+            replica_silent_after: settings.alerts.replica_silent_after,
         },
         readings.clone(),
         alerts.clone(),
@@ -136,10 +167,28 @@ fn start_sampler(
     (alerts, readings)
 }
 
-/// What the sampler keeps up to date: the alerts and the readings.
-struct Sampled {
+/// What the admin endpoints read: the alerts and readings the sampler keeps up to date, and
+/// readiness.
+struct Watched {
     alerts: Arc<AlertBook>,
     readings: Arc<RwLock<sampler::Readings>>,
+    readiness: Readiness,
+}
+
+/// What readiness depends on: the database probe's last result and the broker link.
+fn readiness(
+    settings: &Settings,
+    supervisor: &worker_broker::Supervisor,
+    started: &jobs::Started,
+) -> Readiness {
+    let checks: Vec<Box<dyn ReadinessCheck>> = vec![
+        Box::new(DatabaseCheck {
+            health: started.health.clone(),
+            stale_after: settings.jobs.db_health.timeout() * 3,
+        }),
+        Box::new(BrokerCheck(supervisor.status())),
+    ];
+    Readiness::new(checks)
 }
 
 /// `/healthz`, `/readyz`, `/status`, `/metrics` and the console on `admin.listen`, until
@@ -148,39 +197,32 @@ async fn serve_admin(
     settings: &Settings,
     supervisor: &worker_broker::Supervisor,
     started: jobs::Started,
-    sampled: Sampled,
+    watched: Watched,
     observability: &Observability,
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> Result<(), Fatal> {
-    let checks: Vec<Box<dyn ReadinessCheck>> = vec![
-        Box::new(DatabaseCheck {
-            health: started.health.clone(),
-            stale_after: settings.jobs.db_health.timeout() * 3,
-        }),
-        Box::new(BrokerCheck(supervisor.status())),
-    ];
     let board = StatusBoard {
         installation: settings.installation.clone(),
         replica: settings.replica_name(),
         started_at: chrono::Utc::now(),
         jobs: started.entries,
         broker: supervisor.status(),
-        alerts: sampled.alerts.clone(),
+        alerts: watched.alerts.clone(),
         database: Arc::new(DatabaseReading(started.health.clone())),
     };
     let console = console(
         settings,
         supervisor,
         board.clone(),
-        sampled.readings,
+        watched.readings,
         tracker,
         shutdown,
     )
     .await?;
     let server = admin::serve(
         settings.admin.listen,
-        AdminState::new(checks)
+        AdminState::new(watched.readiness)
             .with_metrics(observability.prometheus.clone())
             .with_status(board)
             .with_console(Arc::new(console)),

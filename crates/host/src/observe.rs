@@ -6,6 +6,7 @@ use std::sync::Arc;
 use opentelemetry::KeyValue;
 use worker_broker::{ConsumerEvents, DeliveryReport, Outcome};
 use worker_core::TryRecord;
+use worker_core::liveness::Liveness;
 use worker_store::AttemptLog;
 
 use crate::metrics::Metrics;
@@ -19,15 +20,23 @@ pub struct ConsumerObserver {
     metrics: Metrics,
     attempt_log: AttemptLog,
     pub stats: Arc<ConsumerStats>,
+    /// Where the handler's tries are recorded while they run (the watchdog reads it).
+    liveness: Liveness,
 }
 
 impl ConsumerObserver {
-    pub fn new(job: impl Into<String>, metrics: Metrics, attempt_log: AttemptLog) -> Self {
+    pub fn new(
+        job: impl Into<String>,
+        metrics: Metrics,
+        attempt_log: AttemptLog,
+        liveness: Liveness,
+    ) -> Self {
         Self {
             job: job.into(),
             metrics,
             attempt_log,
             stats: Arc::default(),
+            liveness,
         }
     }
 }
@@ -41,10 +50,12 @@ impl ConsumerObserver {
             self.stats
                 .retried_in_process
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let [job, old_job] = crate::metrics::job_labels(&self.job);
             self.metrics.retried_tries.add(
                 1,
                 &[
-                    KeyValue::new("job", self.job.clone()),
+                    job,
+                    old_job,
                     KeyValue::new("class", failure.class().as_str()),
                 ],
             );
@@ -54,6 +65,10 @@ impl ConsumerObserver {
 }
 
 impl ConsumerEvents for ConsumerObserver {
+    fn liveness(&self) -> Option<&Liveness> {
+        Some(&self.liveness)
+    }
+
     fn on_delivery_try(
         &self,
         _queue: &str,
@@ -76,10 +91,8 @@ impl ConsumerEvents for ConsumerObserver {
     }
 
     fn on_settled(&self, settled: &DeliveryReport<'_>) {
-        let mut labels = vec![
-            KeyValue::new("job", self.job.clone()),
-            KeyValue::new("queue", settled.queue.to_string()),
-        ];
+        let mut labels = crate::metrics::job_labels(&self.job).to_vec();
+        labels.push(KeyValue::new("queue", settled.queue.to_string()));
         let stats = &self.stats;
         match settled.outcome {
             Outcome::Succeeded => {
@@ -125,7 +138,7 @@ impl ConsumerEvents for ConsumerObserver {
         self.metrics.messages.add(1, &labels);
         self.metrics.handler_duration.record(
             settled.elapsed.as_secs_f64(),
-            &[KeyValue::new("job", self.job.clone())],
+            &crate::metrics::job_labels(&self.job),
         );
     }
 }

@@ -35,6 +35,8 @@ pub struct Readings {
     pub broker_reconnects: u64,
     /// Stuck rows by kind (`execution`, `email`), as the reconciler defines them.
     pub stuck_work: BTreeMap<&'static str, u64>,
+    /// The replicas reporting to the database, live and silent.
+    pub replicas: worker_store::replicas::Census,
     /// Every queue of the topology with its retry tiers and dead queue, as the broker last
     /// counted them (`None` for a queue it did not answer for).
     pub queues: Vec<QueueReading>,
@@ -70,6 +72,8 @@ pub struct Sources {
     pub stuck_after: Duration,
     /// This replica, as it reports itself on every round (the console lists them).
     pub replica: worker_store::replicas::Replica,
+    /// `alerts.replica_silent_after`: how long a replica may go without reporting.
+    pub replica_silent_after: Duration,
 }
 
 /// Registers the gauges over `readings` on the meter. The callbacks read the last readings.
@@ -153,6 +157,22 @@ pub fn register_gauges(metrics: &Metrics, readings: Arc<RwLock<Readings>>) {
         .build();
     let r = read.clone();
     meter
+        .u64_observable_gauge(names::DB_PROBE_FAILURES)
+        .with_description("database probes that failed in a row")
+        .with_callback(move |o| o.observe(u64::from(r().db_consecutive_failures), &[]))
+        .build();
+    let r = read.clone();
+    meter
+        .u64_observable_gauge(names::REPLICAS)
+        .with_description("replicas reporting to the shared database, by state")
+        .with_callback(move |o| {
+            let census = r().replicas;
+            o.observe(census.live, &[KeyValue::new("state", "live")]);
+            o.observe(census.silent, &[KeyValue::new("state", "silent")]);
+        })
+        .build();
+    let r = read.clone();
+    meter
         .u64_observable_gauge(names::BROKER_CONNECTED)
         .with_description("1 while the broker link is connected")
         .with_callback(move |o| o.observe(u64::from(r().broker_connected), &[]))
@@ -167,10 +187,19 @@ pub fn register_gauges(metrics: &Metrics, readings: Arc<RwLock<Readings>>) {
             }
         })
         .build();
+    let r = read.clone();
+    meter
+        .u64_observable_counter(names::BROKER_RECONNECTS)
+        .with_description("reconnections of the broker link since start")
+        .with_callback(move |o| o.observe(r().broker_reconnects, &[]))
+        .build();
     let r = read;
     meter
-        .u64_observable_gauge(names::BROKER_RECONNECTS)
-        .with_description("reconnections of the broker link since start")
+        .u64_observable_gauge(names::BROKER_RECONNECTS_GAUGE)
+        .with_description(
+            "deprecated for worker_broker_reconnects_total (dropped in 0.2.0): \
+             reconnections of the broker link since start",
+        )
         .with_callback(move |o| o.observe(r().broker_reconnects, &[]))
         .build();
 }
@@ -247,6 +276,9 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
 
     if let Err(e) = worker_store::replicas::report(pool, &sources.replica).await {
         tracing::debug!(error = %e, "this replica's report to the database failed; trying again next round");
+    }
+    if let Ok(census) = worker_store::replicas::census(pool, sources.replica_silent_after).await {
+        r.replicas = census;
     }
 
     let mut dead = archived;
@@ -325,6 +357,31 @@ pub fn evaluate(alerts: &AlertBook, settings: &AlertSettings, r: &Readings) {
         "dead letters archived in the last minute",
         r.dead_letter_inflow_per_minute as f64,
         settings.dead_letter_inflow_per_minute as f64,
+    );
+    alerts.evaluate(
+        "dead-letter-oldest-age",
+        "seconds the oldest dead letter has waited for an operator",
+        r.oldest_dead_letter_age
+            .map_or(0.0, |d| d.as_secs().min(u64::from(u32::MAX)) as f64),
+        settings.dead_letter_oldest_age.as_secs() as f64,
+    );
+    alerts.evaluate(
+        "outbox-pending",
+        "outbox rows waiting to be published",
+        r.outbox_pending as f64,
+        settings.outbox_pending as f64,
+    );
+    alerts.evaluate(
+        "outbox-failed",
+        "outbox rows that gave up, waiting for an operator",
+        r.outbox_failed as f64,
+        settings.outbox_failed as f64,
+    );
+    alerts.evaluate(
+        "replicas-silent",
+        "replicas that stopped reporting without a clean stop",
+        r.replicas.silent as f64,
+        0.0,
     );
     alerts.evaluate(
         "outbox-oldest-pending",

@@ -68,6 +68,20 @@ impl Schedule {
         let cron = parse_cron(&self.cron().ok()?).ok()?;
         cron.find_next_occurrence(&after, false).ok()
     }
+
+    /// The schedule's period: an interval's own, and for a cron expression the gap between
+    /// its next two moments (a nominal figure for a schedule that is uneven, like "weekdays
+    /// at 9").
+    pub fn interval(&self) -> Option<Duration> {
+        match self {
+            Self::Every(every) => Some(*every),
+            Self::Cron(_) => {
+                let first = self.next_after(Utc::now())?;
+                let second = self.next_after(first)?;
+                (second - first).to_std().ok()
+            }
+        }
+    }
 }
 
 /// The cron expression (with seconds) that ticks every `every`, on the clock's grid: `every 5s`

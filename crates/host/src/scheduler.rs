@@ -60,6 +60,8 @@ pub struct TimerTask<J, L> {
     pub attempt_log: worker_store::AttemptLog,
     /// An operator's triggers and the paused state ([`control`]).
     pub control: Control,
+    /// Where each tick is recorded while it runs, for the watchdog; `None` records nothing.
+    pub liveness: Option<worker_core::liveness::Liveness>,
 }
 
 impl<J, L> std::fmt::Debug for TimerTask<J, L> {
@@ -237,7 +239,11 @@ where
                 }
             }
             sequence += 1;
-            let ctx = WorkContext::new(name.as_str(), shutdown.child_token()).with_tick(sequence);
+            let mut ctx =
+                WorkContext::new(name.as_str(), shutdown.child_token()).with_tick(sequence);
+            if let Some(liveness) = &task.liveness {
+                ctx = ctx.with_liveness(liveness.clone());
+            }
             tracker.spawn(tick(task.clone(), busy.clone(), ctx, rerun.clone(), manual));
         }
     }
@@ -252,10 +258,16 @@ async fn tick<J: TimerJob, L: SingletonLease>(
 ) {
     let job = task.job.as_ref();
     let stats = &task.stats;
-    if !manual
-        && let Some(pauses) = &task.control.pauses
-        && control::paused(pauses.as_ref(), job.name()).await
-    {
+    let paused = match (&task.control.pauses, manual) {
+        (Some(pauses), false) => {
+            let paused = control::paused(pauses.as_ref(), job.name()).await;
+            stats.set_paused(paused);
+            paused
+        }
+        // An operator's tick runs even while the job is paused, and says nothing of the pause.
+        _ => false,
+    };
+    if paused {
         stats.skipped_paused.fetch_add(1, Ordering::Relaxed);
         task.metrics.tick(job.name(), "skipped-paused", None);
         tracing::debug!(job = %job.name(), "the job is paused; skipping this tick");
@@ -265,7 +277,7 @@ async fn tick<J: TimerJob, L: SingletonLease>(
         tracing::info!(job = %job.name(), "running a tick an operator asked for");
     }
     let span = tracing::info_span!("tick", job = %job.name(), tick = ctx.tick, outcome = tracing::field::Empty);
-    let job_label = [opentelemetry::KeyValue::new("job", job.name().to_string())];
+    let job_label = crate::metrics::job_labels(job.name());
     task.metrics.in_flight.add(1, &job_label);
     let started = Instant::now();
     let TimedTick { outcome, began } = {

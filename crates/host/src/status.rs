@@ -20,6 +20,8 @@ pub struct TimerStats {
     pub skipped_paused: AtomicU64,
     /// Ticks an operator asked for ("trigger now").
     pub triggered: AtomicU64,
+    /// Whether the last scheduled tick found the job paused.
+    paused: std::sync::atomic::AtomicBool,
     last: Mutex<LastResults>,
     durations: Mutex<Durations>,
 }
@@ -94,6 +96,16 @@ impl TimerStats {
             last.last_error = Some(error);
             last.last_error_at = Some(now);
         }
+    }
+
+    /// Records what the last scheduled tick learnt of the job's pause.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// Whether the last scheduled tick found the job paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
     }
 
     /// Records how long a tick that ran took (succeeded or failed).

@@ -35,7 +35,7 @@ pub async fn report(pool: &PgPool, replica: &Replica) -> Result<(), Failure> {
          VALUES ($1, $2, $3, $4, $5, $6, now()) \
          ON CONFLICT (name) DO UPDATE SET installation = EXCLUDED.installation, \
              host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version, \
-             started_at = EXCLUDED.started_at, last_seen = now()",
+             started_at = EXCLUDED.started_at, last_seen = now(), stopped_at = NULL",
     )
     .bind(&replica.name)
     .bind(&replica.installation)
@@ -53,6 +53,81 @@ pub async fn report(pool: &PgPool, replica: &Replica) -> Result<(), Failure> {
         .map_err(classify)?;
     tx.commit().await.map_err(classify)?;
     Ok(())
+}
+
+/// Records that the replica `name` stopped cleanly: it is no longer expected to report.
+pub async fn stopped(pool: &PgPool, name: &str) -> Result<(), Failure> {
+    sqlx::query("UPDATE replicas SET stopped_at = now() WHERE name = $1")
+        .bind(name)
+        .execute(pool)
+        .await
+        .map_err(classify)?;
+    Ok(())
+}
+
+/// Forgets the replica `name` (one that is gone for good without a clean stop); whether there
+/// was one.
+pub async fn forget(pool: &PgPool, name: &str) -> Result<bool, Failure> {
+    let deleted = sqlx::query("DELETE FROM replicas WHERE name = $1")
+        .bind(name)
+        .execute(pool)
+        .await
+        .map_err(classify)?;
+    Ok(deleted.rows_affected() > 0)
+}
+
+/// The replicas that are expected to report, by whether they do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Census {
+    /// Reported within the window.
+    pub live: u64,
+    /// Not reported within the window, and never stopped cleanly.
+    pub silent: u64,
+}
+
+/// Counts the replicas that reported within `silent_after` (live) and those that did not and
+/// never said they stopped (silent), by the database's clock.
+pub async fn census(pool: &PgPool, silent_after: Duration) -> Result<Census, Failure> {
+    let (live, silent): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE last_seen >= now() - make_interval(secs => $1)), \
+                count(*) FILTER (WHERE last_seen < now() - make_interval(secs => $1)) \
+         FROM replicas WHERE stopped_at IS NULL",
+    )
+    .bind(silent_after.as_secs_f64())
+    .fetch_one(pool)
+    .await
+    .map_err(classify)?;
+    Ok(Census {
+        live: u64::try_from(live).unwrap_or_default(),
+        silent: u64::try_from(silent).unwrap_or_default(),
+    })
+}
+
+/// A replica as `worker-host replicas list` shows it: what it reported, and its state by the
+/// database's clock (`live`, `silent` or `stopped`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Standing {
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub replica: Replica,
+    pub stopped_at: Option<DateTime<Utc>>,
+    pub state: String,
+}
+
+/// Every replica that reported within [`FORGET_AFTER`] with its state, as [`census`] counts
+/// them, the most recently seen first.
+pub async fn standings(pool: &PgPool, silent_after: Duration) -> Result<Vec<Standing>, Failure> {
+    sqlx::query_as(
+        "SELECT name, installation, host, pid, version, started_at, last_seen, stopped_at, \
+                CASE WHEN stopped_at IS NOT NULL THEN 'stopped' \
+                     WHEN last_seen >= now() - make_interval(secs => $1) THEN 'live' \
+                     ELSE 'silent' END AS state \
+         FROM replicas ORDER BY last_seen DESC, name",
+    )
+    .bind(silent_after.as_secs_f64())
+    .fetch_all(pool)
+    .await
+    .map_err(classify)
 }
 
 /// Every replica that reported within [`FORGET_AFTER`], the most recently seen first.

@@ -34,6 +34,11 @@ pub trait ConsumerEvents: Send + Sync {
         self.on_try(queue, record);
     }
     fn on_settled(&self, _settled: &DeliveryReport<'_>) {}
+    /// Where each handler try is recorded while it runs, for the host's watchdog; `None`
+    /// records nothing.
+    fn liveness(&self) -> Option<&worker_core::liveness::Liveness> {
+        None
+    }
 }
 
 /// Events that go nowhere.

@@ -78,11 +78,15 @@ pub use runner::ConsumerRunner;
 pub use session::{CANCEL_WAIT, ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
 pub use settings::{BROKER_CONSUMER_TIMEOUT, ConsumerSettings};
 
-/// Test builds only (`--features fault-injection`): a delivery carrying
-/// `x-fault-inject: panic` makes its handler panic inside its unit of work, on every try, so
-/// that the fault suite can check that a panicking handler is retried by the queue's tiers and
-/// then dead-lettered with the panic's message, without a crash. The shipped binary is built
-/// without the feature and has no such hook.
+/// Test builds only (`--features fault-injection`): a delivery carrying the header
+/// `x-fault-inject` asks its handler for a fault inside its unit of work, on every try, so that
+/// the fault suite and the host's tests can check what the host does with it:
+/// - `panic`: the handler panics; the panic is retried by the queue's tiers and then
+///   dead-lettered with its message, without a crash;
+/// - `wedge`: the handler blocks its thread for an hour, out of its timeout's reach, so the
+///   host's watchdog must see the unit overdue and stop feeding systemd's watchdog.
+///
+/// The shipped binary is built without the feature and has no such hook.
 #[cfg(feature = "fault-injection")]
 pub mod fault_injection {
     use lapin::types::{AMQPValue, FieldTable};
@@ -91,21 +95,42 @@ pub mod fault_injection {
     pub const HEADER: &str = "x-fault-inject";
     /// The message the injected panic carries (it ends up in the dead letter's error).
     pub const PANIC_MESSAGE: &str = "fault injection: x-fault-inject: panic";
+    /// How long a wedged handler blocks its thread.
+    pub const WEDGE: std::time::Duration = std::time::Duration::from_secs(3600);
 
-    /// Whether the delivery's headers ask for a panic (`x-fault-inject` = `panic`, as a long
-    /// or short string).
-    pub fn wants_panic(headers: Option<&FieldTable>) -> bool {
-        match headers.and_then(|h| h.inner().get(HEADER)) {
-            Some(AMQPValue::LongString(value)) => value.as_bytes() == b"panic",
-            Some(AMQPValue::ShortString(value)) => value.as_str() == "panic",
-            _ => false,
+    /// The faults a delivery can ask for.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Fault {
+        Panic,
+        Wedge,
+    }
+
+    /// The fault the delivery's headers ask for (`x-fault-inject` = `panic` or `wedge`, as a
+    /// long or short string), if any.
+    pub fn requested(headers: Option<&FieldTable>) -> Option<Fault> {
+        let value = match headers.and_then(|h| h.inner().get(HEADER)) {
+            Some(AMQPValue::LongString(value)) => value.as_bytes().to_vec(),
+            Some(AMQPValue::ShortString(value)) => value.as_str().as_bytes().to_vec(),
+            _ => return None,
+        };
+        match value.as_slice() {
+            b"panic" => Some(Fault::Panic),
+            b"wedge" => Some(Fault::Wedge),
+            _ => None,
         }
     }
 
-    /// Panics with [`PANIC_MESSAGE`].
+    /// Does what `fault` asks: panics with [`PANIC_MESSAGE`], or blocks the thread for
+    /// [`WEDGE`].
     #[allow(clippy::panic)]
-    pub fn panic_now() {
-        panic!("{PANIC_MESSAGE}");
+    pub fn inflict(fault: Fault) {
+        match fault {
+            Fault::Panic => panic!("{PANIC_MESSAGE}"),
+            Fault::Wedge => {
+                tracing::error!("fault injection: x-fault-inject: wedge; blocking this thread");
+                std::thread::sleep(WEDGE);
+            }
+        }
     }
 
     #[cfg(test)]
@@ -113,20 +138,25 @@ pub mod fault_injection {
         use lapin::types::{AMQPValue, FieldTable, LongString};
 
         #[test]
-        fn only_the_header_with_panic_asks_for_one() {
+        fn only_the_header_naming_a_fault_asks_for_one() {
             let mut headers = FieldTable::default();
-            assert!(!super::wants_panic(None));
-            assert!(!super::wants_panic(Some(&headers)));
+            assert_eq!(super::requested(None), None);
+            assert_eq!(super::requested(Some(&headers)), None);
             headers.insert(
                 super::HEADER.into(),
                 AMQPValue::LongString(LongString::from("later")),
             );
-            assert!(!super::wants_panic(Some(&headers)));
+            assert_eq!(super::requested(Some(&headers)), None);
             headers.insert(
                 super::HEADER.into(),
                 AMQPValue::LongString(LongString::from("panic")),
             );
-            assert!(super::wants_panic(Some(&headers)));
+            assert_eq!(super::requested(Some(&headers)), Some(super::Fault::Panic));
+            headers.insert(
+                super::HEADER.into(),
+                AMQPValue::LongString(LongString::from("wedge")),
+            );
+            assert_eq!(super::requested(Some(&headers)), Some(super::Fault::Wedge));
         }
     }
 }

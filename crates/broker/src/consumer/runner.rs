@@ -268,6 +268,9 @@ async fn handle<J: ConsumerJob>(
 ) -> RetryOutcome<worker_core::Handled> {
     let properties = &delivery.amqp().properties;
     let mut ctx = WorkContext::new(shared.job_name.clone(), handlers.clone()).with_attempt(attempt);
+    if let Some(liveness) = shared.events.liveness() {
+        ctx = ctx.with_liveness(liveness.clone());
+    }
     if let Some(id) = properties.message_id() {
         ctx = ctx.with_message_id(id.as_str());
     }
@@ -286,7 +289,7 @@ async fn handle<J: ConsumerJob>(
     };
     let job = &shared.job;
     #[cfg(feature = "fault-injection")]
-    let inject_panic = super::fault_injection::wants_panic(properties.headers().as_ref());
+    let fault = super::fault_injection::requested(properties.headers().as_ref());
     Retry::new(
         &shared.job_name,
         &shared.policy,
@@ -297,8 +300,8 @@ async fn handle<J: ConsumerJob>(
     .observer(&observer)
     .run(&ctx, |ctx| async move {
         #[cfg(feature = "fault-injection")]
-        if inject_panic {
-            super::fault_injection::panic_now();
+        if let Some(fault) = fault {
+            super::fault_injection::inflict(fault);
         }
         job.handle(&ctx, input).await
     })

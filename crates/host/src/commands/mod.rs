@@ -5,9 +5,11 @@ pub mod actor;
 pub mod automations;
 pub mod config;
 pub mod dlq;
+pub mod health;
 pub mod jobs;
 pub mod migrate;
 pub mod outbox;
+pub mod replicas;
 pub mod status;
 pub mod topology;
 
@@ -17,6 +19,9 @@ use crate::lifecycle::{self, Observability};
 use crate::settings::{Settings, SettingsSource};
 use crate::telemetry;
 
+/// How long the runtime waits, once the command has returned, for its threads to finish.
+const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs `command` with `settings` (loaded and validated) to its end.
 pub fn execute(command: Command, settings: Settings, source: &SettingsSource) -> Result<(), Fatal> {
     if let Command::Config {
@@ -25,6 +30,14 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
     {
         config::check(&settings, source);
         return Ok(());
+    }
+    if let Command::Health = command {
+        // No telemetry: a container runs this every few seconds.
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Fatal::software(format!("the async runtime cannot start: {e}")))?
+            .block_on(health::run(&settings));
     }
     // Outside the runtime: the exporters start runtimes of their own.
     let telemetry = telemetry::init(
@@ -45,6 +58,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
         match command {
             Command::Migrate => migrate::run(&settings).await,
             Command::Status => status::run(&settings).await,
+            Command::Replicas { action } => replicas::run(&settings, action).await,
             Command::Outbox { action } => outbox::run(&settings, action).await,
             Command::Automations { action } => automations::run(&settings, action).await,
             Command::Dlq { action } => dlq::run(&settings, action).await,
@@ -52,10 +66,13 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Topology {
                 action: TopologyAction::Declare,
             } => topology::declare(&settings).await,
-            Command::Run | Command::Config { .. } => lifecycle::run(settings, observability).await,
+            Command::Run | Command::Config { .. } | Command::Health => {
+                lifecycle::run(settings, observability).await
+            }
         }
     });
-    drop(runtime);
+    // Bounded: a thread that a wedged unit of work blocks would hold a plain drop for ever.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     telemetry.shutdown();
     result
 }

@@ -4,7 +4,10 @@ use crate::exit::Fatal;
 use crate::settings::Settings;
 
 pub async fn run(settings: &Settings) -> Result<(), Fatal> {
-    let url = format!("http://{}/status", settings.admin.listen);
+    let url = format!(
+        "{}/status",
+        super::health::admin_base(settings.admin.listen)
+    );
     let response = reqwest::get(&url)
         .await
         .map_err(|e| Fatal::unavailable(format!("no host answers at {url}: {e}")))?;

@@ -57,6 +57,7 @@ fn task(job: Arc<Slow>, every: Duration) -> (TimerTask<Slow, NoLease>, Arc<Timer
         metrics: Metrics::new(opentelemetry::global::meter("test")),
         attempt_log: worker_store::AttemptLog::disabled(),
         control: Control::default(),
+        liveness: None,
     };
     (task, stats)
 }

@@ -435,13 +435,24 @@ pub struct AlertSettings {
     pub dead_letter_depth: u64,
     /// Dead letters archived in the last minute, over all queues, above this.
     pub dead_letter_inflow_per_minute: u64,
+    /// The oldest dead letter waiting for an operator for longer than this.
+    #[serde(with = "humantime_serde")]
+    pub dead_letter_oldest_age: Duration,
+    /// Outbox rows waiting to be published above this.
+    pub outbox_pending: u64,
     /// The oldest pending outbox row older than this.
     #[serde(with = "humantime_serde")]
     pub outbox_oldest_pending: Duration,
+    /// Outbox rows that gave up, waiting for an operator, above this.
+    pub outbox_failed: u64,
     /// Failed database probes in a row above this.
     pub db_probe_failures: u32,
     /// Stuck executions or emails (of either kind) above this.
     pub stuck_work: u64,
+    /// A replica that has not reported for this long, and never said it stopped, is silent;
+    /// any silent replica is an alert.
+    #[serde(with = "humantime_serde")]
+    pub replica_silent_after: Duration,
 }
 
 impl Default for AlertSettings {
@@ -450,9 +461,13 @@ impl Default for AlertSettings {
             interval: Duration::from_secs(15),
             dead_letter_depth: 100,
             dead_letter_inflow_per_minute: 50,
+            dead_letter_oldest_age: Duration::from_secs(24 * 3600),
+            outbox_pending: 1000,
             outbox_oldest_pending: Duration::from_secs(300),
+            outbox_failed: 0,
             db_probe_failures: 3,
             stuck_work: 0,
+            replica_silent_after: Duration::from_secs(60),
         }
     }
 }
