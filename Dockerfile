@@ -25,9 +25,12 @@
 ARG BASE_IMAGE=debian:bookworm-slim
 
 FROM rust:1-bookworm AS build
+ARG REVISION=unknown
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p worker-host \
+# The context has no git history (.dockerignore): build.rs embeds the commit given here
+# (`worker-host --version`, /status, worker_build_info).
+RUN WORKER_HOST_REVISION="${REVISION%-dirty}" cargo build --release --locked -p worker-host \
  && strip target/release/worker-host
 
 # What both ways share: the user, the CA certificates, the labels, the health check.

@@ -60,11 +60,15 @@ fi
 cd "$REPO_DIR"
 version=$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"/\1/p' Cargo.toml)
 [ -n "$version" ] || die "no version in [workspace.package] of Cargo.toml"
-revision=$(git rev-parse HEAD 2>/dev/null) || die "not a git checkout: no commit for the revision label"
-# A binary or source with changes not committed is not the commit the label names.
-if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
-    revision="$revision-dirty"
-fi
+# The checkout's commit; a tree with changes not committed is not the commit it names.
+checkout_revision() {
+    local head
+    head=$(git rev-parse HEAD 2>/dev/null) || die "not a git checkout: no commit for the revision label"
+    if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+        head="$head-dirty"
+    fi
+    echo "$head"
+}
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 tag=${tag:-localhost/worker-host:$version}
 
@@ -185,14 +189,24 @@ EOF
 
 # ------------------------------------------------------------------------------ the build
 
-build_args=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "CREATED=$created")
+# The Dockerfile's LABELs take these from its ARGs.
+set_build_args() {
+    build_args=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "CREATED=$created")
+}
 format=()
-# Podman's own image format (OCI) has no HEALTHCHECK: only the docker format keeps it.
-[ "$engine" = podman ] && format=(--format docker)
+# Podman's own image format (OCI) has no HEALTHCHECK: only the docker format keeps it. And
+# podman's layer cache reuses a LABEL step whose ARG values changed, --label options and all
+# (seen with podman 4.3.1: a new binary's image kept the previous commit's revision): no cache,
+# which costs about a second here (the user's RUN step).
+[ "$engine" = podman ] && format=(--format docker --no-cache --layers=false)
+# The image the tag names now, removed once the tag moves (each test image is ~200 MB).
+previous=$($engine image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
 started=$(date +%s)
 
 if [ "$from_source" = 1 ]; then
     registry_answers || die "--from-source needs rust:1-bookworm and debian:bookworm-slim, but the registry $REGISTRY_URL does not answer; build a binary here and use the default (or --binary PATH)"
+    revision=$(checkout_revision)
+    set_build_args
     way="from source: the Dockerfile's multi-stage build (rust:1-bookworm builder, debian:bookworm-slim runtime)"
     say "building $tag $way"
     $engine build "${format[@]}" --network host "${build_args[@]}" --target from-source \
@@ -219,13 +233,26 @@ else
     else
         strip_it=0
     fi
+    # The labels name what the binary says it is (`--version`: its release and the commit
+    # build.rs embedded), which may not be this checkout's HEAD for a binary built elsewhere.
+    said=$(timeout 10 "$binary" --version 2>/dev/null | head -n 1 || true)
+    if [[ $said =~ ^worker-host\ ([^ ]+)\ \(revision\ ([0-9a-f]{7,40})\)$ ]]; then
+        [ "${BASH_REMATCH[1]}" = "$version" ] ||
+            say "warning: the binary says version ${BASH_REMATCH[1]}, Cargo.toml $version: labelling ${BASH_REMATCH[1]}"
+        version=${BASH_REMATCH[1]}
+        revision=${BASH_REMATCH[2]}
+    else
+        revision=$(checkout_revision)
+        say "warning: $binary --version names no revision ('$said'): labelling it with this checkout's, $revision"
+    fi
+    set_build_args
     context=$(mktemp -d -t worker-host-image.XXXXXX)
     # shellcheck disable=SC2064 # the path is fixed now
     trap "rm -rf '$context'" EXIT
     mkdir -p "$context/config"
     cp "$binary" "$context/worker-host"
-    # The release build is stripped (its symbols are half its size); a given binary is
-    # taken as it is (a debug build keeps its line tables for backtraces).
+    # The release build is stripped (3 MB of symbols); a given binary is taken as it is (a
+    # debug build keeps its line tables for backtraces).
     stripped=""
     if [ "$strip_it" = 1 ]; then
         strip "$context/worker-host"
@@ -241,6 +268,11 @@ else
 fi
 
 size=$($engine image inspect --format '{{.Size}}' "$tag")
+current=$($engine image inspect --format '{{.Id}}' "$tag")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+    # Still used by a container or another tag: then it stays, and that is fine.
+    $engine rmi "$previous" >/dev/null 2>&1 || true
+fi
 say "built $tag with $engine in $(($(date +%s) - started)) s"
 say "way: $way"
 say "size: $((size / 1000000)) MB ($size bytes); revision $revision"

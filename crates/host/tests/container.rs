@@ -34,7 +34,7 @@ const STOP_TIMEOUT_SECS: &str = "20";
 const IMAGE_UID: &str = "10001";
 
 fn image() -> String {
-    required_env("WH_TEST_IMAGE", "scripts/image.sh --print-env")
+    required_env("WH_TEST_IMAGE", "scripts/image.sh")
 }
 
 /// `state.Health.Status` (docker, and podman's docker-compatible field) or
@@ -178,6 +178,19 @@ async fn the_image_runs_read_only_as_its_user_answers_a_ping_and_stops_on_sigter
     );
     assert_eq!(ids_of(&status, "Uid:"), vec![IMAGE_UID; 4], "{status}");
     assert_eq!(ids_of(&status, "Gid:"), vec![IMAGE_UID; 4], "{status}");
+    // The broker's TLS trusts the system's CA certificates (rustls-native-certs).
+    engine_ok(
+        &[
+            "exec",
+            &guard.name,
+            "test",
+            "-s",
+            "/etc/ssl/certs/ca-certificates.crt",
+        ],
+        WAIT,
+    )
+    .await
+    .context("the image has no CA certificates (/etc/ssl/certs/ca-certificates.crt)")?;
     let mut write = engine_command();
     write.args([
         "exec",
@@ -269,11 +282,22 @@ async fn the_image_carries_its_version_and_commit_labels_user_stop_signal_and_he
     let head = succeed("git rev-parse HEAD", git, WAIT).await?;
     let head = head.trim();
     let revision = label("revision");
-    // scripts/image.sh marks an image built from a tree with changes not committed.
+    // scripts/image.sh labels a prebuilt binary with the commit it says it was built from, and
+    // marks an image built from a source tree with changes not committed.
     assert_eq!(
         revision.trim_end_matches("-dirty"),
         head,
         "the image was built from another commit than this checkout's: rebuild it with scripts/image.sh"
+    );
+    // The binary in the image says the same (its --version, from build.rs).
+    let said = engine_ok(&["run", "--rm", &image, "--version"], WAIT).await?;
+    assert_eq!(
+        said.trim(),
+        format!(
+            "worker-host {} (revision {})",
+            label("version"),
+            revision.trim_end_matches("-dirty")
+        )
     );
     chrono::DateTime::parse_from_rfc3339(&label("created")).with_context(|| {
         format!(

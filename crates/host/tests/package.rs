@@ -27,10 +27,7 @@ const UNIT: &str = "usr/lib/systemd/system/worker-host.service";
 const STEP: Duration = Duration::from_secs(60);
 
 fn deb() -> PathBuf {
-    let deb = PathBuf::from(required_env(
-        "WH_TEST_DEB",
-        "scripts/package.sh --print-env",
-    ));
+    let deb = PathBuf::from(required_env("WH_TEST_DEB", "scripts/package.sh"));
     assert!(
         deb.is_file(),
         "WH_TEST_DEB names {}, which is not a file: run scripts/package.sh",
@@ -65,7 +62,7 @@ async fn sh_ok(container: &ContainerGuard, script: &str) -> anyhow::Result<Strin
 async fn the_package_installs_without_systemd_and_its_settings_check_with_the_secret_files()
 -> anyhow::Result<()> {
     let deb = deb();
-    let base = required_env("WH_TEST_BASE_IMAGE", "scripts/image.sh --print-env");
+    let base = required_env("WH_TEST_BASE_IMAGE", "scripts/image.sh");
     let deb_name = deb
         .file_name()
         .and_then(|n| n.to_str())

@@ -13,14 +13,15 @@ pub fn repo_root() -> PathBuf {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).to_path_buf()
 }
 
-/// The value of `var`, which `made_by` sets; a test that needs it fails when it is missing,
-/// so that a run without the artefact never passes by skipping.
-pub fn required_env(var: &str, made_by: &str) -> String {
+/// The value of `var`, which `script --print-env` prints; a test that needs it fails when it
+/// is missing, so that a run without the artefact never passes by skipping.
+pub fn required_env(var: &str, script: &str) -> String {
     match std::env::var(var) {
         Ok(value) if !value.trim().is_empty() => value,
         _ => panic!(
-            "{var} is not set: this test needs what `{made_by}` builds; run `eval \"$({made_by})\"` \
-             first (see scripts/test.sh and the README, \"Running it as a container\")"
+            "{var} is not set: this test needs what {script} builds; build it first with \
+             `eval \"$({script} --binary target/debug/worker-host --print-env)\"` \
+             (README, \"Testing the deployment\")"
         ),
     }
 }
