@@ -79,6 +79,7 @@ async fn the_compose_files_host_service_runs_with_its_settings_mount_and_environ
         "-e WORKER_HOST__BROKER__PASSWORD=worker_host".to_string(),
         "-e WORKER_HOST__ADMIN__OPERATOR_TOKEN=compose-dev-operator-token".to_string(),
         "-p 127.0.0.1::9180".to_string(),
+        "--read-only".to_string(),
     ] {
         assert!(
             host_run.contains(&expected),
