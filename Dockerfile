@@ -21,10 +21,11 @@
 # read-only with no tmpfs. `docker compose up --scale worker-host=3` runs three replicas
 # against the compose file's services (docker-compose.yml).
 
-# Any image with Debian bookworm's layout (dpkg, apt, useradd).
-ARG BASE_IMAGE=debian:bookworm-slim
+# Any image with Debian bookworm's layout (dpkg, apt, useradd). Full names: podman resolves
+# no short name that its aliases do not list (rust is not among them).
+ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim
 
-FROM rust:1-bookworm AS build
+FROM docker.io/library/rust:1-bookworm AS build
 ARG REVISION=unknown
 WORKDIR /src
 COPY . .

@@ -126,6 +126,7 @@ image_exists() {
 }
 
 registry_answers() {
+    command -v curl >/dev/null 2>&1 || die "curl is missing: it checks whether an image registry answers"
     # Any HTTP answer (a registry says 401 to an anonymous /v2/) means it is reachable.
     local code
     code=$(curl -s -o /dev/null -w '%{http_code}' --connect-timeout 5 --max-time 8 "$REGISTRY_URL" 2>/dev/null) || true
@@ -214,7 +215,7 @@ if [ "$from_source" = 1 ]; then
 else
     if [ -z "$base" ]; then
         if registry_answers; then
-            base=debian:bookworm-slim
+            base=docker.io/library/debian:bookworm-slim
         else
             say "no image registry answers ($REGISTRY_URL): the base comes from Debian's packages ($BASE_TAG)"
             base=$BASE_TAG
@@ -279,7 +280,7 @@ say "size: $((size / 1000000)) MB ($size bytes); revision $revision"
 if [ "$print_env" = 1 ]; then
     echo "export WH_TEST_IMAGE=$tag"
     echo "export WH_TEST_ENGINE=$engine"
-    [ "$from_source" = 1 ] && base=debian:bookworm-slim
+    [ "$from_source" = 1 ] && base=docker.io/library/debian:bookworm-slim
     echo "export WH_TEST_BASE_IMAGE=$base"
     [ -n "$conf_env" ] && echo "export CONTAINERS_CONF=$conf_env"
 fi
