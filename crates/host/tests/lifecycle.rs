@@ -95,6 +95,15 @@ async fn the_host_becomes_ready_and_stops_cleanly_on_sigterm() -> anyhow::Result
     assert_eq!(body["checks"]["database"]["status"], "up");
     assert_eq!(body["checks"]["broker"]["status"], "up");
     assert_eq!(get(&healthz).await.map(|(s, _)| s), Some(200));
+    // What a container's HEALTHCHECK runs: the binary asks its own /readyz.
+    let health = host(&db, &vhost, port, &["health"]).output()?;
+    assert_eq!(
+        health.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "ready");
 
     // `run` declared the topology: every consumer queue with its dead letters.
     for queue in [
@@ -176,4 +185,47 @@ async fn an_unreachable_broker_ends_the_start_naming_the_server() -> anyhow::Res
         "{stderr}"
     );
     Ok(())
+}
+
+/// `worker-host health` with no host answering: exit 1 (what a health check takes as
+/// unhealthy), naming the address it asked.
+#[tokio::test]
+async fn health_without_a_host_is_unhealthy_and_says_where_it_asked() -> anyhow::Result<()> {
+    let db = TestDb::create_empty().await?;
+    let vhost = TestVhost::create().await?;
+    let port = free_port();
+    let output = host(&db, &vhost, port, &["health"]).output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "no host answers at http://127.0.0.1:{port}/readyz"
+        )),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+/// `worker-host --version`: the workspace's version and the git commit it was built from.
+#[test]
+fn the_version_names_the_release_and_the_revision() {
+    let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "worker-host {} (revision {head})",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
 }

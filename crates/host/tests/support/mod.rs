@@ -155,7 +155,12 @@ pub struct Host {
 
 /// A `worker-host` command with only this test's settings file in effect.
 pub fn host_command(config: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_worker-host"));
+    host_command_for(Path::new(env!("CARGO_BIN_EXE_worker-host")), config)
+}
+
+/// [`host_command`] for another build of the binary (the fault-injection build, say).
+pub fn host_command_for(binary: &Path, config: &Path) -> Command {
+    let mut command = Command::new(binary);
     command
         .arg("--config")
         .arg(config)
@@ -187,42 +192,65 @@ impl Host {
         env: &[(&str, &str)],
         settings: impl FnOnce(&Path, u16) -> anyhow::Result<String>,
     ) -> anyhow::Result<Self> {
+        let mut host = Self::spawn(
+            Path::new(env!("CARGO_BIN_EXE_worker-host")),
+            show_log_var,
+            env,
+            settings,
+        )?;
+        host.wait_ready().await?;
+        Ok(host)
+    }
+
+    /// Starts `binary run` (the test's own build, or another such as the fault-injection
+    /// build) as [`Host::launch_with`] does, without waiting for it to be ready.
+    pub fn spawn(
+        binary: &Path,
+        show_log_var: &'static str,
+        env: &[(&str, &str)],
+        settings: impl FnOnce(&Path, u16) -> anyhow::Result<String>,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port();
         let config = dir.path().join("worker-host.toml");
         std::fs::write(&config, settings(dir.path(), port)?)?;
         let log = dir.path().join("host.log");
-        let mut command = host_command(&config);
+        let mut command = host_command_for(binary, &config);
         command.envs(env.iter().copied());
         let child = command
             .arg("run")
             .stdout(std::fs::File::create(dir.path().join("host.out"))?)
             .stderr(std::fs::File::create(&log)?)
             .spawn()
-            .context("starting worker-host")?;
-        let mut host = Self {
+            .with_context(|| format!("starting {}", binary.display()))?;
+        Ok(Self {
             child,
             port,
             config,
             log,
             show_log_var,
             _dir: dir,
-        };
+        })
+    }
+
+    /// Waits until `/readyz` is 200; fails with the log's tail if the host exits first or
+    /// takes longer than [`WAIT`].
+    pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + WAIT;
         loop {
-            if host.readyz().await.ok() == Some(200) {
-                return Ok(host);
+            if self.readyz().await.ok() == Some(200) {
+                return Ok(());
             }
-            if let Ok(Some(status)) = host.child.try_wait() {
+            if let Ok(Some(status)) = self.child.try_wait() {
                 bail!(
                     "the host exited with {status} before it was ready:\n{}",
-                    host.log_tail()
+                    self.log_tail()
                 );
             }
             if Instant::now() > deadline {
                 bail!(
                     "/readyz did not answer 200 within {WAIT:?}:\n{}",
-                    host.log_tail()
+                    self.log_tail()
                 );
             }
             tokio::time::sleep(POLL).await;
