@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod console;
+pub mod container;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
