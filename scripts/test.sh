@@ -7,6 +7,11 @@
 #   WH_SKIP_LINT=1 scripts/test.sh  skip `cargo fmt --check` and clippy
 #   WH_SKIP_FAULTS=1 scripts/test.sh  skip the fault suite's quick run (it runs only when no
 #                                   extra arguments narrow the tests)
+#
+# Before the tests it installs the deployment tools (scripts/deploy-tools.sh: podman, runc,
+# debootstrap, podman-compose, prometheus, cargo-deb) and builds what the deployment tests
+# run: the fault-injection host, the image (scripts/image.sh, from the debug binary, on a base
+# made from Debian's packages where no registry answers) and the package (scripts/package.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,6 +27,21 @@ if [ "${WH_SKIP_LINT:-0}" != 1 ]; then
     # The fault suite's hook (poison-panic) is compiled only with this feature.
     cargo clippy -p worker-broker --all-targets --features fault-injection --locked -- -D warnings
 fi
+
+echo "test: the deployment artefacts (scripts/deploy-tools.sh, image.sh, package.sh)"
+scripts/deploy-tools.sh
+# The fault-injection build (x-fault-inject: panic and wedge), for the notify test's wedged
+# handler and the fault suite; a copy of its own, since the plain build below replaces it.
+cargo build --locked -p worker-host --features fault-injection
+cp target/debug/worker-host target/debug/worker-host-fault-injection
+export WH_TEST_FAULT_INJECTION_HOST=$PWD/target/debug/worker-host-fault-injection
+# The host binary as `cargo test --workspace` builds it (dev-dependency features make it
+# differ from `cargo build`'s), so that the image and the package hold the binary under test
+# and the test run below compiles nothing more. CI packages this debug binary; the release
+# image and package are `scripts/image.sh` and `scripts/package.sh` without --binary.
+cargo test --workspace --locked --no-run
+eval "$(scripts/image.sh --binary target/debug/worker-host --tag localhost/worker-host:test --print-env)"
+eval "$(scripts/package.sh --binary target/debug/worker-host --fast --output target/debian-test --print-env)"
 
 echo "test: cargo test"
 cargo test --workspace --locked --no-fail-fast "$@"

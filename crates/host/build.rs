@@ -34,9 +34,15 @@ fn main() {
         println!("cargo:rerun-if-changed={git_dir}/HEAD");
     }
     if let Some(common) = git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]) {
-        println!("cargo:rerun-if-changed={common}/packed-refs");
-        if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={common}/{reference}");
+        // Only a file that exists: cargo reruns a build script for ever over a missing one.
+        let packed = format!("{common}/packed-refs");
+        if std::path::Path::new(&packed).exists() {
+            println!("cargo:rerun-if-changed={packed}");
+        }
+        // A commit writes the branch's loose ref (cargo scans a folder for any change).
+        let heads = format!("{common}/refs/heads");
+        if std::path::Path::new(&heads).is_dir() {
+            println!("cargo:rerun-if-changed={heads}");
         }
     }
 }
