@@ -61,8 +61,9 @@ LABEL org.opencontainers.image.title="worker-host" \
 # Numeric, so that a runtime can tell it is not root without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /etc/worker-host
-# The admin endpoints and the console; in a container they listen on every address, which
-# the host allows only with an operator token (WORKER_HOST__ADMIN__OPERATOR_TOKEN).
+# The admin endpoints and the console, on admin.listen: loopback by default (with
+# --network host, the machine's loopback); on a bridge network set admin.listen =
+# "0.0.0.0:9180", which the host allows only with an operator token.
 EXPOSE 9180
 # The host is PID 1 and handles SIGTERM itself: it drains within workers.shutdown_grace
 # (30 s by default) and exits 0. Give `docker stop -t` / `podman stop -t` more than that.
