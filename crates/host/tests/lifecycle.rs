@@ -206,7 +206,9 @@ async fn health_without_a_host_is_unhealthy_and_says_where_it_asked() -> anyhow:
     Ok(())
 }
 
-/// `worker-host --version`: the workspace's version and the git commit it was built from.
+/// `worker-host --version`: the workspace's version and the git commit it was built from (a
+/// commit of this repository's history: HEAD when built, an ancestor of it if a commit came
+/// since).
 #[test]
 fn the_version_names_the_release_and_the_revision() {
     let output = Command::new(env!("CARGO_BIN_EXE_worker-host"))
@@ -214,18 +216,26 @@ fn the_version_names_the_release_and_the_revision() {
         .output()
         .unwrap();
     assert!(output.status.success());
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let head = Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
-    assert_eq!(
-        stdout.trim(),
-        format!(
-            "worker-host {} (revision {head})",
-            env!("CARGO_PKG_VERSION")
-        )
+    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let prefix = format!("worker-host {} (revision ", env!("CARGO_PKG_VERSION"));
+    let revision = stdout
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("`{stdout}` is `{prefix}<commit>)`"));
+    assert!(
+        revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit()),
+        "a whole commit id: {revision}"
+    );
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(
+        git(&["merge-base", "--is-ancestor", revision, "HEAD"]),
+        "{revision} is HEAD or one of its ancestors"
     );
 }

@@ -77,11 +77,38 @@ impl Heard {
 /// half of it.
 const WATCHDOG: Duration = Duration::from_secs(2);
 
-fn manager_env(socket: &Path) -> Vec<(String, String)> {
-    vec![
-        ("NOTIFY_SOCKET".into(), socket.display().to_string()),
-        ("WATCHDOG_USEC".into(), WATCHDOG.as_micros().to_string()),
-    ]
+/// A test's own database and vhost, and the service manager's socket the host is told of.
+struct Managed {
+    db: TestDb,
+    vhost: TestVhost,
+    heard: Heard,
+    /// The host's environment: `NOTIFY_SOCKET` and `WATCHDOG_USEC`.
+    env: Vec<(String, String)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Managed {
+    async fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("notify");
+        Ok(Self {
+            db: TestDb::create().await?,
+            vhost: TestVhost::create().await?,
+            heard: Heard::listen(&socket)?,
+            env: vec![
+                ("NOTIFY_SOCKET".into(), socket.display().to_string()),
+                ("WATCHDOG_USEC".into(), WATCHDOG.as_micros().to_string()),
+            ],
+            _dir: dir,
+        })
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        self.env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
 }
 
 /// The host is told of a broker it cannot reach at first (the proxy refuses): it must say
@@ -91,22 +118,20 @@ fn manager_env(socket: &Path) -> Vec<(String, String)> {
 async fn ready_comes_once_the_host_can_work_then_the_watchdog_is_fed_and_stopping_ends_it()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let socket = dir.path().join("notify");
-    let heard = Heard::listen(&socket)?;
+    let mut managed = Managed::new().await?;
     let proxy = FaultProxy::start("127.0.0.1:5672").await?;
     proxy.refuse();
-    let port = proxy.port().to_string();
-    let mut env = manager_env(&socket);
-    env.push(("WORKER_HOST__BROKER__PORT".into(), port));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    managed
+        .env
+        .push(("WORKER_HOST__BROKER__PORT".into(), proxy.port().to_string()));
+    let Managed {
+        db, vhost, heard, ..
+    } = &managed;
     let mut host = Host::spawn(
         Path::new(env!("CARGO_BIN_EXE_worker-host")),
         "WH_SHOW_NOTIFY_LOG",
-        &env,
-        |_, port| Ok(base_settings("notify", "[]", &db, &vhost, port)),
+        &managed.env(),
+        |_, port| Ok(base_settings("notify", "[]", db, vhost, port)),
     )?;
 
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -187,20 +212,22 @@ fn fault_injection_host() -> PathBuf {
 async fn a_wedged_handler_stops_the_watchdog_pings() -> anyhow::Result<()> {
     let binary = fault_injection_host();
     let _serial = SERIAL.lock().await;
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let socket = dir.path().join("notify");
-    let heard = Heard::listen(&socket)?;
-    let env = manager_env(&socket);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut host = Host::spawn(&binary, "WH_SHOW_NOTIFY_LOG", &env, |dir, port| {
-        let automations = support::write_automation(dir)?;
-        Ok(format!(
-            "{}\n[jobs.automation_trigger]\ntimeout = \"1s\"\n",
-            base_settings("notify-wedge", &automations, &db, &vhost, port)
-        ))
-    })?;
+    let managed = Managed::new().await?;
+    let Managed {
+        db, vhost, heard, ..
+    } = &managed;
+    let mut host = Host::spawn(
+        &binary,
+        "WH_SHOW_NOTIFY_LOG",
+        &managed.env(),
+        |dir, port| {
+            let automations = support::write_automation(dir)?;
+            Ok(format!(
+                "{}\n[jobs.automation_trigger]\ntimeout = \"1s\"\n",
+                base_settings("notify-wedge", &automations, db, vhost, port)
+            ))
+        },
+    )?;
     host.wait_ready().await?;
     heard
         .wait_for("READY=1", Duration::from_secs(10))
@@ -218,7 +245,7 @@ async fn a_wedged_handler_stops_the_watchdog_pings() -> anyhow::Result<()> {
     let properties = properties.with_headers(headers);
     let wedged_at = Instant::now();
     support::publish_confirmed(
-        &vhost,
+        vhost,
         "events",
         "email.received",
         &[(properties, body.as_slice())],
