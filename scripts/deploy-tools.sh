@@ -12,6 +12,7 @@
 #   scripts/deploy-tools.sh          install what is missing (apt-get, cargo install); fast when
 #                                    everything is there (no network then)
 #   scripts/deploy-tools.sh --check  list what is missing, install nothing; exit 1 if anything is
+#   scripts/deploy-tools.sh --cargo-deb  only cargo-deb (what scripts/package.sh needs)
 #
 # Run as root or as a user who may sudo (apt-get). Idempotent.
 set -euo pipefail
@@ -23,10 +24,12 @@ say() { echo "deploy-tools: $*"; }
 die() { echo "deploy-tools: error: $*" >&2; exit 1; }
 
 check_only=0
+only_cargo_deb=0
 case "${1:-}" in
     --check) check_only=1 ;;
+    --cargo-deb) only_cargo_deb=1 ;;
     "") ;;
-    *) die "unknown argument '$1' (expected nothing or --check)" ;;
+    *) die "unknown argument '$1' (expected nothing, --check or --cargo-deb)" ;;
 esac
 
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -52,6 +55,7 @@ declare -A package_of=(
 )
 
 missing_packages=()
+[ "$only_cargo_deb" = 1 ] && package_of=()
 for command in "${!package_of[@]}"; do
     if ! command -v "$command" >/dev/null 2>&1; then
         package=${package_of[$command]}
@@ -109,4 +113,5 @@ if [ "$need_cargo_deb" = 1 ]; then
     cargo_deb_installed ||
         die "cargo-deb $CARGO_DEB_VERSION is not on the PATH after cargo install (is ~/.cargo/bin on it?)"
 fi
+[ "$only_cargo_deb" = 1 ] && { say "cargo-deb $CARGO_DEB_VERSION present"; exit 0; }
 say "all present (podman $(podman --version | awk '{print $3}'), podman-compose, debootstrap, prometheus, systemd-analyze, cargo-deb $CARGO_DEB_VERSION)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Debian package worker-host_<version>-<revision>_amd64.deb with cargo-deb
-# (installed with `cargo install --locked cargo-deb` when missing). Its contents are in
+# (installed by scripts/deploy-tools.sh --cargo-deb when missing). Its contents are in
 # [package.metadata.deb] at the end of crates/host/Cargo.toml.
 #
 #   scripts/package.sh                   cargo deb: a release build, then the package
@@ -16,7 +16,6 @@
 set -euo pipefail
 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CARGO_DEB_VERSION=3.8.0
 
 say() { echo "package: $*" >&2; }
 die() { echo "package: error: $*" >&2; exit 1; }
@@ -44,9 +43,8 @@ esac
 
 cd "$REPO_DIR"
 if ! command -v cargo-deb >/dev/null 2>&1; then
-    say "cargo-deb is missing: cargo install --locked --version $CARGO_DEB_VERSION cargo-deb (a few minutes)"
-    cargo install --locked --quiet --version "$CARGO_DEB_VERSION" cargo-deb >&2 ||
-        die "cargo install --locked --version $CARGO_DEB_VERSION cargo-deb failed"
+    say "cargo-deb is missing: installing it (scripts/deploy-tools.sh --cargo-deb, a few minutes)"
+    "$REPO_DIR/scripts/deploy-tools.sh" --cargo-deb >&2 || die "cargo-deb could not be installed"
 fi
 
 output=${output:-$REPO_DIR/target/debian}

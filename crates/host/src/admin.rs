@@ -2,7 +2,7 @@
 //! the broker are reachable), `/status`, `/metrics` and the operator's [`console`](crate::console),
 //! on `admin.listen`. Every response carries the console's security headers.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,8 +30,8 @@ pub trait ReadinessCheck: Send + Sync {
 #[derive(Clone)]
 pub struct Readiness(Arc<Vec<Box<dyn ReadinessCheck>>>);
 
-/// One reading of [`Readiness`]: ready or not, and each check's state.
-#[derive(Debug, Clone)]
+/// One reading of [`Readiness`]: ready or not, and each check's state (`/readyz`'s body).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
 pub struct ReadinessReport {
     pub ready: bool,
     /// Each check by name: `{"status": "up"}`, or `{"status": "down", "error": ...}`.
@@ -84,6 +84,17 @@ impl Readiness {
         }
         ReadinessReport { ready, checks }
     }
+}
+
+/// The admin endpoint's base URL as a client on this machine reaches it (`worker-host status`
+/// and `health`): an address that listens on every interface is asked on loopback.
+pub fn local_url(listen: SocketAddr) -> String {
+    let ip = match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, listen.port()))
 }
 
 #[derive(Clone)]
@@ -214,4 +225,27 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
         status,
         Json(json!({"ready": report.ready, "checks": report.checks})),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_interface_is_asked_on_loopback_and_a_given_address_as_given() {
+        let at = |s: &str| local_url(s.parse().unwrap());
+        assert_eq!(at("0.0.0.0:9180"), "http://127.0.0.1:9180");
+        assert_eq!(at("[::]:9180"), "http://[::1]:9180");
+        assert_eq!(at("10.0.0.5:9180"), "http://10.0.0.5:9180");
+    }
+
+    #[test]
+    fn a_readyz_body_read_back_names_the_checks_that_are_down() {
+        let body = r#"{"ready": false, "checks": {
+            "broker": {"status": "down", "error": "connection refused"},
+            "database": {"status": "up"}}}"#;
+        let report: ReadinessReport = serde_json::from_str(body).unwrap();
+        assert!(!report.ready);
+        assert_eq!(report.failures(), "broker: connection refused");
+    }
 }

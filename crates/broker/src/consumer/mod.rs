@@ -108,12 +108,12 @@ pub mod fault_injection {
     /// The fault the delivery's headers ask for (`x-fault-inject` = `panic` or `wedge`, as a
     /// long or short string), if any.
     pub fn requested(headers: Option<&FieldTable>) -> Option<Fault> {
-        let value = match headers.and_then(|h| h.inner().get(HEADER)) {
-            Some(AMQPValue::LongString(value)) => value.as_bytes().to_vec(),
-            Some(AMQPValue::ShortString(value)) => value.as_str().as_bytes().to_vec(),
+        let value: &[u8] = match headers.and_then(|h| h.inner().get(HEADER)) {
+            Some(AMQPValue::LongString(value)) => value.as_bytes(),
+            Some(AMQPValue::ShortString(value)) => value.as_str().as_bytes(),
             _ => return None,
         };
-        match value.as_slice() {
+        match value {
             b"panic" => Some(Fault::Panic),
             b"wedge" => Some(Fault::Wedge),
             _ => None,

@@ -4,10 +4,7 @@ use crate::exit::Fatal;
 use crate::settings::Settings;
 
 pub async fn run(settings: &Settings) -> Result<(), Fatal> {
-    let url = format!(
-        "{}/status",
-        super::health::admin_base(settings.admin.listen)
-    );
+    let url = format!("{}/status", crate::admin::local_url(settings.admin.listen));
     let response = reqwest::get(&url)
         .await
         .map_err(|e| Fatal::unavailable(format!("no host answers at {url}: {e}")))?;
