@@ -58,6 +58,11 @@ pub enum Command {
         #[command(subcommand)]
         action: OutboxAction,
     },
+    /// The operators' named accounts, their roles and API tokens.
+    Operators {
+        #[command(subcommand)]
+        action: crate::commands::operators::OperatorsAction,
+    },
     /// Pause and resume timer jobs on every replica.
     Jobs {
         #[command(subcommand)]

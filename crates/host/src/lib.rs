@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod connections;
 pub mod console;
+pub mod credentials;
 pub mod exit;
 pub mod jobs;
 pub mod lifecycle;

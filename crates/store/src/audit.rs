@@ -14,8 +14,39 @@ use worker_core::Failure;
 
 use crate::classify;
 
-/// Who takes an action: the operating-system user and the host name as the command line
-/// found them (or `console` and the host serving it), and the name the operator gave.
+/// How an operator acted: the command line (with the database's authority), or an account
+/// through the console's pages or its JSON API.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Via {
+    #[default]
+    Cli,
+    Console,
+    Api,
+}
+
+impl Via {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Cli => "cli",
+            Self::Console => "console",
+            Self::Api => "api",
+        }
+    }
+
+    /// The way in a row records (`None` in rows older than accounts: the command line).
+    pub fn parse(text: Option<&str>) -> Self {
+        match text {
+            Some("console") => Self::Console,
+            Some("api") => Self::Api,
+            _ => Self::Cli,
+        }
+    }
+}
+
+/// Who takes an action. From the command line: the operating-system user and the host name
+/// as it found them, and the name the operator gave. From the console or the API: the
+/// account, and the client's address as `host` (`user` is `console`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actor {
     pub user: String,
@@ -24,14 +55,33 @@ pub struct Actor {
     /// ticket); recorded beside `user`, never instead of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The operator account that acted (the console and the API only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    #[serde(default)]
+    pub via: Via,
 }
 
 impl Actor {
+    /// The command line's actor: `user` on `host`.
     pub fn new(user: impl Into<String>, host: impl Into<String>) -> Self {
         Self {
             user: user.into(),
             host: host.into(),
             name: None,
+            account: None,
+            via: Via::Cli,
+        }
+    }
+
+    /// An account acting through the console or the API from `from` (the client's address).
+    pub fn account(account: impl Into<String>, from: impl Into<String>, via: Via) -> Self {
+        Self {
+            user: via.as_str().to_string(),
+            host: from.into(),
+            name: None,
+            account: Some(account.into()),
+            via,
         }
     }
 
@@ -42,11 +92,13 @@ impl Actor {
         self
     }
 
-    /// How the trail shows it: `name (user@host)`, or `user@host`.
+    /// How the trail shows it: `alice (console from 10.0.0.5)` for an account, else
+    /// `name (user@host)` or `user@host`.
     pub fn label(&self) -> String {
-        match &self.name {
-            Some(name) => format!("{name} ({}@{})", self.user, self.host),
-            None => format!("{}@{}", self.user, self.host),
+        match (&self.account, &self.name) {
+            (Some(account), _) => format!("{account} ({} from {})", self.via.as_str(), self.host),
+            (None, Some(name)) => format!("{name} ({}@{})", self.user, self.host),
+            (None, None) => format!("{}@{}", self.user, self.host),
         }
     }
 }
@@ -61,6 +113,15 @@ pub enum ActionKind {
     Purge,
     /// Failed outbox rows made pending again.
     OutboxRetry,
+    /// An operator account made, changed (role, password), disabled or removed, or given an
+    /// API token.
+    OperatorAdd,
+    OperatorChange,
+    OperatorDisable,
+    OperatorRemove,
+    OperatorToken,
+    /// A replica that is gone forgotten.
+    ReplicaForget,
     /// A timer job's scheduled ticks held back on every replica.
     Pause,
     Resume,
@@ -74,6 +135,12 @@ impl ActionKind {
             Self::Replay => "replay",
             Self::Purge => "purge",
             Self::OutboxRetry => "outbox-retry",
+            Self::OperatorAdd => "operator-add",
+            Self::OperatorChange => "operator-change",
+            Self::OperatorDisable => "operator-disable",
+            Self::OperatorRemove => "operator-remove",
+            Self::OperatorToken => "operator-token",
+            Self::ReplicaForget => "replica-forget",
             Self::Pause => "pause",
             Self::Resume => "resume",
             Self::Trigger => "trigger",
@@ -117,8 +184,8 @@ fn count(n: u64) -> i64 {
 pub async fn begin(conn: &mut PgConnection, action: &NewAction<'_>) -> Result<i64, Failure> {
     sqlx::query_scalar(
         "INSERT INTO dead_letter_actions (action, actor_user, actor_host, actor, dry_run, \
-                                          filter, rate, planned) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+                                          filter, rate, planned, account, via) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
     )
     .bind(action.kind.as_str())
     .bind(&action.actor.user)
@@ -128,6 +195,8 @@ pub async fn begin(conn: &mut PgConnection, action: &NewAction<'_>) -> Result<i6
     .bind(&action.target)
     .bind(action.rate.map(|r| i32::try_from(r).unwrap_or(i32::MAX)))
     .bind(action.planned.map(count))
+    .bind(&action.actor.account)
+    .bind(action.actor.via.as_str())
     .fetch_one(conn)
     .await
     .map_err(classify)
@@ -215,6 +284,10 @@ pub struct Action {
     pub succeeded: i64,
     pub failed: i64,
     pub note: Option<String>,
+    /// The account that acted (the console and the API; older rows have none).
+    pub account: Option<String>,
+    /// `cli`, `console` or `api` (older rows have none).
+    pub via: Option<String>,
 }
 
 impl Action {
@@ -229,13 +302,16 @@ impl Action {
             user: self.actor_user.clone(),
             host: self.actor_host.clone(),
             name: self.actor.clone(),
+            account: self.account.clone(),
+            via: Via::parse(self.via.as_deref()),
         }
         .label()
     }
 }
 
 const COLUMNS: &str = "id, action, actor_user, actor_host, actor, db_user, dry_run, started_at, \
-                       finished_at, filter, rate, planned, matched, succeeded, failed, note";
+                       finished_at, filter, rate, planned, matched, succeeded, failed, note, \
+                       account, via";
 
 /// The recorded actions, newest first, at most `limit`.
 pub async fn recent(pool: &PgPool, limit: u32) -> Result<Vec<Action>, Failure> {
@@ -283,6 +359,8 @@ mod tests {
         assert_eq!(named.label(), "alice (ops@host-1)");
         let blank = Actor::new("ops", "host-1").with_name(Some("  ".into()));
         assert_eq!(blank.name, None, "a blank name is no name");
+        let account = Actor::account("alice", "10.0.0.5", Via::Api);
+        assert_eq!(account.label(), "alice (api from 10.0.0.5)");
     }
 
     #[test]
@@ -294,8 +372,14 @@ mod tests {
             ActionKind::Pause,
             ActionKind::Resume,
             ActionKind::Trigger,
+            ActionKind::OperatorAdd,
+            ActionKind::OperatorChange,
+            ActionKind::OperatorDisable,
+            ActionKind::OperatorRemove,
+            ActionKind::OperatorToken,
+            ActionKind::ReplicaForget,
         ];
-        let migration = include_str!("../../../migrations/20261202000100_operator_console.sql");
+        let migration = include_str!("../../../migrations/20261204000100_operator_accounts.sql");
         for kind in all {
             assert!(
                 migration.contains(&format!("'{}'", kind.as_str())),

@@ -1,6 +1,7 @@
 //! The PostgreSQL adapter: the connection pool, the embedded migrations, the processed-message
 //! guard and the singleton lease for timer jobs, the outbox and the attempt log, and what
-//! operators act through: the audit trail, job pauses and the replicas' reports.
+//! operators act through: the audit trail, job pauses, the replicas' reports, and the
+//! operators' accounts and console sessions.
 //!
 //! Everything that knows sqlx lives here; the jobs see the core traits
 //! ([`worker_core::ProcessedGuard`], [`worker_core::SingletonLease`]) and this crate's
@@ -25,9 +26,11 @@ pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 pub mod attempt_log;
 pub mod audit;
+pub mod operators;
 pub mod outbox;
 pub mod pauses;
 pub mod replicas;
+pub mod sessions;
 
 pub use attempt_log::{AttemptLog, AttemptLogSettings, AttemptLogWriter, AttemptRecord};
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStatus};

@@ -20,6 +20,22 @@ pub struct Pause {
     pub actor_user: String,
     pub actor_host: String,
     pub actor: Option<String>,
+    pub account: Option<String>,
+    pub via: Option<String>,
+}
+
+impl Pause {
+    /// Who paused it, as the audit trail shows them.
+    pub fn actor_label(&self) -> String {
+        Actor {
+            user: self.actor_user.clone(),
+            host: self.actor_host.clone(),
+            name: self.actor.clone(),
+            account: self.account.clone(),
+            via: audit::Via::parse(self.via.as_deref()),
+        }
+        .label()
+    }
 }
 
 /// What a pause or a resume changed.
@@ -98,7 +114,8 @@ pub async fn is_paused(pool: &PgPool, job: &str) -> Result<bool, Failure> {
 /// Every paused job, with who paused it.
 pub async fn list(pool: &PgPool) -> Result<Vec<Pause>, Failure> {
     sqlx::query_as(
-        "SELECT p.job, p.paused_at, p.action_id, a.actor_user, a.actor_host, a.actor \
+        "SELECT p.job, p.paused_at, p.action_id, a.actor_user, a.actor_host, a.actor, \
+                a.account, a.via \
          FROM job_pauses p JOIN dead_letter_actions a ON a.id = p.action_id ORDER BY p.job",
     )
     .fetch_all(pool)

@@ -42,12 +42,7 @@ async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> 
                     Some(p) => println!(
                         "{job:<22} paused since {} by {} (action {})",
                         p.paused_at.format("%Y-%m-%d %H:%M:%S"),
-                        worker_store::audit::Actor {
-                            user: p.actor_user.clone(),
-                            host: p.actor_host.clone(),
-                            name: p.actor.clone(),
-                        }
-                        .label(),
+                        p.actor_label(),
                         p.action_id
                     ),
                     None => println!("{job:<22} running on its schedule"),

@@ -8,6 +8,7 @@ pub mod dlq;
 pub mod health;
 pub mod jobs;
 pub mod migrate;
+pub mod operators;
 pub mod outbox;
 pub mod replicas;
 pub mod status;
@@ -63,6 +64,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Automations { action } => automations::run(&settings, action).await,
             Command::Dlq { action } => dlq::run(&settings, action).await,
             Command::Jobs { action } => jobs::run(&settings, action).await,
+            Command::Operators { action } => operators::run(&settings, action).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => topology::declare(&settings).await,

@@ -1,8 +1,7 @@
 //! The host's own sections: the connections it opens for every job (database, broker, SMTP,
-//! IMAP accounts), telemetry, the admin endpoints, alerts, and what the workers share
+//! IMAP accounts), telemetry, alerts, and what the workers share
 //! (shutdown, the default retry, dedup and attempt-log retention).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -335,42 +334,6 @@ impl Default for TelemetrySettings {
             service_name: "worker-host".into(),
             export_timeout: Duration::from_secs(10),
             metrics_interval: Duration::from_secs(15),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdminSettings {
-    pub enabled: bool,
-    /// Where `/healthz`, `/readyz`, `/status`, `/metrics` and the console listen. On loopback
-    /// the console's pages need no sign-in; anywhere else every page does, and the host
-    /// refuses to start without an `operator_token`.
-    pub listen: SocketAddr,
-    /// The secret an operator signs in to the console with, to act (replay, purge, retry,
-    /// pause, run now). Unset: the console is read-only and says so.
-    pub operator_token: Option<Secret>,
-    pub operator_token_file: Option<PathBuf>,
-    /// How long a console session lasts after its last use.
-    #[serde(with = "humantime_serde")]
-    pub session_idle: Duration,
-    /// The console's own database connections (besides `database.max_connections`), so
-    /// that no page or bulk action can starve the jobs.
-    pub console_connections: u32,
-    /// The rate a bulk replay or purge offers first, in messages per second.
-    pub bulk_rate: u32,
-}
-
-impl Default for AdminSettings {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            listen: SocketAddr::from(([127, 0, 0, 1], 9180)),
-            operator_token: None,
-            operator_token_file: None,
-            session_idle: Duration::from_secs(8 * 3600),
-            console_connections: 4,
-            bulk_rate: 50,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! - `load.rs`: figment, the file's syntax check, environment overrides, and
 //!   [`SettingsError`] (file, line and key; never a secret's value);
 //! - `secrets.rs`: passwords from `*_file` keys, and the missing ones;
+//! - `admin.rs`: the admin endpoints and the console;
 //! - `host.rs` and `validate.rs`: the host's own sections and their checks (TLS and
 //!   credentials among them);
 //! - `jobs.rs`: the list of job sections;
@@ -22,14 +23,16 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use crate::schedule::Schedule;
+pub use admin::{AdminSettings, PasswordHashing};
 pub use budget::{DEDICATED, Need};
 pub use host::{
-    AdminSettings, AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings,
-    LogFormat, SmtpSettings, SslMode, TelemetrySettings, WorkersSettings,
+    AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings, LogFormat,
+    SmtpSettings, SslMode, TelemetrySettings, WorkersSettings,
 };
 pub use jobs::{ConsumerEntry, JobsSettings, Timer};
 pub use load::{DEFAULT_PATH, ENV_PREFIX, SettingsError, SettingsSource, source_from};
 
+mod admin;
 mod budget;
 mod host;
 mod jobs;

@@ -229,7 +229,8 @@ impl Settings {
     }
 
     /// The console: an operator token where the admin port is reachable from elsewhere, and
-    /// one long enough not to be guessed; sane session and bulk limits.
+    /// one long enough not to be guessed; sane session and bulk limits, and password hashing
+    /// parameters argon2 accepts.
     fn validate_console(&self, fail: &mut impl FnMut(&str, String)) {
         let admin = &self.admin;
         durations_nonzero(fail, &[("admin.session_idle", admin.session_idle)]);
@@ -256,6 +257,18 @@ impl Settings {
                 ),
             ),
             _ => {}
+        }
+        let hashing = admin.password_hashing;
+        if let Err(e) = argon2::Params::new(
+            hashing.memory_kib,
+            hashing.iterations,
+            hashing.parallelism,
+            None,
+        ) {
+            fail(
+                "admin.password_hashing",
+                format!("argon2 refuses these parameters: {e}"),
+            );
         }
     }
 

@@ -1,0 +1,113 @@
+//! Console sessions (`operator_sessions`), shared by every replica: a session made on one is
+//! valid on all, and ending it on one ends it on all. The caller keeps the cookie's id; this
+//! module only sees its SHA-256.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use worker_core::Failure;
+
+use crate::classify;
+use crate::operators::Role;
+
+/// A session's use counts towards its idle limit at most this often, so that a busy page does
+/// not write a row per request. The idle limit is therefore exact to within this much.
+pub const TOUCH_EVERY: Duration = Duration::from_secs(15);
+
+/// A live session, read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Live {
+    pub account: String,
+    pub role: Role,
+    /// The token its forms carry.
+    pub csrf: String,
+    /// Where it was made from.
+    pub origin: String,
+}
+
+fn seconds(duration: Duration) -> f64 {
+    duration.as_secs_f64()
+}
+
+/// Makes a session for `account`, valid for `lifetime` at most; sweeps ended ones.
+pub async fn create(
+    pool: &PgPool,
+    id_sha256: &[u8],
+    account: &str,
+    csrf: &str,
+    origin: &str,
+    lifetime: Duration,
+) -> Result<(), Failure> {
+    sqlx::query("DELETE FROM operator_sessions WHERE expires_at < now()")
+        .execute(pool)
+        .await
+        .map_err(classify)?;
+    sqlx::query(
+        "INSERT INTO operator_sessions (id_sha256, account, csrf, origin, expires_at) \
+         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+    )
+    .bind(id_sha256)
+    .bind(account)
+    .bind(csrf)
+    .bind(origin)
+    .bind(seconds(lifetime))
+    .execute(pool)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+/// The session with this id, if it is live: within its lifetime, used within `idle`, and its
+/// account enabled. With `touch`, this use counts (a page that refreshes itself passes
+/// `false`, so that an open tab does not keep a session alive).
+pub async fn live(
+    pool: &PgPool,
+    id_sha256: &[u8],
+    idle: Duration,
+    touch: bool,
+) -> Result<Option<Live>, Failure> {
+    let row: Option<(String, String, String, String)> = sqlx::query_as(
+        "SELECT s.account, a.role, s.csrf, s.origin \
+         FROM operator_sessions s JOIN operator_accounts a ON a.name = s.account \
+         WHERE s.id_sha256 = $1 AND s.expires_at > now() \
+           AND s.last_seen_at > now() - make_interval(secs => $2) AND a.disabled_at IS NULL",
+    )
+    .bind(id_sha256)
+    .bind(seconds(idle))
+    .fetch_optional(pool)
+    .await
+    .map_err(classify)?;
+    let Some((account, role, csrf, origin)) = row else {
+        return Ok(None);
+    };
+    if touch {
+        sqlx::query(
+            "UPDATE operator_sessions SET last_seen_at = now() \
+             WHERE id_sha256 = $1 AND last_seen_at < now() - make_interval(secs => $2)",
+        )
+        .bind(id_sha256)
+        .bind(seconds(TOUCH_EVERY))
+        .execute(pool)
+        .await
+        .map_err(classify)?;
+    }
+    let Ok(role) = role.parse() else {
+        return Ok(None);
+    };
+    Ok(Some(Live {
+        account,
+        role,
+        csrf,
+        origin,
+    }))
+}
+
+/// Ends the session with this id, on every replica.
+pub async fn end(pool: &PgPool, id_sha256: &[u8]) -> Result<(), Failure> {
+    sqlx::query("DELETE FROM operator_sessions WHERE id_sha256 = $1")
+        .bind(id_sha256)
+        .execute(pool)
+        .await
+        .map_err(classify)?;
+    Ok(())
+}
