@@ -1,9 +1,9 @@
 //! The actions an automation runs, as stored in `automations.actions` and snapshotted on each
 //! action execution.
 //!
-//! The trigger consumer writes them (one execution per action, in list order), the action
-//! executor reads them back, and a webhook posts one as the `action` of its body: so they are
-//! shapes the jobs agree on, like the messages beside them. Text fields marked "template" are
+//! The trigger consumer writes them (one execution per action, in list order) and the action
+//! executor reads them back: so they are shapes the jobs agree on, like the messages beside
+//! them. Text fields marked "template" are
 //! MiniJinja templates rendered over the event's `data` fields (`{{ from }}`,
 //! `Re: {{ subject }}`) and nothing else.
 
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 pub enum AutomationAction {
     /// Queue an email (sent by the outbound email consumer).
     SendEmail(SendEmailAction),
-    /// POST `{"event": …, "action": …}` as JSON to a URL.
+    /// POST `{"event": …, "action": {"type": "webhook"}}` as JSON to a URL.
     Webhook(WebhookAction),
 }
 
@@ -59,7 +59,8 @@ pub struct SendEmailAction {
     pub reply_headers: bool,
 }
 
-/// `type = "webhook"`: an HTTP POST of the event and the action as JSON.
+/// `type = "webhook"`: an HTTP POST of the event as JSON (its own URL and headers are never
+/// part of the body).
 ///
 /// Its URL often carries a token (in the query string or the user info) and its headers an
 /// authorization: `Debug` shows neither, and every text meant for people goes through

@@ -23,7 +23,8 @@
 //!   ([`loops`], RFC 3834), and recipients past the reply limit ([`ReplyLimit`]; the
 //!   execution when no `to` is left) are not mailed: the execution is recorded `skipped`
 //!   with its `skip_reason`, the mark taken, in the same transaction.
-//! * **`webhook`** POSTs `{"event": …, "action": …}` ([`webhook`]) with its own timeout, and
+//! * **`webhook`** POSTs `{"event": …, "action": {"type": "webhook"}}` ([`webhook::body`]:
+//!   never the webhook's own URL or headers) with its own timeout, and
 //!   **holds no database connection while it calls**:
 //!   1. *claim*, in a short transaction: the guard is checked and the row locked; a `pending`
 //!      (or `failed`, replayed) row becomes `running` with `claimed_by` (this executor's
@@ -92,7 +93,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 use worker_core::truncate;
@@ -495,7 +496,7 @@ impl ActionExecutor {
             id,
             claimed_at,
             action: action.clone(),
-            body: json!({ "event": execution.event, "action": execution.action }),
+            body: webhook::body(&execution.event),
             _slot: slot,
         })
     }

@@ -1,5 +1,6 @@
-//! The `webhook` action: an HTTP POST of `{"event": …, "action": …}` as JSON, under its own
-//! timeout, and the one function that classifies how it ended ([`classify`]).
+//! The `webhook` action: an HTTP POST of `{"event": …, "action": {"type": "webhook"}}` as
+//! JSON ([`body`]), under its own timeout, and the one function that classifies how it ended
+//! ([`classify`]).
 //!
 //! | outcome | class |
 //! |---|---|
@@ -21,9 +22,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use serde_json::Value;
+use serde_json::{Value, json};
 use worker_core::{Failure, error_chain};
-use worker_messages::WebhookAction;
+use worker_messages::{DomainEvent, WebhookAction};
 
 use crate::address::{self, GuardedResolver, Refused, WebhookAllow};
 
@@ -36,6 +37,14 @@ pub const EXCERPT_BYTES: usize = 512;
 
 /// The header that lets the receiver deduplicate.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// What a webhook POSTs: the event, and the action by its type alone. The action's URL and
+/// headers stay out: they are how the receiver knows the caller (a token in the query string,
+/// an authorization header), and a body is logged, stored and forwarded by receivers that
+/// were never meant to hold that secret.
+pub fn body(event: &DomainEvent) -> Value {
+    json!({ "event": event, "action": { "type": "webhook" } })
+}
 
 /// How one call ended, before classification.
 #[derive(Debug, Clone, PartialEq, Eq)]

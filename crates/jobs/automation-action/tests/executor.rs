@@ -361,6 +361,43 @@ async fn a_webhook_answered_200_succeeds_with_the_event_and_action_posted() -> a
 }
 
 #[tokio::test]
+async fn a_webhook_body_carries_neither_its_url_nor_its_headers() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let (url, hook) = serve(vec![reply(200)]).await;
+    let url = format!("{url}?token=s3cret-in-query");
+    let action = json!({
+        "type": "webhook",
+        "url": url,
+        "headers": {"authorization": "Bearer t0k-in-header", "x-api-key": "k3y-in-header"}
+    });
+    let command = execution(&db.pool, &ping_event(), action).await;
+    assert_eq!(
+        executor(&db.pool).handle(&ctx(), &command).await?,
+        Handled::Done
+    );
+
+    let received = hook.received.lock().unwrap().clone();
+    let (headers, body) = &received[0];
+    assert_eq!(headers["authorization"], "Bearer t0k-in-header");
+    let text = body.to_string();
+    for secret in [
+        url.as_str(),
+        "s3cret-in-query",
+        "t0k-in-header",
+        "k3y-in-header",
+        "authorization",
+        "x-api-key",
+    ] {
+        assert!(
+            !text.contains(secret),
+            "the body carries `{secret}`: {text}"
+        );
+    }
+    assert_eq!(body["action"], json!({"type": "webhook"}));
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_webhook_answered_503_then_200_is_transient_then_done() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let (url, hook) = serve(vec![reply(503), reply(200)]).await;
