@@ -4,9 +4,11 @@
 //! import one; without a check a webhook reaches the admin port, the broker's management API
 //! or a cloud's metadata service, and the start of the answer comes back in the dead letter.
 //! So by default a webhook may not reach an address that is [`inside`]: loopback, private,
-//! shared (carrier-grade NAT), link-local, unique-local, site-local, multicast, broadcast or
-//! reserved, or unspecified, for IPv4 and IPv6, with IPv4 carried in IPv6 (mapped, compatible,
-//! NAT64, 6to4) judged as the IPv4 address it carries.
+//! shared (carrier-grade NAT), link-local, IETF protocol assignments (192.0.0.0/24),
+//! benchmarking (198.18.0.0/15), unique-local, site-local, multicast, broadcast or reserved,
+//! or unspecified, for IPv4 and IPv6, with IPv4 carried in IPv6 (mapped, compatible, NAT64,
+//! 6to4) judged as the IPv4 address it carries; local-use NAT64 (64:ff9b:1::/48) and Teredo
+//! (2001::/32), which carry it in ways of their own, are refused whole.
 //!
 //! The check is made on the address that is connected to, not on the URL's text: a host
 //! written as an address is checked as it is (after the URL parser has read it, so that
@@ -53,26 +55,40 @@ pub fn inside(ip: IpAddr) -> Option<&'static str> {
 }
 
 fn inside_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let [a, b, ..] = ip.octets();
-    Some(match (a, b) {
+    let [a, b, c, _] = ip.octets();
+    Some(match (a, b, c) {
         // 0.0.0.0/8: "this network"; 0.0.0.0 itself connects to the local host on Linux.
-        (0, _) => "unspecified",
-        (127, _) => "loopback",
-        (10, _) | (172, 16..=31) | (192, 168) => "private",
-        (100, 64..=127) => "shared (carrier-grade NAT)",
-        (169, 254) => "link-local",
-        (224..=239, _) => "multicast",
-        (240..=255, _) => "reserved or broadcast",
+        (0, ..) => "unspecified",
+        (127, ..) => "loopback",
+        (10, ..) | (172, 16..=31, _) | (192, 168, _) => "private",
+        (100, 64..=127, _) => "shared (carrier-grade NAT)",
+        (169, 254, _) => "link-local",
+        // 192.0.0.0/24 (RFC 6890): DS-Lite's and NAT64's own addresses, PCP anycast, …: the
+        // machinery of the network the host sits in, never a receiver outside it.
+        (192, 0, 0) => "IETF protocol assignments",
+        // 198.18.0.0/15 (RFC 2544): test networks, often routed to lab equipment inside.
+        (198, 18..=19, _) => "benchmarking",
+        (224..=239, ..) => "multicast",
+        (240..=255, ..) => "reserved or broadcast",
         _ => return None,
     })
 }
 
 fn inside_v6(ip: Ipv6Addr) -> Option<&'static str> {
-    let first = ip.segments()[0];
+    let [first, second, third, ..] = ip.segments();
     Some(if ip.is_unspecified() {
         "unspecified"
     } else if ip.is_loopback() {
         "loopback"
+    } else if (first, second, third) == (0x64, 0xff9b, 1) {
+        // 64:ff9b:1::/48 (RFC 8215): a translator of the installation's own, whose IPv4
+        // side may be anything inside; where it puts the IPv4 address is its own choice, so
+        // the range is refused whole rather than read as the address it carries.
+        "local-use NAT64"
+    } else if (first, second) == (0x2001, 0) {
+        // 2001::/32 (RFC 4380): Teredo tunnels IPv6 over UDP through a relay to an IPv4
+        // host whose address it carries obfuscated; refused whole, as NAT64's local use.
+        "Teredo"
     } else if first & 0xffc0 == 0xfe80 {
         "link-local"
     } else if first & 0xffc0 == 0xfec0 {
@@ -379,6 +395,15 @@ mod tests {
             ("::127.0.0.1", "loopback"),
             ("64:ff9b::a9fe:a9fe", "link-local"),
             ("2002:7f00:1::", "loopback"),
+            ("192.0.0.1", "IETF protocol assignments"),
+            ("192.0.0.255", "IETF protocol assignments"),
+            ("198.18.0.1", "benchmarking"),
+            ("198.19.255.255", "benchmarking"),
+            ("::ffff:198.18.0.1", "benchmarking"),
+            ("64:ff9b:1::a9fe:a9fe", "local-use NAT64"),
+            ("64:ff9b:1:ffff::1", "local-use NAT64"),
+            ("2001::1", "Teredo"),
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"),
         ] {
             assert_eq!(inside(ip(addr)), Some(kind), "{addr}");
         }
@@ -390,6 +415,12 @@ mod tests {
             "2606:4700:4700::1111",
             "::ffff:1.1.1.1",
             "2002:0101:0101::",
+            "192.0.1.1",
+            "198.17.255.255",
+            "198.20.0.1",
+            "64:ff9b:2::1",
+            "2001:1::1",
+            "2001:4860:4860::8888",
         ] {
             assert_eq!(inside(ip(addr)), None, "{addr}");
         }

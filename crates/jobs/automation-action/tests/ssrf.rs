@@ -1,5 +1,6 @@
 //! Webhooks cannot reach inside: by default a webhook to a loopback, private, link-local,
-//! unique-local, multicast or unspecified address is refused before any connection, checked
+//! unique-local, multicast, unspecified, IETF-protocol, benchmarking, local-use NAT64 or
+//! Teredo address is refused before any connection, checked
 //! on the address a name resolves to; `webhook_allow` names the inside hosts an installation
 //! needs. On a real database and a local HTTP server.
 
@@ -158,6 +159,44 @@ async fn a_decimal_ipv4_loopback_is_refused() -> anyhow::Result<()> {
 async fn a_webhook_to_the_unspecified_address_is_refused() -> anyhow::Result<()> {
     // 0.0.0.0 connects to the local host on Linux.
     refused_with_defaults(|port| format!("http://0.0.0.0:{port}/hook"), "unspecified").await
+}
+
+#[tokio::test]
+async fn a_webhook_to_an_ietf_protocol_assignment_is_refused() -> anyhow::Result<()> {
+    // 192.0.0.0/24: DS-Lite, NAT64 and PCP machinery of the network the host is in.
+    refused_with_defaults(
+        |port| format!("http://192.0.0.8:{port}/hook"),
+        "IETF protocol assignments",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_webhook_to_a_benchmarking_address_is_refused() -> anyhow::Result<()> {
+    refused_with_defaults(
+        |port| format!("http://198.18.0.1:{port}/hook"),
+        "benchmarking",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_webhook_to_a_local_use_nat64_address_is_refused() -> anyhow::Result<()> {
+    // 64:ff9b:1::/48 with 169.254.169.254 (the metadata service) at its end.
+    refused_with_defaults(
+        |port| format!("http://[64:ff9b:1::a9fe:a9fe]:{port}/hook"),
+        "local-use NAT64",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_webhook_to_a_teredo_address_is_refused() -> anyhow::Result<()> {
+    refused_with_defaults(
+        |port| format!("http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]:{port}/hook"),
+        "Teredo",
+    )
+    .await
 }
 
 fn allowing(pool: &PgPool, entries: &[String]) -> ActionExecutor {
