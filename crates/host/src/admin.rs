@@ -1,18 +1,28 @@
 //! The admin HTTP server: `/healthz` (the process is alive), `/readyz` (the database and
-//! the broker are reachable), `/status`, `/metrics` and the operator's [`console`](crate::console),
-//! on `admin.listen`. Every response carries the console's security headers.
+//! the broker are reachable), `/status`, `/metrics` (both behind `admin.scrape_token` when it
+//! is set) and the operator's [`console`](crate::console), on `admin.listen`. Every response
+//! carries the console's security headers.
+//!
+//! The server is bounded ([`Limits`]): a client has `admin.header_timeout` to send a
+//! request's headers (a slow client cannot hold a connection open by trickling them), a
+//! request has `admin.request_timeout` to be answered, and at most `admin.max_connections`
+//! are served at once; past that, new ones wait in the listen backlog.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Json};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 use crate::console::Console;
 use crate::console::page::secure;
@@ -144,11 +154,17 @@ impl AdminState {
 
 pub fn router(state: AdminState) -> Router {
     let console = state.console.clone();
+    let scraped = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            scrape_guard,
+        ));
     let endpoints = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/status", get(status))
+        .merge(scraped)
         .with_state(state);
     let router = match console {
         Some(console) => endpoints.merge(crate::console::routes(console)),
@@ -157,22 +173,125 @@ pub fn router(state: AdminState) -> Router {
     router.layer(axum::middleware::map_response(secure))
 }
 
+/// `/metrics` and `/status` only with the scrape token, when one is set.
+async fn scrape_guard(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+    if let Some(console) = &state.console {
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0);
+        if let Err(refusal) = console
+            .access
+            .may_scrape(&console.pool, peer, request.headers())
+            .await
+        {
+            let mut response = crate::console::page::Problem::from(refusal)
+                .json()
+                .into_response();
+            if response.status() == StatusCode::UNAUTHORIZED {
+                response.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+/// What bounds the admin server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+impl Limits {
+    pub fn of(admin: &crate::settings::AdminSettings) -> Self {
+        Self {
+            max_connections: usize::try_from(admin.max_connections).unwrap_or(usize::MAX),
+            header_timeout: admin.header_timeout,
+            request_timeout: admin.request_timeout,
+        }
+    }
+}
+
 /// Binds the admin port (failing at start, with the address, when it is taken) and serves
-/// until `shutdown` fires.
+/// until `shutdown` fires, then lets the requests in progress finish (for
+/// `request_timeout` at most).
 pub async fn serve(
     listen: SocketAddr,
+    limits: Limits,
     state: AdminState,
     shutdown: CancellationToken,
 ) -> anyhow::Result<impl std::future::Future<Output = std::io::Result<()>>> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| anyhow::anyhow!("the admin server cannot listen on {listen}: {e}"))?;
-    tracing::info!(%listen, "admin server listening");
-    // The peer's address: the console records where an operator signed in from.
-    let service = router(state).into_make_service_with_connect_info::<SocketAddr>();
-    Ok(axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .into_future())
+    tracing::info!(%listen, max_connections = limits.max_connections, "admin server listening");
+    let app = router(state).layer(tower_http::timeout::TimeoutLayer::with_status_code(
+        StatusCode::REQUEST_TIMEOUT,
+        limits.request_timeout,
+    ));
+    Ok(accept_loop(listener, app, limits, shutdown))
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit,
+            () = shutdown.cancelled() => break,
+        };
+        let Ok(permit) = permit else { break };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: wait rather than spin.
+                    tracing::warn!(error = %e, "the admin server could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        // The peer's address: the console records where an operator acted from.
+        let service = app.clone().map_request(move |mut request: Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            request
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout)
+            .serve_connection(
+                TokioIo::new(stream),
+                hyper_util::service::TowerToHyperService::new(service),
+            );
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(%peer, error = %e, "an admin connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.request_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("admin connections still open at shutdown were dropped");
+    }
+    Ok(())
 }
 
 async fn metrics(State(state): State<AdminState>) -> axum::response::Response {

@@ -222,6 +222,7 @@ async fn serve_admin(
     .await?;
     let server = admin::serve(
         settings.admin.listen,
+        admin::Limits::of(&settings.admin),
         AdminState::new(watched.readiness)
             .with_metrics(observability.prometheus.clone())
             .with_status(board)
@@ -257,16 +258,13 @@ async fn console(
     let views = Views::new()
         .map_err(|e| Fatal::software(format!("the console's pages do not compile: {e:#}")))?;
     let admin = &settings.admin;
+    sync_bootstrap(&pool, admin.operator_token.is_some()).await?;
     Ok(Console {
         pool,
         publisher: supervisor.publisher(settings.broker.publisher.clone()),
         board,
         readings,
-        access: Access::new(
-            admin.operator_token.clone(),
-            admin.listen.ip().is_loopback(),
-            admin.session_idle,
-        ),
+        access: Access::new(admin),
         bulk: BulkRuns::default(),
         views,
         replica: settings.replica_name(),
@@ -275,6 +273,22 @@ async fn console(
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
     })
+}
+
+/// Keeps the `bootstrap` account in step with `admin.operator_token`, and says at every start
+/// that the token is a shared secret to be replaced by named accounts.
+async fn sync_bootstrap(pool: &sqlx::PgPool, token_set: bool) -> Result<(), Fatal> {
+    let changed = worker_store::operators::sync_bootstrap(pool, token_set)
+        .await
+        .map_err(Fatal::unavailable)?;
+    if token_set {
+        tracing::warn!(
+            "admin.operator_token signs in as the built-in `bootstrap` admin, a secret every holder shares: make named accounts (`worker-host operators add NAME --role admin --password-stdin`), then remove admin.operator_token and restart"
+        );
+    } else if changed {
+        tracing::info!("admin.operator_token is gone: the `bootstrap` account is disabled and its sessions ended");
+    }
+    Ok(())
 }
 
 /// Reaches the database (migrating it, if asked, and importing the automation files) and the

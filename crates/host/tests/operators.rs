@@ -188,11 +188,14 @@ async fn disabling_an_account_ends_its_sessions_and_its_tokens_at_once() -> anyh
     let idle = std::time::Duration::from_secs(600);
     worker_store::sessions::create(
         &db.pool,
-        &session,
-        "carol",
-        "csrf",
-        "127.0.0.1",
-        std::time::Duration::from_secs(3600),
+        &worker_store::sessions::NewSession {
+            id_sha256: &session,
+            account: "carol",
+            csrf: "csrf",
+            origin: "127.0.0.1",
+            given_name: None,
+            lifetime: std::time::Duration::from_secs(3600),
+        },
     )
     .await?;
     assert!(

@@ -365,6 +365,105 @@ pub async fn by_token(
     Ok(row.and_then(|(name, role)| Some((name, role.parse().ok()?))))
 }
 
+/// Keeps the `bootstrap` account in step with `admin.operator_token`: an enabled admin while
+/// the token is set, disabled (its sessions ended) while it is not. Returns whether the row
+/// changed, so that the caller can say so once.
+pub async fn sync_bootstrap(pool: &PgPool, token_set: bool) -> Result<bool, Failure> {
+    let mut tx = pool.begin().await.map_err(classify)?;
+    let changed = if token_set {
+        sqlx::query(
+            "INSERT INTO operator_accounts (name, role, origin, created_by) \
+             VALUES ($1, 'admin', 'bootstrap', 'admin.operator_token') \
+             ON CONFLICT (name) DO UPDATE SET role = 'admin', disabled_at = NULL \
+             WHERE operator_accounts.role <> 'admin' OR operator_accounts.disabled_at IS NOT NULL",
+        )
+        .bind(BOOTSTRAP)
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?
+        .rows_affected()
+    } else {
+        let changed = sqlx::query(
+            "UPDATE operator_accounts SET disabled_at = now() \
+             WHERE name = $1 AND disabled_at IS NULL",
+        )
+        .bind(BOOTSTRAP)
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?
+        .rows_affected();
+        sqlx::query("DELETE FROM operator_sessions WHERE account = $1")
+            .bind(BOOTSTRAP)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+        changed
+    };
+    tx.commit().await.map_err(classify)?;
+    Ok(changed > 0)
+}
+
+/// What signing in as an account checks: its role and its password's argon2id string, for an
+/// enabled account that has a password.
+pub async fn credentials(pool: &PgPool, name: &str) -> Result<Option<(Role, String)>, Failure> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT role, password_hash FROM operator_accounts \
+         WHERE name = $1 AND disabled_at IS NULL AND password_hash IS NOT NULL",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await
+    .map_err(classify)?;
+    Ok(row.and_then(|(role, hash)| Some((role.parse().ok()?, hash))))
+}
+
+/// How an auth proxy's user is signed in: the account of that name, if it exists and is
+/// enabled, else one made with `new_role` (origin `proxy`, recorded in the audit trail), else
+/// nobody. A disabled account stays disabled.
+pub async fn from_proxy(
+    pool: &PgPool,
+    name: &str,
+    new_role: Option<Role>,
+    actor: &Actor,
+) -> Result<Option<Role>, AccountError> {
+    check_name(name)?;
+    let row: Option<(String, Option<DateTime<Utc>>)> =
+        sqlx::query_as("SELECT role, disabled_at FROM operator_accounts WHERE name = $1")
+            .bind(name)
+            .fetch_optional(pool)
+            .await
+            .map_err(classify)?;
+    match (row, new_role) {
+        (Some((role, None)), _) => Ok(role.parse().ok()),
+        (Some((_, Some(_))), _) | (None, None) => Ok(None),
+        (None, Some(role)) => {
+            let mut tx = pool.begin().await.map_err(classify)?;
+            let made = sqlx::query(
+                "INSERT INTO operator_accounts (name, role, origin, created_by) \
+                 VALUES ($1, $2, 'proxy', $3) ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(name)
+            .bind(role.as_str())
+            .bind(actor.label())
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+            if made.rows_affected() > 0 {
+                audit::record(
+                    &mut tx,
+                    &NewAction::new(ActionKind::OperatorAdd, actor, target(name)),
+                    1,
+                    0,
+                    Some(format!("role {role}, at its first sign-in through the auth proxy")),
+                )
+                .await?;
+            }
+            tx.commit().await.map_err(classify)?;
+            Ok(Some(role))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

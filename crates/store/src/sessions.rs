@@ -23,34 +23,44 @@ pub struct Live {
     pub csrf: String,
     /// Where it was made from.
     pub origin: String,
+    /// The name its operator gave at sign-in (the bootstrap account's sessions only).
+    pub given_name: Option<String>,
+}
+
+/// A session about to be made.
+#[derive(Debug, Clone, Copy)]
+pub struct NewSession<'a> {
+    /// The SHA-256 of the cookie's id.
+    pub id_sha256: &'a [u8],
+    pub account: &'a str,
+    pub csrf: &'a str,
+    /// Where it is made from.
+    pub origin: &'a str,
+    pub given_name: Option<&'a str>,
+    /// Its absolute lifetime.
+    pub lifetime: Duration,
 }
 
 fn seconds(duration: Duration) -> f64 {
     duration.as_secs_f64()
 }
 
-/// Makes a session for `account`, valid for `lifetime` at most; sweeps ended ones.
-pub async fn create(
-    pool: &PgPool,
-    id_sha256: &[u8],
-    account: &str,
-    csrf: &str,
-    origin: &str,
-    lifetime: Duration,
-) -> Result<(), Failure> {
+/// Makes a session, valid for its lifetime at most; sweeps ended ones.
+pub async fn create(pool: &PgPool, session: &NewSession<'_>) -> Result<(), Failure> {
     sqlx::query("DELETE FROM operator_sessions WHERE expires_at < now()")
         .execute(pool)
         .await
         .map_err(classify)?;
     sqlx::query(
-        "INSERT INTO operator_sessions (id_sha256, account, csrf, origin, expires_at) \
-         VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+        "INSERT INTO operator_sessions (id_sha256, account, csrf, origin, given_name, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",
     )
-    .bind(id_sha256)
-    .bind(account)
-    .bind(csrf)
-    .bind(origin)
-    .bind(seconds(lifetime))
+    .bind(session.id_sha256)
+    .bind(session.account)
+    .bind(session.csrf)
+    .bind(session.origin)
+    .bind(session.given_name)
+    .bind(seconds(session.lifetime))
     .execute(pool)
     .await
     .map_err(classify)?;
@@ -66,8 +76,8 @@ pub async fn live(
     idle: Duration,
     touch: bool,
 ) -> Result<Option<Live>, Failure> {
-    let row: Option<(String, String, String, String)> = sqlx::query_as(
-        "SELECT s.account, a.role, s.csrf, s.origin \
+    let row: Option<(String, String, String, String, Option<String>)> = sqlx::query_as(
+        "SELECT s.account, a.role, s.csrf, s.origin, s.given_name \
          FROM operator_sessions s JOIN operator_accounts a ON a.name = s.account \
          WHERE s.id_sha256 = $1 AND s.expires_at > now() \
            AND s.last_seen_at > now() - make_interval(secs => $2) AND a.disabled_at IS NULL",
@@ -77,7 +87,7 @@ pub async fn live(
     .fetch_optional(pool)
     .await
     .map_err(classify)?;
-    let Some((account, role, csrf, origin)) = row else {
+    let Some((account, role, csrf, origin, given_name)) = row else {
         return Ok(None);
     };
     if touch {
@@ -99,6 +109,7 @@ pub async fn live(
         role,
         csrf,
         origin,
+        given_name,
     }))
 }
 

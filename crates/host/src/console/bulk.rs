@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use worker_store::audit::{self, Action};
 
 use super::Console;
+use super::caller::Who;
 use super::filter::FilterForm;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
@@ -153,10 +154,16 @@ struct Plan {
     rate_max: u32,
 }
 
-async fn plan(console: Arc<Console>, headers: HeaderMap, form: BulkForm, kind: Kind) -> PageResult {
-    let session = may_act(&console, &headers, &form.csrf)?;
+async fn plan(
+    console: Arc<Console>,
+    caller: Who,
+    headers: HeaderMap,
+    form: BulkForm,
+    kind: Kind,
+) -> PageResult {
+    let actor = may_act(&caller, &headers, &form.csrf)?;
     let filter = form.target()?;
-    let run = archive::Run::new(session.actor()).dry(true);
+    let run = archive::Run::new(actor.clone()).dry(true);
     let (action_id, matched, items) = match kind {
         Kind::Replay => {
             let report = archive::replay_run(&console.pool, &console.publisher, &filter, &run)
@@ -183,9 +190,12 @@ async fn plan(console: Arc<Console>, headers: HeaderMap, form: BulkForm, kind: K
         rate: console.bulk_rate,
         rate_max: RATE_MAX,
     };
+    if caller.api {
+        return Ok(Json(plan).into_response());
+    }
     render(
         &console,
-        &headers,
+        &caller,
         "confirm.html",
         minijinja::context! { p => Value::from_serialize(&plan) },
     )
@@ -193,27 +203,30 @@ async fn plan(console: Arc<Console>, headers: HeaderMap, form: BulkForm, kind: K
 
 pub async fn replay_plan(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Form(form): Form<BulkForm>,
 ) -> PageResult {
-    plan(console, headers, form, Kind::Replay).await
+    plan(console, caller, headers, form, Kind::Replay).await
 }
 
 pub async fn purge_plan(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Form(form): Form<BulkForm>,
 ) -> PageResult {
-    plan(console, headers, form, Kind::Purge).await
+    plan(console, caller, headers, form, Kind::Purge).await
 }
 
 async fn start(
     console: Arc<Console>,
+    caller: Who,
     headers: HeaderMap,
     form: BulkForm,
     kind: Kind,
 ) -> PageResult {
-    let session = may_act(&console, &headers, &form.csrf)?;
+    let actor = may_act(&caller, &headers, &form.csrf)?;
     let filter = form.target()?;
     let rate = form.rate(console.bulk_rate)?;
     let planned = form
@@ -231,7 +244,7 @@ async fn start(
     }
     let control = archive::Control::default();
     let key = console.bulk.insert(control.clone());
-    let run = archive::Run::new(session.actor())
+    let run = archive::Run::new(actor.clone())
         .rate(Some(rate))
         .planned(planned)
         .controlled_by(control.clone());
@@ -299,18 +312,20 @@ async fn start(
 
 pub async fn replay_start(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Form(form): Form<BulkForm>,
 ) -> PageResult {
-    start(console, headers, form, Kind::Replay).await
+    start(console, caller, headers, form, Kind::Replay).await
 }
 
 pub async fn purge_start(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Form(form): Form<BulkForm>,
 ) -> PageResult {
-    start(console, headers, form, Kind::Purge).await
+    start(console, caller, headers, form, Kind::Purge).await
 }
 
 #[derive(Debug, Serialize)]
@@ -370,16 +385,16 @@ async fn progress(console: &Console, id: &str) -> Result<Progress, Problem> {
 
 pub async fn action_page(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Path(id): Path<String>,
 ) -> PageResult {
-    if let Some(redirect) = sign_in_first(&console, &headers, &format!("/actions/{id}")) {
+    if let Some(redirect) = sign_in_first(&caller, &format!("/actions/{id}")) {
         return Ok(redirect);
     }
     let progress = progress(&console, &id).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "action.html",
         minijinja::context! { a => Value::from_serialize(&progress) },
     )
@@ -387,10 +402,10 @@ pub async fn action_page(
 
 pub async fn action_api(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Path(id): Path<String>,
 ) -> PageResult {
-    may_read_api(&console, &headers)?;
+    may_read_api(&caller)?;
     let progress = progress(&console, &id).await.map_err(Problem::json)?;
     Ok(Json(progress).into_response())
 }
@@ -403,11 +418,12 @@ pub struct CsrfForm {
 
 pub async fn cancel(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(form): Form<CsrfForm>,
 ) -> PageResult {
-    let session = may_act(&console, &headers, &form.csrf)?;
+    let actor = may_act(&caller, &headers, &form.csrf)?;
     let action_id: i64 = id
         .parse()
         .map_err(|_| Problem::not_found(format!("no recorded action has id {id}")))?;
@@ -420,7 +436,7 @@ pub async fn cancel(
             ),
         ));
     };
-    control.stop(format!("cancelled by {}", session.actor().label()));
+    control.stop(format!("cancelled by {}", actor.label()));
     Ok(see_other(&format!("/actions/{action_id}")))
 }
 
@@ -454,21 +470,21 @@ async fn trail(console: &Console) -> Result<Trail, Problem> {
     })
 }
 
-pub async fn actions_page(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    if let Some(redirect) = sign_in_first(&console, &headers, "/actions") {
+pub async fn actions_page(axum::extract::State(console): State, caller: Who) -> PageResult {
+    if let Some(redirect) = sign_in_first(&caller, "/actions") {
         return Ok(redirect);
     }
     let trail = trail(&console).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "actions.html",
         minijinja::context! { t => Value::from_serialize(&trail) },
     )
 }
 
-pub async fn actions_api(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    may_read_api(&console, &headers)?;
+pub async fn actions_api(axum::extract::State(console): State, caller: Who) -> PageResult {
+    may_read_api(&caller)?;
     let trail = trail(&console).await.map_err(Problem::json)?;
     Ok(Json(trail).into_response())
 }

@@ -3,7 +3,6 @@
 //! JSON under `/api/dead-letters`. Every list is a page of a query run in PostgreSQL.
 
 use axum::extract::{Path, Query};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Json};
 use job_dead_letter_archive as archive;
 use minijinja::Value;
@@ -11,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use worker_store::attempt_log::{self, AttemptRecord};
 
 use super::Console;
+use super::caller::Who;
 use super::filter::FilterForm;
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use crate::status::JobStats;
@@ -127,17 +127,17 @@ async fn groups(console: &Console, form: &FilterForm, paging: &Paging) -> Result
 
 pub async fn groups_page(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
-    if let Some(redirect) = sign_in_first(&console, &headers, "/dead-letters") {
+    if let Some(redirect) = sign_in_first(&caller, "/dead-letters") {
         return Ok(redirect);
     }
     let groups = groups(&console, &form, &paging).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "groups.html",
         minijinja::context! { g => Value::from_serialize(&groups) },
     )
@@ -145,11 +145,11 @@ pub async fn groups_page(
 
 pub async fn groups_api(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
-    may_read_api(&console, &headers)?;
+    may_read_api(&caller)?;
     let groups = groups(&console, &form, &paging)
         .await
         .map_err(Problem::json)?;
@@ -200,17 +200,17 @@ async fn messages(
 
 pub async fn messages_page(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
-    if let Some(redirect) = sign_in_first(&console, &headers, "/dead-letters/messages") {
+    if let Some(redirect) = sign_in_first(&caller, "/dead-letters/messages") {
         return Ok(redirect);
     }
     let messages = messages(&console, &form, &paging).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "messages.html",
         minijinja::context! { l => Value::from_serialize(&messages) },
     )
@@ -218,11 +218,11 @@ pub async fn messages_page(
 
 pub async fn messages_api(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
-    may_read_api(&console, &headers)?;
+    may_read_api(&caller)?;
     let messages = messages(&console, &form, &paging)
         .await
         .map_err(Problem::json)?;
@@ -337,11 +337,11 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
 
 pub async fn one_page(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Path(id): Path<String>,
 ) -> PageResult {
     let path = format!("/dead-letters/{id}");
-    if let Some(redirect) = sign_in_first(&console, &headers, &path) {
+    if let Some(redirect) = sign_in_first(&caller, &path) {
         return Ok(redirect);
     }
     let id: i64 = id
@@ -350,7 +350,7 @@ pub async fn one_page(
     let one = one(&console, id).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "dead_letter.html",
         minijinja::context! { d => Value::from_serialize(&one) },
     )
@@ -358,10 +358,10 @@ pub async fn one_page(
 
 pub async fn one_api(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Path(id): Path<String>,
 ) -> PageResult {
-    may_read_api(&console, &headers)?;
+    may_read_api(&caller)?;
     let id: i64 = id
         .parse()
         .map_err(|_| Problem::not_found(format!("`{id}` is not a dead letter's id")).json())?;

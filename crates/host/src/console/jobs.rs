@@ -14,6 +14,7 @@ use worker_store::audit::{self, Action, ActionKind, NewAction};
 use worker_store::pauses;
 
 use super::Console;
+use super::caller::Who;
 use super::bulk::CsrfForm;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
@@ -105,16 +106,16 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
 
 pub async fn page(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Path(name): Path<String>,
 ) -> PageResult {
-    if let Some(redirect) = sign_in_first(&console, &headers, &format!("/jobs/{name}")) {
+    if let Some(redirect) = sign_in_first(&caller, &format!("/jobs/{name}")) {
         return Ok(redirect);
     }
     let job = job(&console, &name).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "job.html",
         minijinja::context! { j => Value::from_serialize(&job) },
     )
@@ -122,10 +123,10 @@ pub async fn page(
 
 pub async fn api(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Path(name): Path<String>,
 ) -> PageResult {
-    may_read_api(&console, &headers)?;
+    may_read_api(&caller)?;
     let job = job(&console, &name).await.map_err(Problem::json)?;
     Ok(Json(job).into_response())
 }
@@ -134,16 +135,16 @@ pub async fn api(
 /// while it is paused), recorded in the audit trail whether the loop took it or not.
 pub async fn trigger(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Path(name): Path<String>,
     Form(form): Form<CsrfForm>,
 ) -> PageResult {
-    let session = may_act(&console, &headers, &form.csrf)?;
+    let actor = may_act(&caller, &headers, &form.csrf)?;
     let handle = console.board.timer(&name).ok_or_else(|| {
         Problem::not_found(format!("this host runs no timer job called `{name}`"))
     })?;
     let taken = handle.trigger();
-    let actor = session.actor();
     let note = match &taken {
         Ok(()) => format!("run now on replica {}", console.replica),
         Err(refused) => format!("not run: {refused}"),
@@ -174,19 +175,19 @@ pub async fn trigger(
 
 async fn change_pause(
     console: &Console,
+    caller: &Who,
     headers: &HeaderMap,
     name: &str,
     csrf: &str,
     pause: bool,
 ) -> PageResult {
-    let session = may_act(console, headers, csrf)?;
+    let actor = may_act(caller, headers, csrf)?;
     if console.board.timer(name).is_none() {
         return Err(Problem::not_found(format!(
             "this host runs no timer job called `{name}`"
         )));
     }
     pausable(name).map_err(|why| Problem::new(StatusCode::CONFLICT, "Cannot be paused", why))?;
-    let actor = session.actor();
     let changed = if pause {
         pauses::pause(&console.pool, name, &actor).await
     } else {
@@ -198,18 +199,20 @@ async fn change_pause(
 
 pub async fn pause(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Path(name): Path<String>,
     Form(form): Form<CsrfForm>,
 ) -> PageResult {
-    change_pause(&console, &headers, &name, &form.csrf, true).await
+    change_pause(&console, &caller, &headers, &name, &form.csrf, true).await
 }
 
 pub async fn resume(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Path(name): Path<String>,
     Form(form): Form<CsrfForm>,
 ) -> PageResult {
-    change_pause(&console, &headers, &name, &form.csrf, false).await
+    change_pause(&console, &caller, &headers, &name, &form.csrf, false).await
 }

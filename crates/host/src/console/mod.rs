@@ -5,7 +5,9 @@
 //! (`job_dead_letter_archive`, `worker_store::{outbox, pauses, audit}`): there is no second
 //! implementation here, only pages. The pages are rendered on the server ([`views`]) and work
 //! without JavaScript; a running bulk action's page reloads itself. [`access`] decides who
-//! may read and act.
+//! may read and act, and `caller.rs` finds out who each request comes from before its
+//! handler runs. Every action is also under `/api/` for scripts with an API token: the same
+//! handlers, answering JSON.
 //!
 //! - `overview.rs`: `/`, the jobs, queues, dead letters, outbox, links, alerts and replicas;
 //! - `dead_letters.rs`: `/dead-letters` (groups), `/dead-letters/messages`, one dead letter;
@@ -13,17 +15,22 @@
 //!   and cancel, and the audit trail (`/actions`);
 //! - `jobs.rs`: a timer job, run now, pause and resume;
 //! - `outbox.rs`: pending and failed rows, retry;
-//! - `sign_in.rs`: the operator session.
+//! - `sign_in.rs`: the operator session;
+//! - `forwarded.rs`: which proxies' forwarded headers count; `throttle.rs`: how fast
+//!   credentials may be tried.
 
 pub mod access;
 mod bulk;
+pub mod caller;
 mod dead_letters;
 mod filter;
+pub mod forwarded;
 mod jobs;
 mod outbox;
 mod overview;
 pub mod page;
 mod sign_in;
+pub mod throttle;
 pub mod views;
 
 use std::sync::{Arc, RwLock};
@@ -62,29 +69,38 @@ pub struct Console {
     pub shutdown: CancellationToken,
 }
 
-/// The console's routes, pages and API.
-pub fn routes(console: Arc<Console>) -> Router {
+/// The actions, each a form's target and, under `/api/`, a script's.
+fn actions() -> Router<Arc<Console>> {
     Router::new()
-        .route("/", get(overview::page))
-        .route("/console.css", get(page::stylesheet))
-        .route("/dead-letters", get(dead_letters::groups_page))
-        .route("/dead-letters/messages", get(dead_letters::messages_page))
-        .route("/dead-letters/{id}", get(dead_letters::one_page))
         .route("/dead-letters/replay", post(bulk::replay_plan))
         .route("/dead-letters/purge", post(bulk::purge_plan))
         .route("/dead-letters/replay/run", post(bulk::replay_start))
         .route("/dead-letters/purge/run", post(bulk::purge_start))
-        .route("/actions", get(bulk::actions_page))
-        .route("/actions/{id}", get(bulk::action_page))
         .route("/actions/{id}/cancel", post(bulk::cancel))
-        .route("/jobs/{name}", get(jobs::page))
         .route("/jobs/{name}/trigger", post(jobs::trigger))
         .route("/jobs/{name}/pause", post(jobs::pause))
         .route("/jobs/{name}/resume", post(jobs::resume))
-        .route("/outbox", get(outbox::page))
         .route("/outbox/retry", post(outbox::retry))
+}
+
+/// The console's routes, pages and API.
+pub fn routes(console: Arc<Console>) -> Router {
+    let identified = Router::new()
+        .route("/", get(overview::page))
+        .route("/dead-letters", get(dead_letters::groups_page))
+        .route("/dead-letters/messages", get(dead_letters::messages_page))
+        .route("/dead-letters/{id}", get(dead_letters::one_page))
+        .route("/actions", get(bulk::actions_page))
+        .route("/actions/{id}", get(bulk::action_page))
+        .route("/jobs/{name}", get(jobs::page))
+        .route("/outbox", get(outbox::page))
         .route("/sign-in", get(sign_in::form).post(sign_in::submit))
         .route("/sign-out", post(sign_in::sign_out))
+        .merge(actions())
+        .nest(
+            "/api",
+            actions().layer(axum::middleware::from_fn(caller::api_answers)),
+        )
         .route("/api/overview", get(overview::api))
         .route("/api/dead-letters", get(dead_letters::groups_api))
         .route(
@@ -96,5 +112,12 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/actions/{id}", get(bulk::action_api))
         .route("/api/jobs/{name}", get(jobs::api))
         .route("/api/outbox", get(outbox::api))
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            caller::identify,
+        ));
+    Router::new()
+        .route("/console.css", get(page::stylesheet))
+        .merge(identified)
         .with_state(console)
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use worker_store::outbox::{self, FailedRow, OutboxStatus, PendingRow, RetryResult};
 
 use super::Console;
+use super::caller::Who;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
@@ -34,21 +35,21 @@ async fn outbox(console: &Console) -> Result<OutboxPage, Problem> {
     })
 }
 
-pub async fn page(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    if let Some(redirect) = sign_in_first(&console, &headers, "/outbox") {
+pub async fn page(axum::extract::State(console): State, caller: Who) -> PageResult {
+    if let Some(redirect) = sign_in_first(&caller, "/outbox") {
         return Ok(redirect);
     }
     let page = outbox(&console).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "outbox.html",
         minijinja::context! { o => Value::from_serialize(&page) },
     )
 }
 
-pub async fn api(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    may_read_api(&console, &headers)?;
+pub async fn api(axum::extract::State(console): State, caller: Who) -> PageResult {
+    may_read_api(&caller)?;
     let page = outbox(&console).await.map_err(Problem::json)?;
     Ok(Json(page).into_response())
 }
@@ -64,11 +65,12 @@ pub struct RetryForm {
 
 pub async fn retry(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Form(form): Form<RetryForm>,
 ) -> PageResult {
-    let session = may_act(&console, &headers, &form.csrf)?;
-    let actor = session.actor();
+    let actor = may_act(&caller, &headers, &form.csrf)?;
+    let actor = actor.clone();
     let failed = |e: worker_core::Failure| Problem::failed("Retrying the outbox", e);
     match (form.id.as_deref().map(str::trim), form.all.as_deref()) {
         (Some(id), _) if !id.is_empty() => {

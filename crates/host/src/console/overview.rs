@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Json};
 use minijinja::Value;
 use serde::Serialize;
 use worker_store::{pauses, replicas};
 
 use super::Console;
+use super::caller::Who;
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use crate::sampler::QueueReading;
 
@@ -113,21 +113,21 @@ fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::
     job
 }
 
-pub async fn page(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    if let Some(redirect) = sign_in_first(&console, &headers, "/") {
+pub async fn page(axum::extract::State(console): State, caller: Who) -> PageResult {
+    if let Some(redirect) = sign_in_first(&caller, "/") {
         return Ok(redirect);
     }
     let overview = overview(&console).await?;
     render(
         &console,
-        &headers,
+        &caller,
         "overview.html",
         minijinja::context! { o => Value::from_serialize(&overview) },
     )
 }
 
-pub async fn api(axum::extract::State(console): State, headers: HeaderMap) -> PageResult {
-    may_read_api(&console, &headers)?;
+pub async fn api(axum::extract::State(console): State, caller: Who) -> PageResult {
+    may_read_api(&caller)?;
     let overview = overview(&console).await.map_err(Problem::json)?;
     Ok(Json(overview).into_response())
 }

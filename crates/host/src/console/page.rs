@@ -9,8 +9,10 @@ use axum::response::{Html, IntoResponse, Json, Redirect, Response};
 use minijinja::Value;
 use serde::Serialize;
 
+use worker_store::audit::Actor;
+
 use super::Console;
-use super::access::{Refusal, Session};
+use super::access::{Caller, Refusal};
 
 /// The policy of every admin response: nothing but this origin's stylesheet and forms; no
 /// script at all, inline or not, and no framing.
@@ -85,12 +87,25 @@ impl Problem {
 impl From<Refusal> for Problem {
     fn from(refusal: Refusal) -> Self {
         let status = match refusal {
-            Refusal::NotSignedIn | Refusal::WrongToken => StatusCode::UNAUTHORIZED,
-            Refusal::Throttled => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::ActionsOff | Refusal::BadCsrf | Refusal::CrossSite => StatusCode::FORBIDDEN,
+            Refusal::NotSignedIn | Refusal::WrongToken | Refusal::WrongPassword => {
+                StatusCode::UNAUTHORIZED
+            }
+            Refusal::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::BadCsrf | Refusal::CrossSite | Refusal::Role { .. } | Refusal::NoAccount(_) => {
+                StatusCode::FORBIDDEN
+            }
+            Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, "Refused", refusal.to_string())
     }
+}
+
+/// A problem's JSON, kept on its page's response so that the API's layer can answer with it
+/// instead ([`super::caller::api_answers`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct ProblemBody {
+    pub error: String,
+    pub detail: String,
 }
 
 fn escape(text: &str) -> String {
@@ -102,8 +117,11 @@ fn escape(text: &str) -> String {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
+        let body = ProblemBody {
+            error: self.title.clone(),
+            detail: self.detail.clone(),
+        };
         if self.json {
-            let body = serde_json::json!({"error": self.title, "detail": self.detail});
             return (self.status, Json(body)).into_response();
         }
         // No template: a problem must show even when rendering is what failed.
@@ -115,7 +133,9 @@ impl IntoResponse for Problem {
             title = escape(&self.title),
             detail = escape(&self.detail),
         );
-        (self.status, Html(page)).into_response()
+        let mut response = (self.status, Html(page)).into_response();
+        response.extensions_mut().insert(body);
+        response
     }
 }
 
@@ -127,29 +147,27 @@ pub type PageResult = Result<Response, Problem>;
 struct Chrome {
     installation: String,
     replica: String,
-    /// Who is signed in.
+    /// Who is signed in (`alice`, or `bootstrap (alice)`).
     operator: Option<String>,
+    /// Their role.
+    role: Option<String>,
     /// The session's token for every form that acts.
     csrf: Option<String>,
-    actions_on: bool,
+    /// The caller may act: the pages show the buttons that do.
+    acts: bool,
     open_reading: bool,
 }
 
-/// Renders page `template` with `context`, framed for the request's session.
-pub fn render(
-    console: &Console,
-    headers: &HeaderMap,
-    template: &str,
-    context: Value,
-) -> PageResult {
-    let session = console.access.session(headers);
+/// Renders page `template` with `context`, framed for the caller.
+pub fn render(console: &Console, caller: &Caller, template: &str, context: Value) -> PageResult {
     let chrome = Chrome {
         installation: console.board.installation.clone(),
         replica: console.replica.clone(),
-        operator: session.as_ref().map(|s| s.name.clone()),
-        csrf: session.map(|s| s.csrf),
-        actions_on: console.access.actions_on(),
-        open_reading: console.access.open_reading,
+        operator: caller.signed.as_ref().map(super::access::Signed::label),
+        role: caller.signed.as_ref().map(|s| s.role.to_string()),
+        csrf: caller.csrf().map(str::to_string),
+        acts: caller.acts() && caller.csrf().is_some(),
+        open_reading: console.access.open_reading(),
     };
     let context = minijinja::context! { chrome => Value::from_serialize(&chrome), ..context };
     console
@@ -168,33 +186,38 @@ pub fn render(
         })
 }
 
-/// `None` when the request may read the page at `path`; else the redirect that sends the
+/// `None` when the caller may read the page at `path`; else the redirect that sends the
 /// browser to sign in first.
-pub fn sign_in_first(console: &Console, headers: &HeaderMap, path: &str) -> Option<Response> {
-    console
-        .access
-        .may_read(headers)
+pub fn sign_in_first(caller: &Caller, path: &str) -> Option<Response> {
+    caller
+        .may_read()
         .err()
         .map(|_| Redirect::to(&format!("/sign-in?next={}", next_param(path))).into_response())
 }
 
-/// Lets an API call through if the request may read.
-pub fn may_read_api(console: &Console, headers: &HeaderMap) -> Result<(), Problem> {
-    console
-        .access
-        .may_read(headers)
-        .map_err(|r| Problem::from(r).json())
+/// Lets an API call through if the caller may read.
+pub fn may_read_api(caller: &Caller) -> Result<(), Problem> {
+    caller.may_read().map_err(|r| Problem::from(r).json())
 }
 
-/// The operator's session, if this request may act with `csrf`.
-pub fn may_act(console: &Console, headers: &HeaderMap, csrf: &str) -> Result<Session, Problem> {
-    console.access.may_act(headers, csrf).map_err(Problem::from)
+/// Who acts, if the caller may act with `csrf`.
+pub fn may_act(caller: &Caller, headers: &HeaderMap, csrf: &str) -> Result<Actor, Problem> {
+    caller.may_act(headers, csrf).map_err(Problem::from)
+}
+
+/// Whether `path` is a path of this site: it starts with one `/`, holds no backslash and no
+/// control character or space (a browser drops a tab or a newline from a URL, so `/\t/host`
+/// would become `//host`, another site).
+pub fn local_path(path: &str) -> bool {
+    path.starts_with('/')
+        && !path.starts_with("//")
+        && !path.contains('\\')
+        && !path.chars().any(|c| c.is_control() || c.is_whitespace())
 }
 
 /// `path` as a `next` parameter: only a path of this site (no `//host`, no scheme).
 pub fn next_param(path: &str) -> String {
-    let safe = path.starts_with('/') && !path.starts_with("//") && !path.contains('\\');
-    let path = if safe { path } else { "/" };
+    let path = if local_path(path) { path } else { "/" };
     form_urlencoded(path)
 }
 

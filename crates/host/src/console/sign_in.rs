@@ -1,16 +1,16 @@
-//! `/sign-in` and `/sign-out`: an operator session from `admin.operator_token` and the
-//! operator's name, which the audit trail records with every action of the session.
-
-use std::net::SocketAddr;
+//! `/sign-in` and `/sign-out`: a console session of an operator account, from its name and
+//! password (or from `admin.operator_token` and the operator's own name, as the bootstrap
+//! account), shared by every replica and recorded with every action of the session.
 
 use axum::Form;
-use axum::extract::{ConnectInfo, Query};
+use axum::extract::Query;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::access::{self, Access, NAME_MAX_CHARS, Refusal, SESSION_COOKIE, SIGNIN_COOKIE};
-use super::page::{PageResult, Problem, State, may_act, render, see_other};
+use super::caller::Who;
+use super::page::{PageResult, Problem, State, local_path, render, see_other};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -21,9 +21,7 @@ pub struct NextQuery {
 /// Where to go after signing in: a path of this site, else the overview.
 fn next_path(next: Option<&str>) -> String {
     match next {
-        Some(path) if path.starts_with('/') && !path.starts_with("//") && !path.contains('\\') => {
-            path.to_string()
-        }
+        Some(path) if local_path(path) => path.to_string(),
         _ => "/".to_string(),
     }
 }
@@ -38,7 +36,7 @@ fn with_cookie(mut response: Response, cookie: &str) -> Response {
 /// The sign-in form, with a CSRF token of its own (and its cookie).
 fn form_page(
     console: &super::Console,
-    headers: &HeaderMap,
+    caller: &Who,
     next: &str,
     problem: Option<String>,
     status: StatusCode,
@@ -46,13 +44,13 @@ fn form_page(
     let token = Access::signin_token();
     let page = render(
         console,
-        headers,
+        caller,
         "sign_in.html",
         minijinja::context! { signin_csrf => token, next => next, problem => problem },
     )?;
     let mut page = with_cookie(
         page,
-        &access::set_cookie(headers, SIGNIN_COOKIE, Some(&token)),
+        &access::set_cookie(caller.client.tls, SIGNIN_COOKIE, Some(&token)),
     );
     *page.status_mut() = status;
     Ok(page)
@@ -60,11 +58,11 @@ fn form_page(
 
 pub async fn form(
     axum::extract::State(console): State,
-    headers: HeaderMap,
+    caller: Who,
     Query(query): Query<NextQuery>,
 ) -> PageResult {
     let next = next_path(query.next.as_deref());
-    form_page(&console, &headers, &next, None, StatusCode::OK)
+    form_page(&console, &caller, &next, None, StatusCode::OK)
 }
 
 #[derive(Debug, Deserialize)]
@@ -72,15 +70,15 @@ pub struct SignInForm {
     #[serde(default)]
     csrf: String,
     #[serde(default)]
-    token: String,
-    #[serde(default)]
     name: String,
+    #[serde(default)]
+    password: String,
     next: Option<String>,
 }
 
 pub async fn submit(
     axum::extract::State(console): State,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    caller: Who,
     headers: HeaderMap,
     Form(form): Form<SignInForm>,
 ) -> PageResult {
@@ -89,32 +87,48 @@ pub async fn submit(
     if name.is_empty() || name.chars().count() > NAME_MAX_CHARS {
         return form_page(
             &console,
-            &headers,
+            &caller,
             &next,
             Some(format!(
-                "Give your name (1 to {NAME_MAX_CHARS} characters): the audit trail records it with everything you do."
+                "Give your account's name (1 to {NAME_MAX_CHARS} characters): the audit trail records it with everything you do."
             )),
             StatusCode::BAD_REQUEST,
         );
     }
-    let from = access::origin_of(peer, &headers);
-    match console
+    let signed_in = console
         .access
-        .sign_in(&headers, &form.csrf, &form.token, name, from)
-    {
+        .sign_in(
+            &console.pool,
+            &caller.client,
+            &headers,
+            &form.csrf,
+            name,
+            &form.password,
+        )
+        .await;
+    let tls = caller.client.tls;
+    match signed_in {
         Ok(id) => {
             let response = with_cookie(
                 see_other(&next),
-                &access::set_cookie(&headers, SESSION_COOKIE, Some(&id)),
+                &access::set_cookie(tls, SESSION_COOKIE, Some(&id)),
             );
             Ok(with_cookie(
                 response,
-                &access::set_cookie(&headers, SIGNIN_COOKIE, None),
+                &access::set_cookie(tls, SIGNIN_COOKIE, None),
             ))
         }
-        Err(refusal @ (Refusal::WrongToken | Refusal::Throttled | Refusal::BadCsrf)) => {
+        Err(
+            refusal @ (Refusal::WrongPassword | Refusal::Throttled(_) | Refusal::BadCsrf),
+        ) => {
             let status = Problem::from(refusal.clone()).status;
-            form_page(&console, &headers, &next, Some(refusal.to_string()), status)
+            let mut page = form_page(&console, &caller, &next, Some(refusal.to_string()), status)?;
+            if let Refusal::Throttled(after) = refusal
+                && let Ok(value) = HeaderValue::from_str(&after.as_secs().max(1).to_string())
+            {
+                page.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            Ok(page)
         }
         Err(refusal) => Err(Problem::from(refusal)),
     }
@@ -126,16 +140,25 @@ pub struct SignOutForm {
     csrf: String,
 }
 
+/// Ends the session on every replica. Any role may sign out; the CSRF token keeps another
+/// site from signing an operator out.
 pub async fn sign_out(
     axum::extract::State(console): State,
+    caller: Who,
     headers: HeaderMap,
     Form(form): Form<SignOutForm>,
 ) -> PageResult {
-    may_act(&console, &headers, &form.csrf)?;
-    console.access.sign_out(&headers);
+    caller
+        .may_act_as(worker_store::operators::Role::Viewer, &headers, &form.csrf)
+        .map_err(Problem::from)?;
+    console
+        .access
+        .sign_out(&console.pool, &headers)
+        .await
+        .map_err(Problem::from)?;
     Ok(with_cookie(
         see_other("/"),
-        &access::set_cookie(&headers, SESSION_COOKIE, None),
+        &access::set_cookie(caller.client.tls, SESSION_COOKIE, None),
     )
     .into_response())
 }
@@ -153,5 +176,14 @@ mod tests {
         assert_eq!(next_path(Some("//evil.example")), "/");
         assert_eq!(next_path(Some("https://evil.example")), "/");
         assert_eq!(next_path(None), "/");
+    }
+
+    #[test]
+    fn a_tab_or_newline_cannot_turn_next_into_another_site() {
+        // `next=/%09/evil.example`, as the form decodes it: a browser drops the tab.
+        assert_eq!(next_path(Some("/\t/evil.example")), "/");
+        assert_eq!(next_path(Some("/\n/evil.example")), "/");
+        assert_eq!(next_path(Some("/ /evil.example")), "/");
+        assert_eq!(next_path(Some("/\\evil.example")), "/");
     }
 }

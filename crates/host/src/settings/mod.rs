@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use crate::schedule::Schedule;
-pub use admin::{AdminSettings, PasswordHashing};
+pub use admin::{AdminSettings, AuthProxy, PasswordHashing, parse_network};
 pub use budget::{DEDICATED, Need};
 pub use host::{
     AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings, LogFormat,

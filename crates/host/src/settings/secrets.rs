@@ -53,6 +53,14 @@ impl Settings {
             false,
             errors,
         );
+        resolve_named(
+            file,
+            "admin.scrape_token",
+            &mut self.admin.scrape_token,
+            &self.admin.scrape_token_file,
+            false,
+            errors,
+        );
     }
 }
 

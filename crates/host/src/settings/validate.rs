@@ -228,35 +228,67 @@ impl Settings {
         }
     }
 
-    /// The console: an operator token where the admin port is reachable from elsewhere, and
-    /// one long enough not to be guessed; sane session and bulk limits, and password hashing
-    /// parameters argon2 accepts.
+    /// The console: tokens long enough not to be guessed; open reading only on loopback; an
+    /// auth proxy only behind trusted proxies, with a header name HTTP allows; sane session,
+    /// bulk and server limits, and password hashing parameters argon2 accepts.
     fn validate_console(&self, fail: &mut impl FnMut(&str, String)) {
         let admin = &self.admin;
-        durations_nonzero(fail, &[("admin.session_idle", admin.session_idle)]);
+        durations_nonzero(
+            fail,
+            &[
+                ("admin.session_idle", admin.session_idle),
+                ("admin.session_lifetime", admin.session_lifetime),
+                ("admin.header_timeout", admin.header_timeout),
+                ("admin.request_timeout", admin.request_timeout),
+            ],
+        );
         for (key, value) in [
             ("admin.console_connections", admin.console_connections),
             ("admin.bulk_rate", admin.bulk_rate),
+            ("admin.max_connections", admin.max_connections),
         ] {
             if value == 0 {
                 fail(key, "expected a positive number, found 0".into());
             }
         }
-        match &admin.operator_token {
-            Some(token) if token.expose().chars().count() < OPERATOR_TOKEN_MIN_CHARS => fail(
-                "admin.operator_token",
+        for (key, token) in [
+            ("admin.operator_token", &admin.operator_token),
+            ("admin.scrape_token", &admin.scrape_token),
+        ] {
+            if token
+                .as_ref()
+                .is_some_and(|t| t.expose().chars().count() < OPERATOR_TOKEN_MIN_CHARS)
+            {
+                fail(
+                    key,
+                    format!(
+                        "expected at least {OPERATOR_TOKEN_MIN_CHARS} characters (for example `openssl rand -hex 24`); the value is not shown"
+                    ),
+                );
+            }
+        }
+        if admin.open_reading && !admin.listen.ip().is_loopback() {
+            fail(
+                "admin.open_reading",
                 format!(
-                    "expected at least {OPERATOR_TOKEN_MIN_CHARS} characters (for example `openssl rand -hex 24`); the value is not shown"
-                ),
-            ),
-            None if admin.enabled && !admin.listen.ip().is_loopback() => fail(
-                "admin.listen",
-                format!(
-                    "{} is not a loopback address, so the console would be reachable from elsewhere with nobody to sign in: set admin.operator_token (or admin.operator_token_file), or listen on 127.0.0.1 and reach it through an SSH tunnel",
+                    "{} is not a loopback address: reading without signing in is allowed only on loopback (reach it through an SSH tunnel), so set open_reading = false",
                     admin.listen
                 ),
-            ),
-            _ => {}
+            );
+        }
+        if let Some(proxy) = &admin.auth_proxy {
+            if admin.trusted_proxies.is_empty() {
+                fail(
+                    "admin.auth_proxy",
+                    "no admin.trusted_proxies are set, so the header would count from nobody: list the proxy's address there".into(),
+                );
+            }
+            if axum::http::HeaderName::from_bytes(proxy.header.as_bytes()).is_err() {
+                fail(
+                    "admin.auth_proxy.header",
+                    format!("expected an HTTP header name, found `{}`", proxy.header),
+                );
+            }
         }
         let hashing = admin.password_hashing;
         if let Err(e) = argon2::Params::new(
