@@ -25,8 +25,17 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// The console takes [`TOKEN`].
+    /// The console takes [`TOKEN`] as the bootstrap account's, and lets anyone on loopback
+    /// read (as the console did before accounts).
     pub fn with_token() -> Self {
+        Self {
+            admin: format!("operator_token = {TOKEN:?}\nopen_reading = true"),
+            ..Self::default()
+        }
+    }
+
+    /// The console takes [`TOKEN`]; reading needs a session (the default).
+    pub fn signed_reading() -> Self {
         Self {
             admin: format!("operator_token = {TOKEN:?}"),
             ..Self::default()
@@ -34,10 +43,43 @@ impl Setup {
     }
 }
 
+/// Starts replica `replica` of a console host set up as `setup` says, on `db`, `vhost` and
+/// `sink`.
+async fn launch_replica(
+    show_log_var: &'static str,
+    setup: &Setup,
+    replica: &str,
+    db: &TestDb,
+    vhost: &TestVhost,
+    sink: &SmtpSink,
+) -> anyhow::Result<Host> {
+    Host::launch(show_log_var, |dir, port| {
+        let automations = write_automation(dir)?;
+        let settings = base_settings("console-test", &automations, db, vhost, port);
+        let mut settings = settings
+            .replacen("installation = ", &format!("replica = {replica:?}\ninstallation = "), 1)
+            .replacen("[admin]\n", &format!("[admin]\n{}\n", setup.admin), 1);
+        if setup.everywhere {
+            settings = settings.replacen("listen = \"127.0.0.1:", "listen = \"0.0.0.0:", 1);
+        }
+        // Cheap hashing: the tests sign in, they do not measure argon2.
+        settings.push_str(
+            "\n[admin.password_hashing]\nmemory_kib = 1024\niterations = 1\nparallelism = 1\n",
+        );
+        let smtp_port = sink.addr().rsplit_once(':').map_or("2525", |(_, p)| p).to_string();
+        Ok(format!(
+            "{settings}\n[smtp]\nport = {smtp_port}\n\n[alerts]\ninterval = \"500ms\"\n{}\n",
+            setup.sections
+        ))
+    })
+    .await
+}
+
 /// A host with a console, its database, vhost and SMTP sink, and the address whose mail the
 /// sink refuses.
 pub struct World {
     pub host: Host,
+    pub setup: Setup,
     pub db: TestDb,
     pub vhost: TestVhost,
     pub sink: SmtpSink,
@@ -54,33 +96,20 @@ impl World {
         let sink = SmtpSink::start()?;
         let refused = format!("fail-{}@localhost", short_id());
         sink.fail_recipient(&refused, "550 5.1.1 no such user")?;
-        let Setup {
-            admin,
-            sections,
-            everywhere,
-        } = setup;
-        let host = Host::launch(show_log_var, |dir, port| {
-            let automations = write_automation(dir)?;
-            let settings = base_settings("console-test", &automations, &db, &vhost, port);
-            let mut settings = settings
-                .replacen("installation = ", "replica = \"r1\"\ninstallation = ", 1)
-                .replacen("[admin]\n", &format!("[admin]\n{admin}\n"), 1);
-            if everywhere {
-                settings = settings.replacen("listen = \"127.0.0.1:", "listen = \"0.0.0.0:", 1);
-            }
-            let smtp_port = sink.addr().rsplit_once(':').map_or("2525", |(_, p)| p).to_string();
-            Ok(format!(
-                "{settings}\n[smtp]\nport = {smtp_port}\n\n[alerts]\ninterval = \"500ms\"\n{sections}\n"
-            ))
-        })
-        .await?;
+        let host = launch_replica(show_log_var, &setup, "r1", &db, &vhost, &sink).await?;
         Ok(Self {
             host,
+            setup,
             db,
             vhost,
             sink,
             refused,
         })
+    }
+
+    /// A second replica beside [`World::host`]: the same settings, database, vhost and sink.
+    pub async fn replica(&self, show_log_var: &'static str, name: &str) -> anyhow::Result<Host> {
+        launch_replica(show_log_var, &self.setup, name, &self.db, &self.vhost, &self.sink).await
     }
 
     /// A host whose console takes [`TOKEN`].
@@ -109,6 +138,46 @@ impl World {
     pub fn delivered_to_refused(&self) -> usize {
         let local = self.refused.split('@').next().unwrap_or_default();
         self.sink.delivered(local).len()
+    }
+
+    /// Makes account `name` with `role` and `password`, through `worker-host operators add`.
+    pub fn add_account(&self, name: &str, role: &str, password: &str) -> anyhow::Result<()> {
+        let output = self.operators(&["add", name, "--role", role, "--password-stdin"], password)?;
+        if !output.status.success() {
+            bail!(
+                "operators add {name} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// A new API token of account `name`, through `worker-host operators token`.
+    pub fn add_token(&self, name: &str) -> anyhow::Result<String> {
+        let output = self.operators(&["token", name, "--label", "test"], "")?;
+        if !output.status.success() {
+            bail!(
+                "operators token {name} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    }
+
+    /// Runs `worker-host operators <args>` with the host's settings and `stdin`.
+    pub fn operators(&self, args: &[&str], stdin: &str) -> anyhow::Result<std::process::Output> {
+        use std::io::Write;
+        let mut child = super::host_command(self.host.config_path())
+            .arg("operators")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        if let Some(mut input) = child.stdin.take() {
+            input.write_all(stdin.as_bytes())?;
+        }
+        Ok(child.wait_with_output()?)
     }
 
     /// The audit trail's rows: (action, actor, dry run, planned, succeeded), oldest first.
@@ -164,9 +233,19 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Signs in to the console at `base` with `token` as `name`.
-    pub async fn sign_in(base: &str, token: &str, name: &str) -> anyhow::Result<Self> {
-        let http = http();
+    /// Signs in to the console at `base` as account `name` with `password` (or as the
+    /// bootstrap account, with its token as `password` and `name` the operator's own).
+    pub async fn sign_in(base: &str, password: &str, name: &str) -> anyhow::Result<Self> {
+        Self::sign_in_with(http(), base, password, name).await
+    }
+
+    /// [`Operator::sign_in`] with a client of the caller's (one bound to an address, say).
+    pub async fn sign_in_with(
+        http: reqwest::Client,
+        base: &str,
+        password: &str,
+        name: &str,
+    ) -> anyhow::Result<Self> {
         let form = http.get(format!("{base}/sign-in")).send().await?;
         let pre = set_cookie(&form, "wh_signin").context("the sign-in form sets its cookie")?;
         let html = form.text().await?;
@@ -176,7 +255,7 @@ impl Operator {
             .header(reqwest::header::COOKIE, format!("wh_signin={pre}"))
             .form(&[
                 ("csrf", csrf.as_str()),
-                ("token", token),
+                ("password", password),
                 ("name", name),
                 ("next", "/"),
             ])
