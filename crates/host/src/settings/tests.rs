@@ -349,16 +349,66 @@ fn problem_at(text: &str, key: &str) -> String {
 }
 
 #[test]
-fn a_console_off_loopback_needs_an_operator_token() {
-    let why = problem_at("[admin]\nlisten = \"0.0.0.0:9180\"\n", "admin.listen");
-    assert!(
-        why.contains("operator_token") && why.contains("SSH tunnel"),
-        "{why}"
+fn open_reading_is_refused_off_loopback_and_a_console_there_needs_no_token() {
+    let why = problem_at(
+        "[admin]\nlisten = \"0.0.0.0:9180\"\nopen_reading = true\n",
+        "admin.open_reading",
     );
-    let token = format!(
-        "{SECRETS}[admin]\nlisten = \"0.0.0.0:9180\"\noperator_token = \"sixteen-chars-at-least\"\n"
+    assert!(why.contains("loopback") && why.contains("SSH tunnel"), "{why}");
+    let signed = format!("{SECRETS}[admin]\nlisten = \"0.0.0.0:9180\"\n");
+    assert!(load_text(&signed).is_ok());
+    let local = format!("{SECRETS}[admin]\nopen_reading = true\n");
+    assert!(load_text(&local).is_ok());
+}
+
+#[test]
+fn trusted_proxies_take_addresses_and_networks_and_name_a_bad_one() {
+    let text = format!("{SECRETS}[admin]\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\", \"::1\"]\n");
+    let settings = load_text(&text).unwrap();
+    let shown: Vec<String> = settings
+        .admin
+        .trusted_proxies
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(shown, ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]);
+    let errors = load_text("[admin]\ntrusted_proxies = [\"proxy.local\"]\n").unwrap_err();
+    let why = errors
+        .iter()
+        .find(|e| e.key.contains("trusted_proxies"))
+        .map(ToString::to_string)
+        .unwrap_or_else(|| panic!("{errors:?}"));
+    assert!(why.contains("proxy.local"), "{why}");
+}
+
+#[test]
+fn an_auth_proxy_needs_trusted_proxies_and_a_header_name() {
+    let why = problem_at(
+        "[admin.auth_proxy]\nheader = \"X-Forwarded-User\"\n",
+        "admin.auth_proxy",
     );
-    assert!(load_text(&token).is_ok());
+    assert!(why.contains("trusted_proxies"), "{why}");
+    let why = problem_at(
+        "[admin]\ntrusted_proxies = [\"127.0.0.1\"]\n[admin.auth_proxy]\nheader = \"X User\"\n",
+        "admin.auth_proxy.header",
+    );
+    assert!(why.contains("header name"), "{why}");
+    let good = format!(
+        "{SECRETS}[admin]\ntrusted_proxies = [\"127.0.0.1\"]\n[admin.auth_proxy]\nheader = \"X-Forwarded-User\"\nnew_account_role = \"viewer\"\n"
+    );
+    let settings = load_text(&good).unwrap();
+    let proxy = settings.admin.auth_proxy.unwrap();
+    assert_eq!(proxy.new_account_role, Some(worker_store::operators::Role::Viewer));
+}
+
+#[test]
+fn a_short_scrape_token_is_refused_without_showing_it() {
+    let why = problem_at(
+        "[admin]\nscrape_token = \"short-Scrape\"\n",
+        "admin.scrape_token",
+    );
+    assert!(why.contains("at least 16"), "{why}");
+    assert!(!why.contains("short-Scrape"), "{why}");
 }
 
 #[test]

@@ -57,7 +57,11 @@ async fn launch_replica(
         let automations = write_automation(dir)?;
         let settings = base_settings("console-test", &automations, db, vhost, port);
         let mut settings = settings
-            .replacen("installation = ", &format!("replica = {replica:?}\ninstallation = "), 1)
+            .replacen(
+                "installation = ",
+                &format!("replica = {replica:?}\ninstallation = "),
+                1,
+            )
             .replacen("[admin]\n", &format!("[admin]\n{}\n", setup.admin), 1);
         if setup.everywhere {
             settings = settings.replacen("listen = \"127.0.0.1:", "listen = \"0.0.0.0:", 1);
@@ -66,7 +70,11 @@ async fn launch_replica(
         settings.push_str(
             "\n[admin.password_hashing]\nmemory_kib = 1024\niterations = 1\nparallelism = 1\n",
         );
-        let smtp_port = sink.addr().rsplit_once(':').map_or("2525", |(_, p)| p).to_string();
+        let smtp_port = sink
+            .addr()
+            .rsplit_once(':')
+            .map_or("2525", |(_, p)| p)
+            .to_string();
         Ok(format!(
             "{settings}\n[smtp]\nport = {smtp_port}\n\n[alerts]\ninterval = \"500ms\"\n{}\n",
             setup.sections
@@ -109,7 +117,15 @@ impl World {
 
     /// A second replica beside [`World::host`]: the same settings, database, vhost and sink.
     pub async fn replica(&self, show_log_var: &'static str, name: &str) -> anyhow::Result<Host> {
-        launch_replica(show_log_var, &self.setup, name, &self.db, &self.vhost, &self.sink).await
+        launch_replica(
+            show_log_var,
+            &self.setup,
+            name,
+            &self.db,
+            &self.vhost,
+            &self.sink,
+        )
+        .await
     }
 
     /// A host whose console takes [`TOKEN`].
@@ -142,7 +158,8 @@ impl World {
 
     /// Makes account `name` with `role` and `password`, through `worker-host operators add`.
     pub fn add_account(&self, name: &str, role: &str, password: &str) -> anyhow::Result<()> {
-        let output = self.operators(&["add", name, "--role", role, "--password-stdin"], password)?;
+        let output =
+            self.operators(&["add", name, "--role", role, "--password-stdin"], password)?;
         if !output.status.success() {
             bail!(
                 "operators add {name} failed: {}",
