@@ -265,10 +265,12 @@ async fn accept_loop(
             () = shutdown.cancelled() => break,
         };
         // The peer's address: the console records where an operator acted from.
-        let service = app.clone().map_request(move |mut request: Request<hyper::body::Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            request
-        });
+        let service =
+            app.clone()
+                .map_request(move |mut request: Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    request
+                });
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)

@@ -286,7 +286,9 @@ async fn sync_bootstrap(pool: &sqlx::PgPool, token_set: bool) -> Result<(), Fata
             "admin.operator_token signs in as the built-in `bootstrap` admin, a secret every holder shares: make named accounts (`worker-host operators add NAME --role admin --password-stdin`), then remove admin.operator_token and restart"
         );
     } else if changed {
-        tracing::info!("admin.operator_token is gone: the `bootstrap` account is disabled and its sessions ended");
+        tracing::info!(
+            "admin.operator_token is gone: the `bootstrap` account is disabled and its sessions ended"
+        );
     }
     Ok(())
 }

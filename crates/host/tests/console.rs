@@ -1,6 +1,7 @@
 //! The operator's console over HTTP, on the real binary and the real services: every page and
 //! its JSON, every action with its audit row, and the refusals (no session, a forged CSRF
-//! token, a wrong operator token, actions off, a page off loopback without a session).
+//! token, a wrong password, a viewer's action, a page without a session). Who may sign in,
+//! through what, and how fast is `console_access.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -90,6 +91,16 @@ async fn an_unknown_id_or_job_is_404_and_a_bad_filter_400_naming_the_field() -> 
             "since:",
         ),
         (
+            "/dead-letters?since=300000y",
+            StatusCode::BAD_REQUEST,
+            "since:",
+        ),
+        (
+            "/api/dead-letters?since=300000y",
+            StatusCode::BAD_REQUEST,
+            "since:",
+        ),
+        (
             "/dead-letters?status=gone",
             StatusCode::BAD_REQUEST,
             "status:",
@@ -165,7 +176,7 @@ async fn an_action_without_a_session_or_with_a_forged_csrf_token_is_refused_and_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrong_operator_token_makes_no_session() -> anyhow::Result<()> {
+async fn a_wrong_password_makes_no_session() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let world = World::with_token("CONSOLE_SHOW_LOG").await?;
     let refused = Operator::sign_in(&world.host.url(""), "not-the-token", "mallory").await;
@@ -174,8 +185,8 @@ async fn a_wrong_operator_token_makes_no_session() -> anyhow::Result<()> {
     let operator = Operator::sign_in(&world.host.url(""), TOKEN, "alice").await?;
     let page = operator.get("/").await?.text().await?;
     assert!(
-        page.contains("signed in as <strong>alice</strong>"),
-        "{page}"
+        page.contains("signed in as <strong>bootstrap (alice)</strong>"),
+        "the bootstrap account, with the name its operator gave: {page}"
     );
     world.host.stop_cleanly().await;
     Ok(())
@@ -442,27 +453,38 @@ async fn a_failed_outbox_row_is_retried_from_the_page_and_recorded() -> anyhow::
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_an_operator_token_the_console_reads_but_refuses_every_action() -> anyhow::Result<()>
-{
+async fn a_viewer_reads_every_page_but_every_action_is_refused_and_records_nothing()
+-> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let world = World::start("CONSOLE_SHOW_LOG", Setup::default()).await?;
-    let http = http();
-    let page = http.get(world.host.url("/")).send().await?.text().await?;
-    assert!(page.contains("Read-only"), "the page says so: {page}");
-    let sign_in = http
-        .get(world.host.url("/sign-in"))
-        .send()
+    let world = World::start("CONSOLE_SHOW_LOG", Setup::signed_reading()).await?;
+    let ids = world.dead_letters(1).await?;
+    world.add_account("vera", "viewer", "vera-password-long")?;
+    let viewer = Operator::sign_in(&world.host.url(""), "vera-password-long", "vera").await?;
+    for path in PAGES {
+        assert_eq!(viewer.get(path).await?.status(), StatusCode::OK, "{path}");
+    }
+    let page = viewer
+        .get(&format!("/dead-letters/{}", ids[0]))
         .await?
         .text()
         .await?;
-    assert!(sign_in.contains("Actions are off"), "{sign_in}");
-    let answer = http
-        .post(world.host.url("/jobs/draft-expiry/pause"))
-        .form(&[("csrf", "x")])
-        .send()
-        .await?;
-    assert_eq!(answer.status(), StatusCode::FORBIDDEN);
-    assert!(answer.text().await?.contains("no admin.operator_token"));
+    assert!(
+        !page.contains("class=\"replay\""),
+        "no replay button: {page}"
+    );
+    let id = ids[0].to_string();
+    for (path, fields) in [
+        ("/jobs/draft-expiry/pause", vec![]),
+        ("/jobs/draft-expiry/trigger", vec![]),
+        ("/dead-letters/replay", vec![("id", id.as_str())]),
+        ("/outbox/retry", vec![("all", "failed")]),
+    ] {
+        let answer = viewer.post(path, &fields).await?;
+        assert_eq!(answer.status(), StatusCode::FORBIDDEN, "{path}");
+        let body = answer.text().await?;
+        assert!(body.contains("viewer"), "{path}: {body}");
+    }
+    assert!(world.trail().await?.is_empty(), "nothing was recorded");
     world.host.stop_cleanly().await;
     Ok(())
 }
@@ -474,7 +496,7 @@ async fn off_loopback_every_page_needs_a_session_and_the_api_the_token() -> anyh
         "CONSOLE_SHOW_LOG",
         Setup {
             everywhere: true,
-            ..Setup::with_token()
+            ..Setup::signed_reading()
         },
     )
     .await?;
@@ -505,15 +527,18 @@ async fn off_loopback_every_page_needs_a_session_and_the_api_the_token() -> anyh
 }
 
 #[tokio::test]
-async fn a_listen_address_off_loopback_without_a_token_is_refused_at_start() -> anyhow::Result<()> {
+async fn open_reading_off_loopback_is_refused_at_start() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("worker-host.toml");
-    std::fs::write(&config, "[admin]\nlisten = \"0.0.0.0:9180\"\n")?;
+    std::fs::write(
+        &config,
+        "[admin]\nlisten = \"0.0.0.0:9180\"\nopen_reading = true\n",
+    )?;
     let output = host_command(&config).args(["config", "check"]).output()?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(64), "{stderr}");
     assert!(
-        stderr.contains("admin.listen") && stderr.contains("operator_token"),
+        stderr.contains("admin.open_reading") && stderr.contains("loopback"),
         "{stderr}"
     );
     Ok(())

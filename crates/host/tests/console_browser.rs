@@ -128,7 +128,7 @@ async fn an_operator_finds_a_group_by_search_and_replays_it_from_the_browser() -
     // Sign in.
     element(client, "#sign-in").await.click().await?;
     element(client, "#name").await.send_keys("alice").await?;
-    element(client, "#token").await.send_keys(TOKEN).await?;
+    element(client, "#password").await.send_keys(TOKEN).await?;
     browser.screenshot(&shots.join("sign-in.png")).await?;
     element(client, "#submit").await.click().await?;
     text_of(client, "#operator", "alice").await;

@@ -68,7 +68,9 @@ impl Signed {
 pub enum Credential {
     None,
     /// A console session, with the token its forms carry.
-    Session { csrf: String },
+    Session {
+        csrf: String,
+    },
     /// An API token or the bootstrap token, as `Authorization: Bearer`.
     Bearer,
 }
@@ -273,8 +275,7 @@ pub fn set_cookie(tls: bool, name: &str, value: Option<&str>) -> String {
 fn decoy_hash() -> &'static str {
     static DECOY: OnceLock<String> = OnceLock::new();
     DECOY.get_or_init(|| {
-        credentials::hash_password(&random_token(), PasswordHashing::default())
-            .unwrap_or_default()
+        credentials::hash_password(&random_token(), PasswordHashing::default()).unwrap_or_default()
     })
 }
 
@@ -353,7 +354,12 @@ impl Access {
     }
 
     /// The account a `Bearer` token belongs to; a wrong one counts against the address.
-    async fn by_token(&self, pool: &PgPool, client: &Client, token: &str) -> Result<Signed, Refusal> {
+    async fn by_token(
+        &self,
+        pool: &PgPool,
+        client: &Client,
+        token: &str,
+    ) -> Result<Signed, Refusal> {
         if self
             .bootstrap
             .as_ref()
@@ -479,19 +485,18 @@ impl Access {
                 .as_ref()
                 .map_or_else(|| decoy_hash().to_string(), |(_, hash)| hash.clone());
             let password = password.to_string();
-            let matches =
-                tokio::task::spawn_blocking(move || credentials::verify_password(&password, &stored))
-                    .await
-                    .unwrap_or(false);
+            let matches = tokio::task::spawn_blocking(move || {
+                credentials::verify_password(&password, &stored)
+            })
+            .await
+            .unwrap_or(false);
             if found.is_none() || !matches {
                 tracing::warn!(%from, account = %name, "a console sign-in with a wrong account name or password was refused");
                 return Err(Refusal::WrongPassword);
             }
             (name.to_string(), None)
         };
-        let (id, _) = self
-            .open_session(pool, &account, given_name, &from)
-            .await?;
+        let (id, _) = self.open_session(pool, &account, given_name, &from).await?;
         tracing::info!(%account, given_name = ?given_name, %from, "an operator signed in to the console");
         Ok(id)
     }
@@ -584,7 +589,10 @@ mod tests {
         let actor = alice.may_act(&HeaderMap::new(), "right").unwrap();
         assert_eq!(actor.account.as_deref(), Some("alice"));
         assert_eq!(actor.via, Via::Console);
-        assert_eq!(alice.may_act(&HeaderMap::new(), "forged"), Err(Refusal::BadCsrf));
+        assert_eq!(
+            alice.may_act(&HeaderMap::new(), "forged"),
+            Err(Refusal::BadCsrf)
+        );
     }
 
     #[test]
@@ -594,7 +602,10 @@ mod tests {
         assert!(!viewer.acts());
         assert!(matches!(
             viewer.may_act(&HeaderMap::new(), "right"),
-            Err(Refusal::Role { needed: Role::Operator, .. })
+            Err(Refusal::Role {
+                needed: Role::Operator,
+                ..
+            })
         ));
     }
 
@@ -617,7 +628,10 @@ mod tests {
         let mut forwarded = open.clone();
         forwarded.client.forwarded = true;
         assert_eq!(forwarded.may_read(), Err(Refusal::NotSignedIn));
-        assert_eq!(open.may_act(&HeaderMap::new(), ""), Err(Refusal::NotSignedIn));
+        assert_eq!(
+            open.may_act(&HeaderMap::new(), ""),
+            Err(Refusal::NotSignedIn)
+        );
     }
 
     #[test]

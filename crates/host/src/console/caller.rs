@@ -23,10 +23,8 @@ use super::page::{Problem, ProblemBody};
 
 /// A request that came without its connection's address (only in tests of the router alone)
 /// is taken as from an unknown, untrusted address.
-const UNKNOWN_PEER: SocketAddr = SocketAddr::new(
-    std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-    0,
-);
+const UNKNOWN_PEER: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
 
 fn self_refreshing(request: &Request) -> bool {
     request

@@ -171,7 +171,10 @@ mod tests {
         );
         assert_eq!(client.ip, "203.0.113.9".parse::<IpAddr>().unwrap());
         assert!(client.tls && client.proxied);
-        assert_eq!(client.label(peer("10.0.0.1").ip()), "203.0.113.9 via 10.0.0.1");
+        assert_eq!(
+            client.label(peer("10.0.0.1").ip()),
+            "203.0.113.9 via 10.0.0.1"
+        );
     }
 
     #[test]

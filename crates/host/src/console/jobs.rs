@@ -14,8 +14,8 @@ use worker_store::audit::{self, Action, ActionKind, NewAction};
 use worker_store::pauses;
 
 use super::Console;
-use super::caller::Who;
 use super::bulk::CsrfForm;
+use super::caller::Who;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };

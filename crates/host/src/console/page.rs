@@ -91,9 +91,10 @@ impl From<Refusal> for Problem {
                 StatusCode::UNAUTHORIZED
             }
             Refusal::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::BadCsrf | Refusal::CrossSite | Refusal::Role { .. } | Refusal::NoAccount(_) => {
-                StatusCode::FORBIDDEN
-            }
+            Refusal::BadCsrf
+            | Refusal::CrossSite
+            | Refusal::Role { .. }
+            | Refusal::NoAccount(_) => StatusCode::FORBIDDEN,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, "Refused", refusal.to_string())

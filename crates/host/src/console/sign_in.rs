@@ -118,9 +118,7 @@ pub async fn submit(
                 &access::set_cookie(tls, SIGNIN_COOKIE, None),
             ))
         }
-        Err(
-            refusal @ (Refusal::WrongPassword | Refusal::Throttled(_) | Refusal::BadCsrf),
-        ) => {
+        Err(refusal @ (Refusal::WrongPassword | Refusal::Throttled(_) | Refusal::BadCsrf)) => {
             let status = Problem::from(refusal.clone()).status;
             let mut page = form_page(&console, &caller, &next, Some(refusal.to_string()), status)?;
             if let Refusal::Throttled(after) = refusal

@@ -135,7 +135,11 @@ mod tests {
         for _ in 0..3 {
             throttle.account("alice").await.unwrap();
         }
-        assert!(start.elapsed() >= Duration::from_millis(150), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            start.elapsed()
+        );
         let other = std::time::Instant::now();
         throttle.account("bob").await.unwrap();
         assert!(other.elapsed() < Duration::from_millis(100));

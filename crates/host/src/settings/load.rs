@@ -176,7 +176,10 @@ fn from_figment(
 /// `admin.operator_token`, `admin.scrape_token`):
 /// its value is never parsed as anything but text and never quoted in an error.
 fn is_secret_key(key: &str) -> bool {
-    matches!(key.rsplit('.').next(), Some("password" | "operator_token" | "scrape_token"))
+    matches!(
+        key.rsplit('.').next(),
+        Some("password" | "operator_token" | "scrape_token")
+    )
 }
 
 /// What is wrong with a secret's value, by its shape only: never the value itself.

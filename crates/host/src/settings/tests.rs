@@ -354,7 +354,10 @@ fn open_reading_is_refused_off_loopback_and_a_console_there_needs_no_token() {
         "[admin]\nlisten = \"0.0.0.0:9180\"\nopen_reading = true\n",
         "admin.open_reading",
     );
-    assert!(why.contains("loopback") && why.contains("SSH tunnel"), "{why}");
+    assert!(
+        why.contains("loopback") && why.contains("SSH tunnel"),
+        "{why}"
+    );
     let signed = format!("{SECRETS}[admin]\nlisten = \"0.0.0.0:9180\"\n");
     assert!(load_text(&signed).is_ok());
     let local = format!("{SECRETS}[admin]\nopen_reading = true\n");
@@ -363,7 +366,8 @@ fn open_reading_is_refused_off_loopback_and_a_console_there_needs_no_token() {
 
 #[test]
 fn trusted_proxies_take_addresses_and_networks_and_name_a_bad_one() {
-    let text = format!("{SECRETS}[admin]\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\", \"::1\"]\n");
+    let text =
+        format!("{SECRETS}[admin]\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\", \"::1\"]\n");
     let settings = load_text(&text).unwrap();
     let shown: Vec<String> = settings
         .admin
@@ -398,7 +402,10 @@ fn an_auth_proxy_needs_trusted_proxies_and_a_header_name() {
     );
     let settings = load_text(&good).unwrap();
     let proxy = settings.admin.auth_proxy.unwrap();
-    assert_eq!(proxy.new_account_role, Some(worker_store::operators::Role::Viewer));
+    assert_eq!(
+        proxy.new_account_role,
+        Some(worker_store::operators::Role::Viewer)
+    );
 }
 
 #[test]
