@@ -92,11 +92,21 @@ impl Actor {
         self
     }
 
-    /// How the trail shows it: `alice (console from 10.0.0.5)` for an account, else
-    /// `name (user@host)` or `user@host`.
+    /// How the trail shows it: `alice (console from 10.0.0.5)` for an account (with the name
+    /// its operator gave, `bootstrap (carol, console from 10.0.0.5)`), else `name (user@host)`
+    /// or `user@host`.
     pub fn label(&self) -> String {
         match (&self.account, &self.name) {
-            (Some(account), _) => format!("{account} ({} from {})", self.via.as_str(), self.host),
+            (Some(account), Some(name)) => {
+                format!(
+                    "{account} ({name}, {} from {})",
+                    self.via.as_str(),
+                    self.host
+                )
+            }
+            (Some(account), None) => {
+                format!("{account} ({} from {})", self.via.as_str(), self.host)
+            }
             (None, Some(name)) => format!("{name} ({}@{})", self.user, self.host),
             (None, None) => format!("{}@{}", self.user, self.host),
         }
@@ -361,6 +371,9 @@ mod tests {
         assert_eq!(blank.name, None, "a blank name is no name");
         let account = Actor::account("alice", "10.0.0.5", Via::Api);
         assert_eq!(account.label(), "alice (api from 10.0.0.5)");
+        let shared =
+            Actor::account("bootstrap", "10.0.0.5", Via::Console).with_name(Some("carol".into()));
+        assert_eq!(shared.label(), "bootstrap (carol, console from 10.0.0.5)");
     }
 
     #[test]

@@ -454,7 +454,9 @@ pub async fn from_proxy(
                     &NewAction::new(ActionKind::OperatorAdd, actor, target(name)),
                     1,
                     0,
-                    Some(format!("role {role}, at its first sign-in through the auth proxy")),
+                    Some(format!(
+                        "role {role}, at its first sign-in through the auth proxy"
+                    )),
                 )
                 .await?;
             }
