@@ -270,6 +270,7 @@ async fn console(
         replica: settings.replica_name(),
         archive_retention: settings.jobs.dead_letter_archive.job.archiver.retention,
         bulk_rate: admin.bulk_rate,
+        password_hashing: admin.password_hashing,
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
     })

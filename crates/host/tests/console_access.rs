@@ -440,3 +440,75 @@ async fn the_admin_server_drops_a_slow_client_and_caps_its_connections() -> anyh
     world.host.stop_cleanly().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_manages_accounts_from_the_console_and_an_operator_may_not() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let world = World::start("CONSOLE_ACCESS_SHOW_LOG", Setup::signed_reading()).await?;
+    let base = world.host.url("");
+    let admin = Operator::sign_in(&base, TOKEN, "alice").await?;
+    let location = admin
+        .post_redirected(
+            "/accounts/add",
+            &[
+                ("name", "otto"),
+                ("role", "operator"),
+                ("password", "otto-password-long"),
+            ],
+        )
+        .await?;
+    assert_eq!(location, "/accounts");
+    let otto = Operator::sign_in(&base, "otto-password-long", "otto").await?;
+    let page = otto.get("/accounts").await?.text().await?;
+    assert!(page.contains("id=\"account-otto\""), "{page}");
+    assert!(
+        !page.contains("id=\"add\""),
+        "no admin form for an operator"
+    );
+    let refused = otto
+        .post("/accounts/add", &[("name", "eve"), ("role", "admin")])
+        .await?;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
+    let made = admin
+        .post("/accounts/otto/token", &[("label", "nightly replay")])
+        .await?;
+    assert_eq!(made.status(), StatusCode::OK);
+    let page = made.text().await?;
+    let token = page
+        .split("<code id=\"token\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .expect("the token, shown once")
+        .to_string();
+    let read = http()
+        .get(world.host.url("/api/accounts"))
+        .bearer_auth(&token)
+        .send()
+        .await?;
+    assert_eq!(read.status(), StatusCode::OK);
+
+    admin.post_redirected("/accounts/otto/disable", &[]).await?;
+    assert_eq!(
+        otto.get("/").await?.status(),
+        StatusCode::SEE_OTHER,
+        "signed out at once"
+    );
+    let own = admin.post("/accounts/bootstrap/disable", &[]).await?;
+    assert_eq!(own.status(), StatusCode::CONFLICT);
+
+    let rows: Vec<(String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT action, account, via FROM dead_letter_actions ORDER BY id")
+            .fetch_all(&world.db.pool)
+            .await?;
+    let bootstrap = || (Some("bootstrap".to_string()), Some("console".to_string()));
+    let expected: Vec<(String, Option<String>, Option<String>)> =
+        ["operator-add", "operator-token", "operator-disable"]
+            .into_iter()
+            .map(|action| (action.to_string(), bootstrap().0, bootstrap().1))
+            .collect();
+    assert_eq!(rows, expected);
+    world.host.stop_cleanly().await;
+    Ok(())
+}

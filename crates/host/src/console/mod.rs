@@ -16,10 +16,12 @@
 //! - `jobs.rs`: a timer job, run now, pause and resume;
 //! - `outbox.rs`: pending and failed rows, retry;
 //! - `sign_in.rs`: the operator session;
+//! - `accounts.rs`: `/accounts`, the operator accounts, which an admin manages;
 //! - `forwarded.rs`: which proxies' forwarded headers count; `throttle.rs`: how fast
 //!   credentials may be tried.
 
 pub mod access;
+mod accounts;
 mod bulk;
 pub mod caller;
 mod dead_letters;
@@ -65,6 +67,8 @@ pub struct Console {
     pub archive_retention: Duration,
     /// The rate a bulk action offers first.
     pub bulk_rate: u32,
+    /// How passwords an admin sets here are hashed.
+    pub password_hashing: crate::settings::PasswordHashing,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
 }
@@ -81,6 +85,8 @@ fn actions() -> Router<Arc<Console>> {
         .route("/jobs/{name}/pause", post(jobs::pause))
         .route("/jobs/{name}/resume", post(jobs::resume))
         .route("/outbox/retry", post(outbox::retry))
+        .route("/accounts/add", post(accounts::add))
+        .route("/accounts/{name}/{change}", post(accounts::change))
 }
 
 /// The console's routes, pages and API.
@@ -94,6 +100,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/actions/{id}", get(bulk::action_page))
         .route("/jobs/{name}", get(jobs::page))
         .route("/outbox", get(outbox::page))
+        .route("/accounts", get(accounts::page))
         .route("/sign-in", get(sign_in::form).post(sign_in::submit))
         .route("/sign-out", post(sign_in::sign_out))
         .merge(actions())
@@ -112,6 +119,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/actions/{id}", get(bulk::action_api))
         .route("/api/jobs/{name}", get(jobs::api))
         .route("/api/outbox", get(outbox::api))
+        .route("/api/accounts", get(accounts::api))
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
             caller::identify,

@@ -156,6 +156,8 @@ struct Chrome {
     csrf: Option<String>,
     /// The caller may act: the pages show the buttons that do.
     acts: bool,
+    /// The caller may manage accounts.
+    admin: bool,
     open_reading: bool,
 }
 
@@ -168,6 +170,11 @@ pub fn render(console: &Console, caller: &Caller, template: &str, context: Value
         role: caller.signed.as_ref().map(|s| s.role.to_string()),
         csrf: caller.csrf().map(str::to_string),
         acts: caller.acts() && caller.csrf().is_some(),
+        admin: caller
+            .signed
+            .as_ref()
+            .is_some_and(|s| s.role >= worker_store::operators::Role::Admin)
+            && caller.csrf().is_some(),
         open_reading: console.access.open_reading(),
     };
     let context = minijinja::context! { chrome => Value::from_serialize(&chrome), ..context };

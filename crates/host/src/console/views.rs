@@ -21,6 +21,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("job.html", include_str!("templates/job.html")),
     ("outbox.html", include_str!("templates/outbox.html")),
     ("sign_in.html", include_str!("templates/sign_in.html")),
+    ("accounts.html", include_str!("templates/accounts.html")),
     ("problem.html", include_str!("templates/problem.html")),
 ];
 
