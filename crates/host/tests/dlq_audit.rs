@@ -1,7 +1,7 @@
-//! `worker-host dlq purge` records who ran it: the operating-system user of the process
-//! (whatever `$USER` says), the name given with `--actor` or `WORKER_HOST_ACTOR`, and the
-//! database role; a purge without `--yes` is recorded as a dry run. With the real binary on
-//! a real database.
+//! `worker-host dlq` with the real binary on a real database. A purge records who ran it: the
+//! operating-system user of the process (whatever `$USER` says), the name given with `--actor`
+//! or `WORKER_HOST_ACTOR`, and the database role; a purge without `--yes` is recorded as a dry
+//! run. A time too far back is a usage error that names its flag.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -76,5 +76,29 @@ async fn a_purge_records_the_os_user_the_given_actor_and_its_dry_run() -> anyhow
         ],
         "the flag wins over the variable; the OS user over $USER"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_age_too_far_back_is_a_usage_error_naming_the_flag() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("since-test", "[]", &db, &vhost, free_port()),
+    )?;
+    for args in [
+        &["dlq", "show", "--since", "300000y"][..],
+        &["dlq", "replay", "--dry-run", "--until", "300000y"][..],
+    ] {
+        let (code, out) = dlq(&config, args, &[]);
+        assert_eq!(code, 64, "{args:?}: {out}");
+        assert!(!out.contains("panicked"), "{args:?}: {out}");
+        let flag = args[args.len() - 2];
+        assert!(out.contains(flag), "{args:?} names {flag}: {out}");
+        assert!(out.contains("300000y"), "{args:?}: {out}");
+    }
     Ok(())
 }

@@ -86,7 +86,8 @@ pub struct FilterArgs {
     /// An error fingerprint from `dlq list`, or its first 4+ hex digits.
     #[arg(long)]
     pub fingerprint: Option<String>,
-    /// Died at or after: an RFC 3339 time (2026-11-29T10:00:00Z) or an age (2h, 30m).
+    /// Died at or after: an RFC 3339 time (2026-11-29T10:00:00Z), 2026-11-29T10:00 (UTC) or an
+    /// age (2h, 30m).
     #[arg(long, value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
     /// Died before: an RFC 3339 time or an age.
@@ -120,14 +121,9 @@ impl FilterArgs {
     }
 }
 
+/// clap names the flag (`--since`, `--until`) in front of the error.
 fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
-    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
-        return Ok(at.with_timezone(&Utc));
-    }
-    let age = humantime::parse_duration(text)
-        .map_err(|_| format!("`{text}` is neither an RFC 3339 time nor an age like `2h`"))?;
-    let age = chrono::Duration::from_std(age).map_err(|e| e.to_string())?;
-    Ok(Utc::now() - age)
+    archive::parse_time(text, Utc::now())
 }
 
 fn print_json(value: &impl serde::Serialize) {
@@ -381,4 +377,15 @@ where
     let result = work(publisher).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), session.close("dlq done")).await;
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_age_too_far_back_is_an_error_not_a_panic() {
+        let error = parse_since("300000y").unwrap_err();
+        assert!(error.contains("300000y"), "{error}");
+    }
 }
