@@ -102,3 +102,49 @@ async fn an_age_too_far_back_is_a_usage_error_naming_the_flag() -> anyhow::Resul
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_purge_with_planned_marks_at_most_that_many_and_says_how_many_more_match()
+-> anyhow::Result<()> {
+    use job_dead_letter_archive::{Archiver, ArchiverSettings, DeadQueue, RawMessage};
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("planned-test", "[]", &db, &vhost, free_port()),
+    )?;
+    let properties: Vec<worker_broker::Properties> = (0..5)
+        .map(|i| worker_broker::Properties {
+            message_id: Some(format!("m-{i}")),
+            ..worker_broker::Properties::default()
+        })
+        .collect();
+    let raws: Vec<RawMessage<'_>> = properties
+        .iter()
+        .map(|p| RawMessage {
+            routing_key: "orders",
+            redelivered: false,
+            properties: p,
+            body: b"{}",
+        })
+        .collect();
+    Archiver::new(db.pool.clone(), ArchiverSettings::default())
+        .archive_batch(&DeadQueue::new("orders.dead", "orders"), &raws)
+        .await?;
+
+    let (code, out) = dlq(
+        &config,
+        &["dlq", "purge", "--all", "--yes", "--planned", "3"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("purged 3") && out.contains("2 more"), "{out}");
+    let dead: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM dead_letters WHERE status = 'dead' ORDER BY id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(dead, ["m-3", "m-4"], "the oldest three went");
+    Ok(())
+}

@@ -49,6 +49,10 @@ pub enum DlqAction {
         /// At most this many messages per second.
         #[arg(long)]
         rate: Option<u32>,
+        /// The count a dry run showed: replay at most this many, oldest first, and record it
+        /// as what was confirmed; what died since stays dead.
+        #[arg(long)]
+        planned: Option<u64>,
         #[command(flatten)]
         actor: ActorArgs,
         #[arg(long)]
@@ -67,6 +71,10 @@ pub enum DlqAction {
         /// and recorded as a dry run.
         #[arg(long)]
         yes: bool,
+        /// The count the dry run showed: purge at most this many, oldest first, and record it
+        /// as what was confirmed; what died since stays dead.
+        #[arg(long)]
+        planned: Option<u64>,
         #[command(flatten)]
         actor: ActorArgs,
         #[arg(long)]
@@ -253,6 +261,7 @@ async fn dispatch(
             all,
             dry_run,
             rate,
+            planned,
             actor: given,
             json,
         } => {
@@ -266,9 +275,12 @@ async fn dispatch(
             }
             let query = filter.filter(id);
             query.validate().map_err(Fatal::usage)?;
-            let actor = actor(&given);
+            let run = archive::Run::new(actor(&given))
+                .dry(dry_run)
+                .rate(rate)
+                .planned(planned);
             let report = with_publisher(settings, |publisher| async move {
-                archive::replay(pool, &publisher, &query, dry_run, rate, &actor).await
+                archive::replay_run(pool, &publisher, &query, &run).await
             })
             .await?
             .map_err(Fatal::from_failure)?;
@@ -311,6 +323,12 @@ async fn dispatch(
                 if let Some(why) = &report.stopped {
                     println!("stopped early: {why}");
                 }
+                if let Some(more) = report.beyond_planned {
+                    println!(
+                        "stopped at the {} planned: {more} more match and stay dead",
+                        report.matched
+                    );
+                }
             }
             if report.failed > 0 || report.stopped.is_some() {
                 return Err(Fatal::unavailable(format!(
@@ -324,6 +342,7 @@ async fn dispatch(
             filter,
             all,
             yes,
+            planned,
             actor: given,
             json,
         } => {
@@ -340,11 +359,12 @@ async fn dispatch(
                     .await
                     .map_err(Fatal::from_failure)?;
                 return Err(Fatal::usage(format!(
-                    "{} dead letters match; add --yes to mark them purged (dry run recorded as action {})",
-                    plan.matched, plan.action_id
+                    "{} dead letters match; add --yes --planned {} to mark them purged (dry run recorded as action {})",
+                    plan.matched, plan.matched, plan.action_id
                 )));
             }
-            let report = archive::purge(pool, &query, &actor)
+            let run = archive::Run::new(actor).planned(planned);
+            let report = archive::purge_run(pool, &query, &run)
                 .await
                 .map_err(Fatal::from_failure)?;
             if json {
@@ -354,6 +374,12 @@ async fn dispatch(
                     "purged {} dead letters (action {})",
                     report.purged, report.action_id
                 );
+                if let Some(more) = report.beyond_planned {
+                    println!(
+                        "stopped at the {} planned: {more} more match and stay dead",
+                        report.purged
+                    );
+                }
             }
         }
     }
