@@ -1,7 +1,8 @@
-//! `worker-host dlq` with the real binary on a real database. A purge records who ran it: the
-//! operating-system user of the process (whatever `$USER` says), the name given with `--actor`
-//! or `WORKER_HOST_ACTOR`, and the database role; a purge without `--yes` is recorded as a dry
-//! run. A time too far back is a usage error that names its flag.
+//! The operators' recorded commands (`worker-host dlq`, `outbox retry`) with the real binary
+//! on a real database. A purge records who ran it: the operating-system user of the process
+//! (whatever `$USER` says), the name given with `--actor` or `WORKER_HOST_ACTOR`, and the
+//! database role; a purge without `--yes` is recorded as a dry run. A time too far back is a
+//! usage error that names its flag. A confirmed count (`--planned`) caps what is acted on.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -146,5 +147,86 @@ async fn a_purge_with_planned_marks_at_most_that_many_and_says_how_many_more_mat
             .fetch_all(&db.pool)
             .await?;
     assert_eq!(dead, ["m-3", "m-4"], "the oldest three went");
+    Ok(())
+}
+
+/// `n` outbox rows that gave up.
+async fn failed_outbox_rows(db: &TestDb, from: usize, n: usize) -> anyhow::Result<()> {
+    use worker_store::outbox::{self, PublishFailure};
+    let messages: Vec<worker_store::OutboxMessage> = (from..from + n)
+        .map(|i| worker_store::OutboxMessage::new(format!("o-{i}"), b"{}".to_vec()))
+        .collect();
+    let mut tx = db.pool.begin().await?;
+    let ids = outbox::enqueue_many(&mut tx, "events", "k", &messages).await?;
+    let failures: Vec<PublishFailure> = ids
+        .iter()
+        .map(|&id| PublishFailure {
+            id,
+            error: "unroutable".into(),
+            retry_in: std::time::Duration::ZERO,
+        })
+        .collect();
+    outbox::record_failures(&mut tx, &failures, 1).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn outbox_retry_all_failed_has_a_recorded_dry_run_and_keeps_to_the_planned_count()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("outbox-test", "[]", &db, &vhost, free_port()),
+    )?;
+    failed_outbox_rows(&db, 0, 3).await?;
+
+    let (code, out) = dlq(
+        &config,
+        &["outbox", "retry", "--all-failed", "--dry-run"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("3 failed outbox rows would be pending again"),
+        "{out}"
+    );
+    assert!(
+        out.contains("o-0") && out.contains("o-2"),
+        "lists them: {out}"
+    );
+    failed_outbox_rows(&db, 3, 2).await?;
+    let (code, out) = dlq(
+        &config,
+        &["outbox", "retry", "--all-failed", "--planned", "3"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("3 failed outbox rows are pending again"),
+        "{out}"
+    );
+    assert!(out.contains("2 more"), "{out}");
+
+    let failed: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM outbox WHERE status = 'failed' ORDER BY id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(failed, ["o-3", "o-4"]);
+    let rows: Vec<(String, bool, i64, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT action, dry_run, matched, succeeded, planned FROM dead_letter_actions ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    assert_eq!(
+        rows,
+        [
+            ("outbox-retry".to_string(), true, 3, 0, None),
+            ("outbox-retry".to_string(), false, 3, 3, Some(3)),
+        ]
+    );
     Ok(())
 }
