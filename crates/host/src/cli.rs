@@ -126,6 +126,14 @@ pub enum OutboxAction {
         /// Every failed row.
         #[arg(long)]
         all_failed: bool,
+        /// With --all-failed: count and list the failed rows it would put back (the oldest
+        /// 20); move nothing. Recorded as a dry run.
+        #[arg(long, requires = "all_failed")]
+        dry_run: bool,
+        /// With --all-failed: the count a dry run showed; put back at most this many, oldest
+        /// first, and record it as what was confirmed. Rows that failed since stay failed.
+        #[arg(long, requires = "all_failed", conflicts_with = "dry_run")]
+        planned: Option<u64>,
         #[command(flatten)]
         actor: crate::commands::actor::ActorArgs,
     },

@@ -1,7 +1,8 @@
-//! `worker-host dlq purge` records who ran it: the operating-system user of the process
+//! The operators' recorded commands (`worker-host dlq`, `outbox retry`) with the real binary
+//! on a real database. A purge records who ran it: the operating-system user of the process
 //! (whatever `$USER` says), the name given with `--actor` or `WORKER_HOST_ACTOR`, and the
-//! database role; a purge without `--yes` is recorded as a dry run. With the real binary on
-//! a real database.
+//! database role; a purge without `--yes` is recorded as a dry run. A time too far back is a
+//! usage error that names its flag. A confirmed count (`--planned`) caps what is acted on.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -75,6 +76,157 @@ async fn a_purge_records_the_os_user_the_given_actor_and_its_dry_run() -> anyhow
             ("purge".into(), false, os_user, Some("bob".into()), role),
         ],
         "the flag wins over the variable; the OS user over $USER"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_age_too_far_back_is_a_usage_error_naming_the_flag() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("since-test", "[]", &db, &vhost, free_port()),
+    )?;
+    for args in [
+        &["dlq", "show", "--since", "300000y"][..],
+        &["dlq", "replay", "--dry-run", "--until", "300000y"][..],
+    ] {
+        let (code, out) = dlq(&config, args, &[]);
+        assert_eq!(code, 64, "{args:?}: {out}");
+        assert!(!out.contains("panicked"), "{args:?}: {out}");
+        let flag = args[args.len() - 2];
+        assert!(out.contains(flag), "{args:?} names {flag}: {out}");
+        assert!(out.contains("300000y"), "{args:?}: {out}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_purge_with_planned_marks_at_most_that_many_and_says_how_many_more_match()
+-> anyhow::Result<()> {
+    use job_dead_letter_archive::{Archiver, ArchiverSettings, DeadQueue, RawMessage};
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("planned-test", "[]", &db, &vhost, free_port()),
+    )?;
+    let properties: Vec<worker_broker::Properties> = (0..5)
+        .map(|i| worker_broker::Properties {
+            message_id: Some(format!("m-{i}")),
+            ..worker_broker::Properties::default()
+        })
+        .collect();
+    let raws: Vec<RawMessage<'_>> = properties
+        .iter()
+        .map(|p| RawMessage {
+            routing_key: "orders",
+            redelivered: false,
+            properties: p,
+            body: b"{}",
+        })
+        .collect();
+    Archiver::new(db.pool.clone(), ArchiverSettings::default())
+        .archive_batch(&DeadQueue::new("orders.dead", "orders"), &raws)
+        .await?;
+
+    let (code, out) = dlq(
+        &config,
+        &["dlq", "purge", "--all", "--yes", "--planned", "3"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("purged 3") && out.contains("2 more"), "{out}");
+    let dead: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM dead_letters WHERE status = 'dead' ORDER BY id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(dead, ["m-3", "m-4"], "the oldest three went");
+    Ok(())
+}
+
+/// `n` outbox rows that gave up.
+async fn failed_outbox_rows(db: &TestDb, from: usize, n: usize) -> anyhow::Result<()> {
+    use worker_store::outbox::{self, PublishFailure};
+    let messages: Vec<worker_store::OutboxMessage> = (from..from + n)
+        .map(|i| worker_store::OutboxMessage::new(format!("o-{i}"), b"{}".to_vec()))
+        .collect();
+    let mut tx = db.pool.begin().await?;
+    let ids = outbox::enqueue_many(&mut tx, "events", "k", &messages).await?;
+    let failures: Vec<PublishFailure> = ids
+        .iter()
+        .map(|&id| PublishFailure {
+            id,
+            error: "unroutable".into(),
+            retry_in: std::time::Duration::ZERO,
+        })
+        .collect();
+    outbox::record_failures(&mut tx, &failures, 1).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn outbox_retry_all_failed_has_a_recorded_dry_run_and_keeps_to_the_planned_count()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("outbox-test", "[]", &db, &vhost, free_port()),
+    )?;
+    failed_outbox_rows(&db, 0, 3).await?;
+
+    let (code, out) = dlq(
+        &config,
+        &["outbox", "retry", "--all-failed", "--dry-run"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("3 failed outbox rows would be pending again"),
+        "{out}"
+    );
+    assert!(
+        out.contains("o-0") && out.contains("o-2"),
+        "lists them: {out}"
+    );
+    failed_outbox_rows(&db, 3, 2).await?;
+    let (code, out) = dlq(
+        &config,
+        &["outbox", "retry", "--all-failed", "--planned", "3"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("3 failed outbox rows are pending again"),
+        "{out}"
+    );
+    assert!(out.contains("2 more"), "{out}");
+
+    let failed: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM outbox WHERE status = 'failed' ORDER BY id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(failed, ["o-3", "o-4"]);
+    let rows: Vec<(String, bool, i64, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT action, dry_run, matched, succeeded, planned FROM dead_letter_actions ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    assert_eq!(
+        rows,
+        [
+            ("outbox-retry".to_string(), true, 3, 0, None),
+            ("outbox-retry".to_string(), false, 3, 3, Some(3)),
+        ]
     );
     Ok(())
 }

@@ -96,6 +96,19 @@ pub struct EmailReceived {
     /// The envelope sender was null (`Return-Path: <>`).
     #[serde(default)]
     pub null_sender: bool,
+    /// Microsoft's X-Auto-Response-Suppress (`All`, `OOF`, `DR, RN, NRN`, …): anything but
+    /// `None` asks that no automatic answer be sent.
+    #[serde(default)]
+    pub x_auto_response_suppress: Option<String>,
+    /// X-Autoreply (`yes`): an autoresponder sent it, whatever the value.
+    #[serde(default)]
+    pub x_autoreply: Option<String>,
+    /// The List-Unsubscribe header: the mail came through a mailing list.
+    #[serde(default)]
+    pub list_unsubscribe: Option<String>,
+    /// The List-Post header: the mail came through a mailing list.
+    #[serde(default)]
+    pub list_post: Option<String>,
 }
 
 /// Run one action of one automation for one event (queue `automation.action`).

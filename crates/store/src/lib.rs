@@ -16,7 +16,7 @@ mod pool;
 pub use classify::{classify, classify_sqlx};
 pub use guard::ProcessedMessages;
 pub use lease::{AdvisoryLease, KeepAlive, LeaseGuard};
-pub use pool::{ConnectError, PoolOptions, SLOW_STATEMENT, connect, migrate};
+pub use pool::{ConnectError, PoolOptions, Redacted, SLOW_STATEMENT, connect, migrate};
 
 /// The migrations in `migrations/` at the workspace root, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");

@@ -20,9 +20,11 @@
 //!    are published again (at least once); consumers dedup on the message id.
 //!
 //! For operators: [`status`] (pending, due, failed, age of the oldest pending row),
-//! [`failed`] and [`pending`] (the rows, with their errors), [`retry`] and
+//! [`failed`] and [`pending`] (the rows, with their errors), [`retry`], [`retry_failed`] and
 //! [`retry_all_failed`] (make failed rows pending again, with fresh attempts, recorded in the
-//! [`audit`](crate::audit) trail), and [`purge_processed`] (the retention sweep).
+//! [`audit`](crate::audit) trail; [`retry_all_failed_dry_run`] counts and lists what a retry of
+//! them all would put back, recorded as a dry run), and [`purge_processed`] (the retention
+//! sweep).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -501,16 +503,81 @@ pub async fn retry(pool: &PgPool, id: i64, actor: &Actor) -> Result<RetryResult,
     Ok(result)
 }
 
-/// Makes every failed row pending again, due now, with its attempts reset and its `retries`
-/// counted up, and wakes the drain; recorded in the audit trail with `actor`. Returns how
-/// many rows were requeued.
-pub async fn retry_all_failed(pool: &PgPool, actor: &Actor) -> Result<u64, Failure> {
+/// The failed rows a dry run of [`retry_failed`] lists by default.
+pub const RETRY_PREVIEW_ROWS: u32 = 20;
+
+/// What a retry of every failed row did, or, dry, would do.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RetryAllReport {
+    /// Its audit row (a dry run has one too).
+    pub action_id: i64,
+    pub dry_run: bool,
+    /// Failed rows a dry run found, or the rows a retry put back.
+    pub matched: u64,
+    /// Rows made pending again (none for a dry run).
+    pub requeued: u64,
+    /// A dry run's first failed rows, oldest first: the ones a retry puts back first.
+    pub rows: Vec<FailedRow>,
+    /// Failed rows left failed beyond the count the operator confirmed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub beyond_planned: Option<u64>,
+}
+
+fn retry_all_target() -> Value {
+    serde_json::json!({ "outbox": "all-failed" })
+}
+
+/// How many failed rows [`retry_failed`] would make pending again, and the first `preview`
+/// of them, oldest first; moves nothing, recorded in the audit trail as a dry run (its
+/// `matched`, nothing succeeded).
+pub async fn retry_all_failed_dry_run(
+    pool: &PgPool,
+    actor: &Actor,
+    preview: u32,
+) -> Result<RetryAllReport, Failure> {
+    let matched: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'failed'")
+        .fetch_one(pool)
+        .await
+        .map_err(classify)?;
+    let matched = u64::try_from(matched).unwrap_or(0);
+    let rows = failed(pool, preview).await?;
     let mut tx = pool.begin().await.map_err(classify)?;
+    let action = NewAction {
+        dry_run: true,
+        ..NewAction::new(ActionKind::OutboxRetry, actor, retry_all_target())
+    };
+    let action_id = audit::begin(&mut tx, &action).await?;
+    audit::finish(&mut tx, action_id, None, Some(matched)).await?;
+    tx.commit().await.map_err(classify)?;
+    Ok(RetryAllReport {
+        action_id,
+        dry_run: true,
+        matched,
+        requeued: 0,
+        rows,
+        beyond_planned: None,
+    })
+}
+
+/// Makes failed rows pending again, due now, with their attempts reset and their `retries`
+/// counted up, and wakes the drain; recorded in the audit trail with `actor`. With
+/// `planned` (the count a dry run showed and the operator confirmed), at most that many,
+/// oldest first as the dry run lists them: rows that failed since are left failed, and the
+/// report and the audit row's note say how many.
+pub async fn retry_failed(
+    pool: &PgPool,
+    actor: &Actor,
+    planned: Option<u64>,
+) -> Result<RetryAllReport, Failure> {
+    let mut tx = pool.begin().await.map_err(classify)?;
+    let cap = planned.map_or(i64::MAX, |p| i64::try_from(p).unwrap_or(i64::MAX));
     let done = sqlx::query(
         "UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now(), \
                 retries = retries + 1 \
-         WHERE status = 'failed'",
+         WHERE id IN (SELECT id FROM outbox WHERE status = 'failed' \
+                      ORDER BY id LIMIT $1 FOR UPDATE)",
     )
+    .bind(cap)
     .execute(&mut *tx)
     .await
     .map_err(classify)?
@@ -518,17 +585,42 @@ pub async fn retry_all_failed(pool: &PgPool, actor: &Actor) -> Result<u64, Failu
     if done > 0 {
         notify(&mut tx).await?;
     }
-    let target = serde_json::json!({ "outbox": "all-failed" });
-    audit::record(
-        &mut tx,
-        &NewAction::new(ActionKind::OutboxRetry, actor, target),
-        done,
-        0,
-        None,
-    )
-    .await?;
+    let beyond_planned = match planned {
+        Some(_) => {
+            let left: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'failed'")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(classify)?;
+            Some(u64::try_from(left).unwrap_or(0)).filter(|left| *left > 0)
+        }
+        None => None,
+    };
+    let note = beyond_planned.map(|more| {
+        format!(
+            "stopped at the {} confirmed: {more} more failed rows stay failed",
+            planned.unwrap_or_default()
+        )
+    });
+    let action = NewAction {
+        planned,
+        ..NewAction::new(ActionKind::OutboxRetry, actor, retry_all_target())
+    };
+    let action_id = audit::record(&mut tx, &action, done, 0, note).await?;
     tx.commit().await.map_err(classify)?;
-    Ok(done)
+    Ok(RetryAllReport {
+        action_id,
+        dry_run: false,
+        matched: done,
+        requeued: done,
+        rows: Vec::new(),
+        beyond_planned,
+    })
+}
+
+/// [`retry_failed`] of every failed row, uncapped; how many were requeued.
+pub async fn retry_all_failed(pool: &PgPool, actor: &Actor) -> Result<u64, Failure> {
+    retry_failed(pool, actor, None).await.map(|r| r.requeued)
 }
 
 /// A row waiting to be published, as an operator sees it.

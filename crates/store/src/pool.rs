@@ -10,7 +10,7 @@ use worker_core::Backoff;
 pub const SLOW_STATEMENT: Duration = Duration::from_secs(1);
 
 /// How to reach the database and how patiently.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PoolOptions {
     pub connect: PgConnectOptions,
     pub max_connections: u32,
@@ -20,6 +20,42 @@ pub struct PoolOptions {
     pub connect_attempts: u32,
     /// Delay before the second attempt; doubles each time, capped at 10 s.
     pub connect_backoff: Duration,
+}
+
+impl std::fmt::Debug for PoolOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolOptions")
+            .field("connect", &Redacted(&self.connect))
+            .field("max_connections", &self.max_connections)
+            .field("min_connections", &self.min_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("connect_attempts", &self.connect_attempts)
+            .field("connect_backoff", &self.connect_backoff)
+            .finish()
+    }
+}
+
+/// [`PgConnectOptions`] for `Debug` without its secrets: sqlx's own `Debug` prints the
+/// password (and an inline client key), and whatever derives `Debug` over the options would
+/// put them in a log line or a panic message.
+pub struct Redacted<'a>(pub &'a PgConnectOptions);
+
+impl std::fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let options = self.0;
+        // sqlx has no getter for the password, so whether one is set cannot be told.
+        f.debug_struct("PgConnectOptions")
+            .field("host", &options.get_host())
+            .field("port", &options.get_port())
+            .field("socket", &options.get_socket())
+            .field("username", &options.get_username())
+            .field("password", &"<redacted>")
+            .field("database", &options.get_database())
+            .field("ssl_mode", &options.get_ssl_mode())
+            .field("application_name", &options.get_application_name())
+            .field("options", &options.get_options())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,4 +143,31 @@ fn is_tls_failure(err: &sqlx::Error) -> bool {
 /// Applies the embedded migrations that have not been applied yet.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     crate::MIGRATOR.run(pool).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_names_the_server_but_never_the_password() {
+        let options = PoolOptions {
+            connect: PgConnectOptions::new()
+                .host("db.example")
+                .port(6543)
+                .username("worker")
+                .password("hunter2-secret")
+                .database("jobs"),
+            max_connections: 7,
+            min_connections: 1,
+            acquire_timeout: Duration::from_secs(3),
+            connect_attempts: 2,
+            connect_backoff: Duration::from_millis(500),
+        };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("hunter2-secret"), "{shown}");
+        for part in ["db.example", "6543", "worker", "jobs", "max_connections: 7"] {
+            assert!(shown.contains(part), "{part} in {shown}");
+        }
+    }
 }

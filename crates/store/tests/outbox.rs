@@ -259,6 +259,79 @@ async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Re
     Ok(())
 }
 
+/// `n` rows that gave up, oldest first; their ids.
+async fn failed_rows(db: &TestDb, n: usize, from: usize) -> anyhow::Result<Vec<i64>> {
+    let messages: Vec<OutboxMessage> = (from..from + n).map(message).collect();
+    let mut tx = db.pool.begin().await?;
+    let ids = outbox::enqueue_many(&mut tx, "events", "k", &messages).await?;
+    let failures: Vec<PublishFailure> = ids
+        .iter()
+        .map(|&id| PublishFailure {
+            id,
+            error: "unroutable".into(),
+            retry_in: Duration::ZERO,
+        })
+        .collect();
+    outbox::record_failures(&mut tx, &failures, 1).await?;
+    tx.commit().await?;
+    Ok(ids)
+}
+
+#[tokio::test]
+async fn a_retry_of_every_failed_row_has_a_recorded_dry_run_and_keeps_to_what_was_confirmed()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let actor = worker_store::audit::Actor::new("test", "test-host");
+    let first = failed_rows(&db, 3, 0).await?;
+
+    let plan = outbox::retry_all_failed_dry_run(&db.pool, &actor, 2).await?;
+    assert!(plan.dry_run);
+    assert_eq!((plan.matched, plan.requeued), (3, 0));
+    let shown: Vec<i64> = plan.rows.iter().map(|r| r.id).collect();
+    assert_eq!(shown, first[..2], "the first rows, oldest first");
+    assert_eq!(count(&db, "failed").await?, 3, "a dry run moves nothing");
+    let recorded = worker_store::audit::get(&db.pool, plan.action_id)
+        .await?
+        .unwrap();
+    assert_eq!(
+        (
+            recorded.action.as_str(),
+            recorded.dry_run,
+            recorded.matched,
+            recorded.succeeded
+        ),
+        ("outbox-retry", true, 3, 0)
+    );
+
+    // Two more give up before the operator confirms the three shown.
+    let later = failed_rows(&db, 2, 3).await?;
+    let done = outbox::retry_failed(&db.pool, &actor, Some(plan.matched)).await?;
+    assert_eq!(
+        (done.dry_run, done.requeued, done.beyond_planned),
+        (false, 3, Some(2))
+    );
+    let still_failed: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE status = 'failed' ORDER BY id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(still_failed, later, "the oldest three went back");
+    let recorded = worker_store::audit::get(&db.pool, done.action_id)
+        .await?
+        .unwrap();
+    assert_eq!((recorded.planned, recorded.succeeded), (Some(3), 3));
+    let note = recorded.note.unwrap_or_default();
+    assert!(
+        note.contains("3 confirmed") && note.contains("2 more"),
+        "{note}"
+    );
+
+    // Without a cap, every failed row goes back.
+    let rest = outbox::retry_failed(&db.pool, &actor, None).await?;
+    assert_eq!((rest.requeued, rest.beyond_planned), (2, None));
+    assert_eq!(count(&db, "failed").await?, 0);
+    Ok(())
+}
+
 #[tokio::test]
 async fn retention_deletes_old_processed_rows_only() -> anyhow::Result<()> {
     let db = TestDb::create().await?;

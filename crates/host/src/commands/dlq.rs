@@ -49,6 +49,10 @@ pub enum DlqAction {
         /// At most this many messages per second.
         #[arg(long)]
         rate: Option<u32>,
+        /// The count a dry run showed: replay at most this many, oldest first, and record it
+        /// as what was confirmed; what died since stays dead.
+        #[arg(long)]
+        planned: Option<u64>,
         #[command(flatten)]
         actor: ActorArgs,
         #[arg(long)]
@@ -67,6 +71,10 @@ pub enum DlqAction {
         /// and recorded as a dry run.
         #[arg(long)]
         yes: bool,
+        /// The count the dry run showed: purge at most this many, oldest first, and record it
+        /// as what was confirmed; what died since stays dead.
+        #[arg(long)]
+        planned: Option<u64>,
         #[command(flatten)]
         actor: ActorArgs,
         #[arg(long)]
@@ -86,7 +94,8 @@ pub struct FilterArgs {
     /// An error fingerprint from `dlq list`, or its first 4+ hex digits.
     #[arg(long)]
     pub fingerprint: Option<String>,
-    /// Died at or after: an RFC 3339 time (2026-11-29T10:00:00Z) or an age (2h, 30m).
+    /// Died at or after: an RFC 3339 time (2026-11-29T10:00:00Z), 2026-11-29T10:00 (UTC) or an
+    /// age (2h, 30m).
     #[arg(long, value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
     /// Died before: an RFC 3339 time or an age.
@@ -120,14 +129,9 @@ impl FilterArgs {
     }
 }
 
+/// clap names the flag (`--since`, `--until`) in front of the error.
 fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
-    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
-        return Ok(at.with_timezone(&Utc));
-    }
-    let age = humantime::parse_duration(text)
-        .map_err(|_| format!("`{text}` is neither an RFC 3339 time nor an age like `2h`"))?;
-    let age = chrono::Duration::from_std(age).map_err(|e| e.to_string())?;
-    Ok(Utc::now() - age)
+    archive::parse_time(text, Utc::now())
 }
 
 fn print_json(value: &impl serde::Serialize) {
@@ -257,6 +261,7 @@ async fn dispatch(
             all,
             dry_run,
             rate,
+            planned,
             actor: given,
             json,
         } => {
@@ -270,9 +275,12 @@ async fn dispatch(
             }
             let query = filter.filter(id);
             query.validate().map_err(Fatal::usage)?;
-            let actor = actor(&given);
+            let run = archive::Run::new(actor(&given))
+                .dry(dry_run)
+                .rate(rate)
+                .planned(planned);
             let report = with_publisher(settings, |publisher| async move {
-                archive::replay(pool, &publisher, &query, dry_run, rate, &actor).await
+                archive::replay_run(pool, &publisher, &query, &run).await
             })
             .await?
             .map_err(Fatal::from_failure)?;
@@ -315,6 +323,12 @@ async fn dispatch(
                 if let Some(why) = &report.stopped {
                     println!("stopped early: {why}");
                 }
+                if let Some(more) = report.beyond_planned {
+                    println!(
+                        "stopped at the {} planned: {more} more match and stay dead",
+                        report.matched
+                    );
+                }
             }
             if report.failed > 0 || report.stopped.is_some() {
                 return Err(Fatal::unavailable(format!(
@@ -328,6 +342,7 @@ async fn dispatch(
             filter,
             all,
             yes,
+            planned,
             actor: given,
             json,
         } => {
@@ -344,11 +359,12 @@ async fn dispatch(
                     .await
                     .map_err(Fatal::from_failure)?;
                 return Err(Fatal::usage(format!(
-                    "{} dead letters match; add --yes to mark them purged (dry run recorded as action {})",
-                    plan.matched, plan.action_id
+                    "{} dead letters match; add --yes --planned {} to mark them purged (dry run recorded as action {})",
+                    plan.matched, plan.matched, plan.action_id
                 )));
             }
-            let report = archive::purge(pool, &query, &actor)
+            let run = archive::Run::new(actor).planned(planned);
+            let report = archive::purge_run(pool, &query, &run)
                 .await
                 .map_err(Fatal::from_failure)?;
             if json {
@@ -358,6 +374,12 @@ async fn dispatch(
                     "purged {} dead letters (action {})",
                     report.purged, report.action_id
                 );
+                if let Some(more) = report.beyond_planned {
+                    println!(
+                        "stopped at the {} planned: {more} more match and stay dead",
+                        report.purged
+                    );
+                }
             }
         }
     }
@@ -381,4 +403,15 @@ where
     let result = work(publisher).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), session.close("dlq done")).await;
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_age_too_far_back_is_an_error_not_a_panic() {
+        let error = parse_since("300000y").unwrap_err();
+        assert!(error.contains("300000y"), "{error}");
+    }
 }

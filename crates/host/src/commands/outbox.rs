@@ -78,13 +78,50 @@ pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal>
         }
         OutboxAction::Retry {
             id: None,
+            dry_run: true,
             actor: given,
             ..
         } => {
-            let count = outbox::retry_all_failed(&pool, &actor(&given))
+            let plan =
+                outbox::retry_all_failed_dry_run(&pool, &actor(&given), outbox::RETRY_PREVIEW_ROWS)
+                    .await
+                    .map_err(failed)?;
+            println!(
+                "{} failed outbox rows would be pending again; add --planned {} without --dry-run to put them back (dry run recorded as action {})",
+                plan.matched, plan.matched, plan.action_id
+            );
+            for row in &plan.rows {
+                println!(
+                    "{:>8}  {:<36}  {:<18}  {:>8}  {}",
+                    row.id,
+                    row.message_id,
+                    row.routing_key,
+                    row.attempts,
+                    row.last_error
+                        .as_deref()
+                        .unwrap_or_default()
+                        .chars()
+                        .take(100)
+                        .collect::<String>()
+                );
+            }
+        }
+        OutboxAction::Retry {
+            id: None,
+            planned,
+            actor: given,
+            ..
+        } => {
+            let done = outbox::retry_failed(&pool, &actor(&given), planned)
                 .await
                 .map_err(failed)?;
-            println!("{count} failed outbox rows are pending again");
+            println!("{} failed outbox rows are pending again", done.requeued);
+            if let Some(more) = done.beyond_planned {
+                println!(
+                    "stopped at the {} planned: {more} more failed rows stay failed",
+                    done.requeued
+                );
+            }
         }
     }
     pool.close().await;

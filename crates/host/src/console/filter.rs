@@ -1,7 +1,7 @@
 //! The dead-letter filter as the console's forms and links carry it: every field text, an
 //! empty one absent, turned into the archive's [`Filter`] with an error that names the field.
 
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, Utc};
 use job_dead_letter_archive::{Filter, Status};
 use serde::{Deserialize, Serialize};
 
@@ -39,25 +39,11 @@ fn given(field: &Option<String>) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A time as an operator gives it: RFC 3339, a browser's `datetime-local` value (taken as
-/// UTC), or an age before now (`2h`, `30m`).
+/// A time as an operator gives it ([`job_dead_letter_archive::parse_time`]), the error
+/// naming the field.
 pub fn parse_time(field: &str, text: &str) -> Result<DateTime<Utc>, Problem> {
-    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
-        return Ok(at.with_timezone(&Utc));
-    }
-    for format in ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"] {
-        if let Ok(at) = NaiveDateTime::parse_from_str(text, format) {
-            return Ok(at.and_utc());
-        }
-    }
-    let age = humantime::parse_duration(text).map_err(|_| {
-        Problem::bad_request(format!(
-            "{field}: `{text}` is neither a time (2026-12-01T10:00:00Z) nor an age like `2h`"
-        ))
-    })?;
-    let age = chrono::Duration::from_std(age)
-        .map_err(|_| Problem::bad_request(format!("{field}: `{text}` is too long ago")))?;
-    Ok(Utc::now() - age)
+    job_dead_letter_archive::parse_time(text, Utc::now())
+        .map_err(|e| Problem::bad_request(format!("{field}: {e}")))
 }
 
 impl FilterForm {
@@ -187,6 +173,18 @@ mod tests {
         let age = parse_time("since", "2h").unwrap();
         assert!(Utc::now() - age >= chrono::Duration::minutes(119));
         let bad = parse_time("until", "yesterday-ish").unwrap_err();
+        assert!(bad.detail.starts_with("until:"), "{}", bad.detail);
+    }
+
+    #[test]
+    fn an_age_too_far_back_is_an_error_naming_the_field() {
+        let bad = parse_time("since", "300000y").unwrap_err();
+        assert!(bad.detail.starts_with("since:"), "{}", bad.detail);
+        let form = FilterForm {
+            until: Some("300000y".into()),
+            ..FilterForm::default()
+        };
+        let bad = form.filter().unwrap_err();
         assert!(bad.detail.starts_with("until:"), "{}", bad.detail);
     }
 

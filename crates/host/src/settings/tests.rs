@@ -259,7 +259,13 @@ fn the_reply_limit_has_a_default_and_refuses_zero() {
     let limit = &settings.jobs.automation_action.auto_replies;
     assert_eq!(limit.per_recipient, 10);
     assert_eq!(limit.window, Duration::from_secs(3600));
+    assert_eq!(limit.recipients_max, 50);
     let section = "[jobs.automation_action.auto_replies]";
+    let text = format!("{SECRETS}{section}\nrecipients_max = 0\n");
+    assert_eq!(
+        only_error(&text).key,
+        "jobs.automation_action.auto_replies.recipients_max"
+    );
     let text = format!("{SECRETS}{section}\nper_recipient = 0\n");
     assert_eq!(
         only_error(&text).key,

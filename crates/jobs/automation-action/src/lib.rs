@@ -107,7 +107,9 @@ use worker_store::{ProcessedMessages, classify};
 
 pub use address::WebhookAllow;
 pub use render::{RenderedEmail, render_email};
-pub use reply_limit::{DEFAULT_REPLY_LIMIT, DEFAULT_REPLY_WINDOW, ReplyLimit};
+pub use reply_limit::{
+    DEFAULT_RECIPIENTS_MAX, DEFAULT_REPLY_LIMIT, DEFAULT_REPLY_WINDOW, ReplyLimit,
+};
 pub use settings::{AutoReplySettings, AutomationActionSettings};
 pub use webhook::WebhookClient;
 
@@ -158,6 +160,7 @@ pub struct ActionExecutor {
     /// The host's own sender addresses, bare and lower-case: mail from them is not answered.
     own_addresses: Vec<String>,
     reply_limit: ReplyLimit,
+    recipients_max: u32,
 }
 
 /// The execution row, locked.
@@ -264,11 +267,12 @@ impl ActionExecutor {
             },
             own_addresses: Vec::new(),
             reply_limit: ReplyLimit::default(),
+            recipients_max: DEFAULT_RECIPIENTS_MAX,
         })
     }
 
     /// An executor as its section describes it: the webhook timeout, the inside addresses
-    /// webhooks may reach and the reply limit.
+    /// webhooks may reach, the reply limit and the recipient cap.
     pub fn from_settings(
         pool: PgPool,
         commands_exchange: impl Into<String>,
@@ -280,7 +284,8 @@ impl ActionExecutor {
         Ok(
             Self::new(pool, commands_exchange, settings.webhook_timeout)?
                 .with_webhook_allow(allow)?
-                .with_reply_limit(limit.per_recipient, limit.window),
+                .with_reply_limit(limit.per_recipient, limit.window)
+                .with_recipients_max(limit.recipients_max),
         )
     }
 
@@ -297,6 +302,14 @@ impl ActionExecutor {
     #[must_use]
     pub fn with_reply_limit(mut self, max: u32, window: Duration) -> Self {
         self.reply_limit = ReplyLimit { max, window };
+        self
+    }
+
+    /// At most `max` distinct recipients (`to` and `cc`) in one mail (by default
+    /// [`DEFAULT_RECIPIENTS_MAX`]); a mail with more is not sent, its execution `skipped`.
+    #[must_use]
+    pub fn with_recipients_max(mut self, max: u32) -> Self {
+        self.recipients_max = max;
         self
     }
 
@@ -403,6 +416,12 @@ impl ActionExecutor {
                 if let Some(reason) = sender.and_then(|sender| {
                     loops::reason_not_to_answer(&execution.event.data, &[sender])
                 }) {
+                    skip(tx, id, &reason).await?;
+                    return Ok(Started::Finished(Handled::Done));
+                }
+                // Before the reply limit, which takes a lock per recipient.
+                if let Some(reason) = reply_limit::over_recipients_max(&email, self.recipients_max)
+                {
                     skip(tx, id, &reason).await?;
                     return Ok(Started::Finished(Handled::Done));
                 }

@@ -2,9 +2,11 @@
 //! answer, read from the `email.received` event the poller wrote.
 //!
 //! Not answered: mail whose Auto-Submitted is anything but `no` (an autoresponder, a
-//! notice), whose Precedence is `bulk`, `junk` or `list`, that carries a List-Id, whose
-//! envelope sender is null (`Return-Path: <>`, a bounce) or whose sender is a MAILER-DAEMON,
-//! and mail from one of the host's own sender addresses. Answering any of them risks a loop
+//! notice), whose X-Auto-Response-Suppress is anything but `None` (Microsoft's way of asking
+//! for no automatic answer), that carries X-Autoreply, whose Precedence is `bulk`, `junk`,
+//! `list` or `auto_reply`, that carries a List-Id, List-Unsubscribe or List-Post (a mailing
+//! list), whose envelope sender is null (`Return-Path: <>`, a bounce) or whose sender is a
+//! MAILER-DAEMON, and mail from one of the host's own sender addresses. Answering any of them risks a loop
 //! between two machines, or mail to someone who never wrote (a forged or bounced sender).
 //!
 //! ```
@@ -30,6 +32,15 @@ struct Signs {
     list_id: Option<String>,
     return_path: Option<String>,
     null_sender: bool,
+    x_auto_response_suppress: Option<String>,
+    x_autoreply: Option<String>,
+    list_unsubscribe: Option<String>,
+    list_post: Option<String>,
+}
+
+/// The value when it says anything.
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.trim().is_empty())
 }
 
 /// Why the mail that made `data` (an event's `data`) must not be answered, or `None`.
@@ -49,21 +60,40 @@ pub fn reason_not_to_answer(data: &Value, own: &[String]) -> Option<String> {
             ));
         }
     }
+    if let Some(value) = given(&signs.x_auto_response_suppress)
+        && !value.trim().eq_ignore_ascii_case("none")
+    {
+        return Some(format!(
+            "the sender asks for no automatic answer (X-Auto-Response-Suppress: {value}); it is \
+             not answered"
+        ));
+    }
+    if let Some(value) = given(&signs.x_autoreply) {
+        return Some(format!(
+            "the mail is an automatic answer (X-Autoreply: {value}); it is not answered"
+        ));
+    }
     if let Some(value) = signs.precedence.as_deref() {
         let keyword = value.trim();
-        if ["bulk", "junk", "list"]
+        if ["bulk", "junk", "list", "auto_reply"]
             .iter()
             .any(|p| keyword.eq_ignore_ascii_case(p))
         {
             return Some(format!(
-                "the mail is bulk or list mail (Precedence: {value}); it is not answered"
+                "the mail is bulk, list or automatic mail (Precedence: {value}); it is not answered"
             ));
         }
     }
-    if let Some(value) = signs.list_id.as_deref().filter(|v| !v.trim().is_empty()) {
-        return Some(format!(
-            "the mail came through a mailing list (List-Id: {value}); it is not answered"
-        ));
+    for (header, value) in [
+        ("List-Id", &signs.list_id),
+        ("List-Unsubscribe", &signs.list_unsubscribe),
+        ("List-Post", &signs.list_post),
+    ] {
+        if let Some(value) = given(value) {
+            return Some(format!(
+                "the mail came through a mailing list ({header}: {value}); it is not answered"
+            ));
+        }
     }
     if signs.null_sender || signs.return_path.as_deref() == Some("") {
         return Some(
@@ -128,6 +158,92 @@ mod tests {
         ];
         for data in refused {
             assert!(reason_not_to_answer(&data, &own).is_some(), "{data}");
+        }
+    }
+
+    fn refused(extra: serde_json::Value) -> String {
+        let mut data = json!({"from": "a@x"});
+        if let (Some(data), serde_json::Value::Object(extra)) = (data.as_object_mut(), extra) {
+            data.extend(extra);
+        }
+        reason_not_to_answer(&data, &[]).unwrap_or_default()
+    }
+
+    #[test]
+    fn x_auto_response_suppress_other_than_none_is_not_answered() {
+        for value in [
+            "All",
+            "OOF",
+            "AutoReply",
+            "DR",
+            "NDR",
+            "RN",
+            "NRN",
+            "DR, RN, NRN",
+        ] {
+            let reason = refused(json!({ "x_auto_response_suppress": value }));
+            assert!(
+                reason.contains("X-Auto-Response-Suppress"),
+                "{value}: {reason}"
+            );
+        }
+        for value in ["", "  ", "None", "none"] {
+            let data = json!({"from": "a@x", "x_auto_response_suppress": value});
+            assert_eq!(reason_not_to_answer(&data, &[]), None, "{value}");
+        }
+    }
+
+    #[test]
+    fn precedence_auto_reply_is_not_answered() {
+        let reason = refused(json!({"precedence": "auto_reply"}));
+        assert!(reason.contains("Precedence: auto_reply"), "{reason}");
+    }
+
+    #[test]
+    fn x_autoreply_with_any_value_is_not_answered() {
+        for value in ["yes", "YES", "1"] {
+            let reason = refused(json!({ "x_autoreply": value }));
+            assert!(reason.contains("X-Autoreply"), "{value}: {reason}");
+        }
+    }
+
+    #[test]
+    fn list_unsubscribe_is_a_mailing_list() {
+        let reason = refused(json!({"list_unsubscribe": "<mailto:leave@lists.example>"}));
+        assert!(reason.contains("List-Unsubscribe"), "{reason}");
+    }
+
+    #[test]
+    fn list_post_is_a_mailing_list() {
+        let reason = refused(json!({"list_post": "<mailto:team@lists.example>"}));
+        assert!(reason.contains("List-Post"), "{reason}");
+    }
+
+    /// The names read here are the ones the poller's event writes.
+    #[test]
+    fn the_event_s_own_fields_are_read() {
+        let event: worker_messages::EmailReceived = serde_json::from_value(json!({
+            "inbound_email_id": "00000000-0000-0000-0000-000000000001",
+            "account": "a", "mailbox": "INBOX", "message_id": null, "from": "a@x",
+            "from_name": null, "to": [], "subject": null, "text": null, "references": [],
+            "parse_error": null,
+        }))
+        .unwrap();
+        let written = serde_json::to_value(&event).unwrap();
+        assert_eq!(reason_not_to_answer(&written, &[]), None);
+        for (field, header) in [
+            ("x_auto_response_suppress", "X-Auto-Response-Suppress"),
+            ("x_autoreply", "X-Autoreply"),
+            ("list_unsubscribe", "List-Unsubscribe"),
+            ("list_post", "List-Post"),
+        ] {
+            assert!(written.get(field).is_some(), "the event has no `{field}`");
+            let mut data = written.clone();
+            data[field] = json!("yes");
+            let event: worker_messages::EmailReceived = serde_json::from_value(data).unwrap();
+            let data = serde_json::to_value(&event).unwrap();
+            let reason = reason_not_to_answer(&data, &[]).unwrap_or_default();
+            assert!(reason.contains(header), "{field}: {reason}");
         }
     }
 }

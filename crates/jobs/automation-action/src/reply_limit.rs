@@ -12,6 +12,9 @@ use worker_store::classify;
 use crate::loops;
 use crate::render::RenderedEmail;
 
+/// The most distinct recipients (`to` and `cc`) one mail may have by default.
+pub const DEFAULT_RECIPIENTS_MAX: u32 = 50;
+
 /// The default reply limit: one automation sends one address at most this many mails ...
 pub const DEFAULT_REPLY_LIMIT: u32 = 10;
 /// ... within this window.
@@ -89,6 +92,18 @@ impl ReplyLimit {
         tracing::warn!(%reason, "recipients over the reply limit are left out of this mail");
         Ok(None)
     }
+}
+
+/// The reason to skip a mail with more than `max` distinct recipients (to and cc). The reply
+/// limit counts per address, so without a cap one mail whose template copies the addresses
+/// of the mail it answers (chosen by whoever wrote it) reaches any number of them.
+pub fn over_recipients_max(email: &RenderedEmail, max: u32) -> Option<String> {
+    let count = recipients(email).len();
+    (count > usize::try_from(max).unwrap_or(usize::MAX)).then(|| {
+        format!(
+            "the recipient cap: the mail has {count} recipients (to and cc); at most {max} per mail"
+        )
+    })
 }
 
 /// The mail's distinct recipients (to and cc), bare and lower-case, sorted: one lock order

@@ -10,7 +10,7 @@ use worker_broker::{
 use worker_core::{Problems, Section, SettingError};
 use worker_messages::queues;
 
-use crate::{DEFAULT_REPLY_LIMIT, DEFAULT_REPLY_WINDOW, WebhookAllow};
+use crate::{DEFAULT_RECIPIENTS_MAX, DEFAULT_REPLY_LIMIT, DEFAULT_REPLY_WINDOW, WebhookAllow};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -44,13 +44,15 @@ impl Default for AutomationActionSettings {
 /// `[jobs.automation_action.auto_replies]`: one automation sends one address at most
 /// `per_recipient` mails within `window`; past it the address is left out of the mail (the
 /// execution is `skipped` when no `to` is left), so that a sender who forges someone else's
-/// address cannot turn an automation into a mail cannon.
+/// address cannot turn an automation into a mail cannon. And one mail has at most
+/// `recipients_max` distinct recipients (`to` and `cc`): past it the execution is `skipped`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AutoReplySettings {
     pub per_recipient: u32,
     #[serde(with = "humantime_serde")]
     pub window: Duration,
+    pub recipients_max: u32,
 }
 
 impl Default for AutoReplySettings {
@@ -58,6 +60,7 @@ impl Default for AutoReplySettings {
         Self {
             per_recipient: DEFAULT_REPLY_LIMIT,
             window: DEFAULT_REPLY_WINDOW,
+            recipients_max: DEFAULT_RECIPIENTS_MAX,
         }
     }
 }
@@ -75,6 +78,10 @@ impl Section for AutomationActionSettings {
             u64::from(self.auto_replies.per_recipient),
         );
         problems.nonzero("auto_replies.window", self.auto_replies.window);
+        problems.positive(
+            "auto_replies.recipients_max",
+            u64::from(self.auto_replies.recipients_max),
+        );
         problems.into_vec()
     }
 }

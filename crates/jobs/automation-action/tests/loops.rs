@@ -378,3 +378,53 @@ async fn an_upgraded_installation_keeps_counting_the_mails_it_sent_before() -> a
     assert_eq!(run(&db.pool, &executor, &command).await.0, "skipped");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_mail_to_more_recipients_than_the_cap_is_skipped_with_the_count_and_the_cap()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let automation_id = automation(&db.pool).await;
+    // Whoever writes the mail chooses its `to`, and a template may copy every address of it.
+    let copy_all = json!({
+        "type": "send_email",
+        "to": ["{{ from }}"],
+        "cc": ["{{ to | join(',') }}"],
+        "subject": "Re: {{ subject }}",
+        "text": "pong",
+    });
+    let crowd = |n: usize| -> Vec<String> { (0..n).map(|i| format!("r{i}@example.com")).collect() };
+
+    // The default cap, 50: the sender and 49 others go; the sender and 50 others do not.
+    let executor = executor(&db.pool);
+    let event = mail_event("alice@example.com", json!({"to": crowd(49)}));
+    let command = execution_of(&db.pool, automation_id, &event, copy_all.clone()).await;
+    assert_eq!(
+        run(&db.pool, &executor, &command).await,
+        ("succeeded".into(), None, true)
+    );
+    let event = mail_event("alice@example.com", json!({"to": crowd(50)}));
+    let command = execution_of(&db.pool, automation_id, &event, copy_all.clone()).await;
+    let (status, reason, queued) = run(&db.pool, &executor, &command).await;
+    assert_eq!((status.as_str(), queued), ("skipped", false));
+    let reason = reason.unwrap_or_default();
+    assert!(
+        reason.contains("51 recipients") && reason.contains("50"),
+        "{reason}"
+    );
+
+    // An address given twice, or in `to` and `cc` both, is one recipient.
+    let mut twice = crowd(49);
+    twice.push("ALICE@example.com".into());
+    let event = mail_event("alice@example.com", json!({ "to": twice }));
+    let command = execution_of(&db.pool, automation_id, &event, copy_all.clone()).await;
+    assert_eq!(run(&db.pool, &executor, &command).await.0, "succeeded");
+
+    // The cap is the executor's to set (`auto_replies.recipients_max`).
+    let strict = executor.with_recipients_max(1);
+    let event = mail_event("alice@example.com", json!({"to": crowd(1)}));
+    let command = execution_of(&db.pool, automation_id, &event, copy_all).await;
+    let (status, reason, _) = run(&db.pool, &strict, &command).await;
+    assert_eq!(status, "skipped");
+    assert!(reason.unwrap_or_default().contains("2 recipients"));
+    Ok(())
+}

@@ -254,7 +254,7 @@ impl HealthHandle {
 }
 
 /// The database health monitor. See the crate docs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DbHealth {
     options: PgConnectOptions,
     /// The dedicated connection, while the last probe on it succeeded. A probe takes it out
@@ -263,6 +263,16 @@ pub struct DbHealth {
     connection: Arc<Mutex<Option<PgConnection>>>,
     config: DbHealthConfig,
     handle: HealthHandle,
+}
+
+impl std::fmt::Debug for DbHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbHealth")
+            .field("options", &worker_store::Redacted(&self.options))
+            .field("config", &self.config)
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DbHealth {
@@ -409,6 +419,21 @@ impl TimerJob for DbHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let options = PgConnectOptions::new()
+            .host("db.example")
+            .username("worker")
+            .password("hunter2-secret")
+            .database("jobs");
+        let health = DbHealth::new(options, DbHealthConfig::default());
+        let shown = format!("{health:?}");
+        assert!(!shown.contains("hunter2-secret"), "{shown}");
+        for part in ["db.example", "worker", "jobs", "probe_timeout"] {
+            assert!(shown.contains(part), "{part} in {shown}");
+        }
+    }
 
     const MS: Duration = Duration::from_millis(3);
 

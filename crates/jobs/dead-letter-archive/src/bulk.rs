@@ -9,9 +9,13 @@
 
 use std::sync::{Arc, Mutex};
 
+use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use worker_core::Failure;
 use worker_store::audit::Actor;
+
+use crate::query::Filter;
 
 /// A replay's or a purge's options.
 #[derive(Debug, Clone)]
@@ -20,7 +24,9 @@ pub struct Run {
     pub dry_run: bool,
     /// At most this many messages per second.
     pub rate: Option<u32>,
-    /// What the operator was shown and confirmed (the dry run's count), recorded.
+    /// What the operator was shown and confirmed (the dry run's count), recorded; a real run
+    /// acts on at most this many, oldest first as the dry run listed them, so that what died
+    /// since the dry run is not swept along unseen.
     pub planned: Option<u64>,
     pub actor: Actor,
     pub control: Control,
@@ -61,6 +67,53 @@ impl Run {
         self.control = control;
         self
     }
+
+    /// The most this run acts on: the filter's `limit`, or the confirmed count when that is
+    /// smaller.
+    pub(crate) fn cap(&self, limit: Option<u32>) -> Option<u64> {
+        self.planned_cap(limit).or(limit.map(u64::from))
+    }
+
+    /// The confirmed count, when it is what bounds this run (a real run, below the limit).
+    fn planned_cap(&self, limit: Option<u32>) -> Option<u64> {
+        if self.dry_run {
+            return None;
+        }
+        self.planned
+            .filter(|planned| limit.is_none_or(|limit| *planned < u64::from(limit)))
+    }
+
+    /// How many dead letters still match `filter` beyond the confirmed count, once the run
+    /// has acted on `reached` of them and left `failed` of those dead; `None` when the
+    /// confirmed count did not stop it.
+    pub(crate) async fn beyond_planned(
+        &self,
+        pool: &PgPool,
+        filter: &Filter,
+        reached: u64,
+        failed: u64,
+    ) -> Result<Option<u64>, Failure> {
+        let Some(planned) = self.planned_cap(filter.limit) else {
+            return Ok(None);
+        };
+        if reached < planned {
+            return Ok(None);
+        }
+        let unlimited = Filter {
+            limit: None,
+            ..filter.clone()
+        };
+        let dead = crate::purge::count(pool, &unlimited).await?;
+        Ok(Some(dead.saturating_sub(failed)).filter(|more| *more > 0))
+    }
+}
+
+/// The audit note of a run that stopped at the confirmed count with `more` still matching.
+pub(crate) fn beyond_planned_note(planned: Option<u64>, more: u64) -> String {
+    format!(
+        "stopped at the {} confirmed: {more} more matched and stay dead",
+        planned.unwrap_or_default()
+    )
 }
 
 /// A bulk action as whoever started it sees it while it runs: its audit row's id once it is

@@ -108,7 +108,7 @@ pub use maintenance::{ArchiveMaintenance, MAINTENANCE_JOB_NAME, MaintenanceRepor
 pub use purge::{PurgeReport, count, purge, purge_dry_run, purge_run};
 pub use query::{
     DeadLetter, DeadLetterSummary, Filter, FingerprintCount, QueueDepth, QueueSummary, Status,
-    depth_by_queue, inflow_since, list, list_top, oldest_age, show, show_one,
+    depth_by_queue, inflow_since, list, list_top, oldest_age, parse_time, show, show_one,
 };
 pub use record::{
     DELIVERY_LIMIT, DeadQueue, MessageProperties, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE,

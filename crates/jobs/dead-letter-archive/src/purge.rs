@@ -9,7 +9,7 @@ use worker_core::Failure;
 use worker_store::audit::{self, ActionKind, Actor};
 use worker_store::classify;
 
-use crate::bulk::Run;
+use crate::bulk::{Run, beyond_planned_note};
 use crate::query::Filter;
 use crate::replay::{check, new_action};
 
@@ -27,6 +27,9 @@ pub struct PurgeReport {
     /// Why it stopped before the end (cancelled), if it did; the rest stays dead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
+    /// Dead letters that matched beyond the count the operator confirmed, left dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beyond_planned: Option<u64>,
 }
 
 /// How many dead letters (status `dead`) match `filter`, up to its limit: what a replay or a
@@ -81,15 +84,30 @@ pub async fn purge_run(pool: &PgPool, filter: &Filter, run: &Run) -> Result<Purg
         purged: 0,
         matched: 0,
         stopped: None,
+        beyond_planned: None,
     };
-    let result = if run.dry_run {
+    let mut result = if run.dry_run {
         count(pool, filter).await.map(|n| report.matched = n)
     } else {
         purge_batches(pool, filter, run, &mut report).await
     };
+    if result.is_ok() && report.stopped.is_none() {
+        match run.beyond_planned(pool, filter, report.purged, 0).await {
+            Ok(more) => report.beyond_planned = more,
+            Err(failure) => result = Err(failure),
+        }
+    }
     let note = match &result {
         Err(failure) => Some(format!("stopped: {failure}")),
-        Ok(()) => report.stopped.clone().map(|why| format!("stopped: {why}")),
+        Ok(()) => report
+            .stopped
+            .clone()
+            .map(|why| format!("stopped: {why}"))
+            .or_else(|| {
+                report
+                    .beyond_planned
+                    .map(|more| beyond_planned_note(run.planned, more))
+            }),
     };
     let mut conn = pool.acquire().await.map_err(classify)?;
     audit::finish(
@@ -113,7 +131,7 @@ async fn purge_batches(
 ) -> Result<(), Failure> {
     let batch = run.rate.map_or(BATCH, |r| r.clamp(1, BATCH));
     let started = Instant::now();
-    let mut remaining = filter.limit.map(u64::from);
+    let mut remaining = run.cap(filter.limit);
     loop {
         if let Some(why) = run.control.why() {
             report.stopped = Some(why);

@@ -29,7 +29,7 @@ use worker_store::classify;
 
 use worker_store::audit::{self, ActionKind, Actor, NewAction};
 
-use crate::bulk::{Control, Run};
+use crate::bulk::{Control, Run, beyond_planned_note};
 use crate::query::Filter;
 use crate::record::{
     MessageProperties, REPLAYED_FROM_HEADER, Source, is_dead_letter_bookkeeping, json_to_table,
@@ -86,6 +86,9 @@ pub struct ReplayReport {
     /// Why the replay stopped before the end: a whole batch failed for a reason that would
     /// fail the rest too (the broker unreachable, say). What was not tried stays dead.
     pub stopped: Option<String>,
+    /// Dead letters that matched beyond the count the operator confirmed, left dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beyond_planned: Option<u64>,
     pub elapsed_ms: u64,
 }
 
@@ -200,23 +203,44 @@ pub async fn replay_run(
         items: Vec::new(),
         items_truncated: false,
         stopped: None,
+        beyond_planned: None,
         elapsed_ms: 0,
     };
-    let result = replay_batches(pool, publisher, filter, run, action_id, &mut report).await;
+    let mut result = replay_batches(pool, publisher, filter, run, action_id, &mut report).await;
+    if result.is_ok() && report.stopped.is_none() {
+        match run
+            .beyond_planned(pool, filter, report.matched, report.failed)
+            .await
+        {
+            Ok(more) => report.beyond_planned = more,
+            Err(failure) => result = Err(failure),
+        }
+    }
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let note = match &result {
         Err(failure) => Some(format!("stopped: {failure}")),
-        Ok(()) => report
-            .stopped
-            .clone()
-            .map(|why| format!("stopped: {why}"))
-            .or_else(|| {
+        Ok(()) => {
+            let notes: Vec<String> = [
                 report
-                    .items
-                    .iter()
-                    .find_map(|i| i.error.clone())
-                    .map(|e| format!("first failure: {e}"))
-            }),
+                    .stopped
+                    .clone()
+                    .map(|why| format!("stopped: {why}"))
+                    .or_else(|| {
+                        report
+                            .items
+                            .iter()
+                            .find_map(|i| i.error.clone())
+                            .map(|e| format!("first failure: {e}"))
+                    }),
+                report
+                    .beyond_planned
+                    .map(|more| beyond_planned_note(run.planned, more)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            (!notes.is_empty()).then(|| notes.join("; "))
+        }
     };
     // A dry run's count is written once, at its end; a replay's grows batch by batch.
     let matched = run.dry_run.then_some(report.matched);
@@ -264,7 +288,7 @@ async fn replay_batches(
     let batch = run.rate.map_or(BATCH, |r| r.clamp(1, BATCH));
     let mut pacer = Pacer::new(run.rate, run.control.clone());
     let mut after = 0i64;
-    let mut remaining = filter.limit.map(u64::from);
+    let mut remaining = run.cap(filter.limit);
     loop {
         if let Some(why) = run.control.why() {
             report.stopped = Some(why);

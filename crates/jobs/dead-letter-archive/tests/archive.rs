@@ -368,6 +368,15 @@ async fn replay_now(h: &Harness, filter: &Filter) -> anyhow::Result<ReplayReport
     Ok(replay(h.pool(), &h.publisher(), filter, false, None, &actor()).await?)
 }
 
+/// The audit row `id`.
+async fn audit_row(pool: &PgPool, id: i64) -> anyhow::Result<Action> {
+    actions(pool, 100)
+        .await?
+        .into_iter()
+        .find(|a| a.id == id)
+        .context("no such audit row")
+}
+
 /// Inserts one outbox row that gave up (`failed`, routed to the `orders` queue); its id.
 async fn failed_outbox_row(pool: &PgPool, message_id: &str) -> anyhow::Result<i64> {
     failed_outbox_row_with(pool, message_id, "first failure").await
@@ -935,6 +944,42 @@ async fn a_replay_is_paced_by_its_rate_and_recorded_with_who_where_which_filter_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_replay_sends_no_more_than_the_operator_was_shown() -> anyhow::Result<()> {
+    let h = Harness::start(5).await?;
+    let archiver = h.archiver();
+    archive_bare(&archiver, ORDERS, &["p-1", "p-2", "p-3"]).await?;
+    let orders = by_queue(ORDERS);
+    let plan = replay(h.pool(), &h.publisher(), &orders, true, None, &actor()).await?;
+    assert_eq!(plan.matched, 3);
+    // Between the dry run and the confirmation, two more die.
+    archive_bare(&archiver, ORDERS, &["p-4", "p-5"]).await?;
+
+    let run = Run::new(actor()).planned(Some(plan.matched));
+    let done = replay_run(h.pool(), &h.publisher(), &orders, &run).await?;
+    assert_eq!((done.replayed, done.failed), (3, 0));
+    let ch = h.channel().await?;
+    assert_eq!(ready(&ch, ORDERS).await?, 3);
+    let left: Vec<Option<String>> = show(h.pool(), &orders)
+        .await?
+        .into_iter()
+        .map(|d| d.message_id)
+        .collect();
+    assert_eq!(
+        left,
+        [Some("p-5".to_string()), Some("p-4".to_string())],
+        "the oldest went, as the dry run listed them; the newer two stay dead"
+    );
+    let recorded = audit_row(h.pool(), done.action_id).await?;
+    assert_eq!((recorded.planned, recorded.succeeded), (Some(3), 3));
+    let note = recorded.note.unwrap_or_default();
+    assert!(
+        note.contains("at the 3 confirmed") && note.contains("2 more"),
+        "{note}"
+    );
+    h.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_message_keeps_its_body_and_properties_and_says_where_it_came_from()
 -> anyhow::Result<()> {
     let h = Harness::start(5).await?;
@@ -1360,6 +1405,37 @@ async fn purge_marks_the_matching_rows_purged_and_records_each_purge() -> anyhow
         6,
         "purged rows stay, marked"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_confirmed_purge_marks_no_more_than_the_operator_was_shown() -> anyhow::Result<()> {
+    let (db, _, _) = ten_archived().await?;
+    let pool = &db.pool;
+    let gave_up = by_reason("gave-up");
+    // The dry run showed 3; a fourth matches by the time it is confirmed.
+    let run = Run::new(actor()).planned(Some(3));
+    let done = purge_run(pool, &gave_up, &run).await?;
+    assert_eq!(done.purged, 3);
+    let left: Vec<Option<String>> = show(pool, &gave_up)
+        .await?
+        .into_iter()
+        .map(|d| d.message_id)
+        .collect();
+    assert_eq!(left, [Some("m-9".to_string())], "the oldest three went");
+    let recorded = audit_row(pool, done.action_id).await?;
+    assert_eq!((recorded.planned, recorded.succeeded), (Some(3), 3));
+    let note = recorded.note.unwrap_or_default();
+    assert!(
+        note.contains("at the 3 confirmed") && note.contains("1 more"),
+        "{note}"
+    );
+
+    // When no more match than were confirmed, nothing is said.
+    let run = Run::new(actor()).planned(Some(5));
+    let done = purge_run(pool, &gave_up, &run).await?;
+    assert_eq!(done.purged, 1);
+    assert_eq!(audit_row(pool, done.action_id).await?.note, None);
     Ok(())
 }
 

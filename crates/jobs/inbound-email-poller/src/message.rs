@@ -436,6 +436,10 @@ pub(crate) fn email_received_event(
         list_id: parsed.list_id.clone(),
         return_path: parsed.return_path.clone(),
         null_sender: parsed.return_path.as_deref() == Some(""),
+        x_auto_response_suppress: parsed.x_auto_response_suppress.clone(),
+        x_autoreply: parsed.x_autoreply.clone(),
+        list_unsubscribe: parsed.list_unsubscribe.clone(),
+        list_post: parsed.list_post.clone(),
     };
     DomainEvent {
         id: event_id(id),

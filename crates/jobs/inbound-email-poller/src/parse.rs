@@ -39,6 +39,12 @@ pub struct ParsedEmail {
     /// The first (the delivering server's) Return-Path, without angle brackets: empty for the
     /// null sender `<>`.
     pub return_path: Option<String>,
+    /// Signs RFC 3834 does not name, as sent, unfolded and bounded: X-Auto-Response-Suppress,
+    /// X-Autoreply, List-Unsubscribe and List-Post.
+    pub x_auto_response_suppress: Option<String>,
+    pub x_autoreply: Option<String>,
+    pub list_unsubscribe: Option<String>,
+    pub list_post: Option<String>,
 }
 
 /// The longest header value kept, in characters (a Subject of a megabyte is not kept whole).
@@ -171,6 +177,11 @@ fn headers_of(message: &Message<'_>) -> ParsedEmail {
         auto_submitted: first_raw(message, "auto-submitted").map(|v| clean_header(&v)),
         precedence: first_raw(message, "precedence").map(|v| clean_header(&v)),
         list_id: first_raw(message, "list-id").map(|v| clean_header(&v)),
+        x_auto_response_suppress: first_raw(message, "x-auto-response-suppress")
+            .map(|v| clean_header(&v)),
+        x_autoreply: first_raw(message, "x-autoreply").map(|v| clean_header(&v)),
+        list_unsubscribe: first_raw(message, "list-unsubscribe").map(|v| clean_header(&v)),
+        list_post: first_raw(message, "list-post").map(|v| clean_header(&v)),
         return_path: first_raw(message, "return-path").map(|path| {
             // `<>`, `<a@b>` or a bare address; a comment after it is dropped.
             let path = path.split('(').next().unwrap_or_default().trim();
