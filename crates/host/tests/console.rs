@@ -455,6 +455,75 @@ async fn a_failed_outbox_row_is_retried_from_the_page_and_recorded() -> anyhow::
     Ok(())
 }
 
+/// `count` failed outbox rows that nothing drains (no queue is bound to their routing key).
+async fn failed_outbox_rows(world: &World, prefix: &str, count: usize) -> anyhow::Result<()> {
+    for i in 0..count {
+        sqlx::query(
+            "INSERT INTO outbox (message_id, exchange, routing_key, body, status, attempts, last_error) \
+             VALUES ($1, 'events', 'nothing.bound', '{}', 'failed', 8, 'unroutable')",
+        )
+        .bind(format!("{prefix}-{i}"))
+        .execute(&world.db.pool)
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retrying_every_failed_outbox_row_is_dry_run_first_and_keeps_to_the_confirmed_count()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let world = World::with_token("CONSOLE_SHOW_LOG").await?;
+    failed_outbox_rows(&world, "early", 3).await?;
+    let operator = Operator::sign_in(&world.host.url(""), TOKEN, "erin").await?;
+    let plan = operator.post("/outbox/retry", &[("all", "failed")]).await?;
+    assert_eq!(
+        plan.status(),
+        StatusCode::OK,
+        "a page to confirm, not a redirect"
+    );
+    let page = plan.text().await?;
+    assert!(page.contains("id=\"planned\">3<"), "{page}");
+    let retried = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE retries > 0")
+            .fetch_one(&world.db.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(retried().await, 0, "the dry run put nothing back");
+
+    failed_outbox_rows(&world, "late", 2).await?;
+    operator
+        .post_redirected(
+            "/outbox/retry",
+            &[("all", "failed"), ("confirm", "yes"), ("planned", "3")],
+        )
+        .await?;
+    assert_eq!(retried().await, 3, "no more than the operator confirmed");
+    let late_failed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE message_id LIKE 'late-%' AND retries = 0",
+    )
+    .fetch_one(&world.db.pool)
+    .await?;
+    assert_eq!(
+        late_failed, 2,
+        "the rows that failed after the dry run wait"
+    );
+    let trail: Vec<(String, bool, Option<i64>)> =
+        sqlx::query_as("SELECT action, dry_run, planned FROM dead_letter_actions ORDER BY id")
+            .fetch_all(&world.db.pool)
+            .await?;
+    assert_eq!(
+        trail,
+        vec![
+            ("outbox-retry".into(), true, None),
+            ("outbox-retry".into(), false, Some(3)),
+        ]
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_reads_every_page_but_every_action_is_refused_and_records_nothing()
 -> anyhow::Result<()> {

@@ -80,7 +80,7 @@ fn refused(e: AccountError) -> Problem {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Deserialize)]
 pub struct AddForm {
     #[serde(default)]
     csrf: String,
@@ -91,6 +91,16 @@ pub struct AddForm {
     /// Empty: an account that signs in through the auth proxy or with API tokens only.
     #[serde(default)]
     password: String,
+}
+
+/// Never the password.
+impl std::fmt::Debug for AddForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AddForm")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
 }
 
 fn role_of(text: &str) -> Result<Role, Problem> {

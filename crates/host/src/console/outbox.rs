@@ -1,5 +1,6 @@
 //! `/outbox`: the outbox's counts, its pending rows (with their backoff and last error) and
-//! its failed ones; put one failed row, or every one, back to pending.
+//! its failed ones; put one failed row back to pending, or every one: first a dry run that
+//! says how many (recorded), then the confirmed run, which puts back no more than that.
 
 use axum::Form;
 use axum::http::HeaderMap;
@@ -61,6 +62,53 @@ pub struct RetryForm {
     /// One row; absent with `all=failed`, every failed row.
     id: Option<String>,
     all: Option<String>,
+    /// `yes`: the operator confirmed the dry run's count, `planned`.
+    confirm: Option<String>,
+    planned: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct RetryPlan {
+    report: outbox::RetryAllReport,
+}
+
+/// Every failed row back to pending: a dry run unless confirmed, then no more than planned.
+async fn retry_every_failed(
+    console: &Console,
+    caller: &Who,
+    actor: &worker_store::audit::Actor,
+    form: &RetryForm,
+) -> PageResult {
+    let failed = |e: worker_core::Failure| Problem::failed("Retrying the outbox", e);
+    if form.confirm.as_deref() != Some("yes") {
+        let report =
+            outbox::retry_all_failed_dry_run(&console.pool, actor, outbox::RETRY_PREVIEW_ROWS)
+                .await
+                .map_err(failed)?;
+        let plan = RetryPlan { report };
+        if caller.api {
+            return Ok(Json(plan.report).into_response());
+        }
+        return render(
+            console,
+            caller,
+            "outbox_confirm.html",
+            minijinja::context! { p => Value::from_serialize(&plan) },
+        );
+    }
+    let text = form.planned.as_deref().map(str::trim).unwrap_or_default();
+    let planned: u64 = text.parse().map_err(|_| {
+        Problem::bad_request(format!(
+            "planned: expected the dry run's count the operator confirmed, found `{text}`"
+        ))
+    })?;
+    let report = outbox::retry_failed(&console.pool, actor, Some(planned))
+        .await
+        .map_err(failed)?;
+    if caller.api {
+        return Ok(Json(report).into_response());
+    }
+    Ok(see_other("/outbox"))
 }
 
 pub async fn retry(
@@ -70,7 +118,6 @@ pub async fn retry(
     Form(form): Form<RetryForm>,
 ) -> PageResult {
     let actor = may_act(&caller, &headers, &form.csrf)?;
-    let actor = actor.clone();
     let failed = |e: worker_core::Failure| Problem::failed("Retrying the outbox", e);
     match (form.id.as_deref().map(str::trim), form.all.as_deref()) {
         (Some(id), _) if !id.is_empty() => {
@@ -88,9 +135,7 @@ pub async fn retry(
             }
         }
         (_, Some("failed")) => {
-            outbox::retry_all_failed(&console.pool, &actor)
-                .await
-                .map_err(failed)?;
+            return retry_every_failed(&console, &caller, &actor, &form).await;
         }
         _ => {
             return Err(Problem::bad_request(

@@ -65,7 +65,7 @@ pub async fn form(
     form_page(&console, &caller, &next, None, StatusCode::OK)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Deserialize)]
 pub struct SignInForm {
     #[serde(default)]
     csrf: String,
@@ -74,6 +74,17 @@ pub struct SignInForm {
     #[serde(default)]
     password: String,
     next: Option<String>,
+}
+
+/// Never the password.
+impl std::fmt::Debug for SignInForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignInForm")
+            .field("name", &self.name)
+            .field("password", &"<redacted>")
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
 }
 
 pub async fn submit(
@@ -174,6 +185,18 @@ mod tests {
         assert_eq!(next_path(Some("//evil.example")), "/");
         assert_eq!(next_path(Some("https://evil.example")), "/");
         assert_eq!(next_path(None), "/");
+    }
+
+    #[test]
+    fn a_sign_in_form_never_prints_its_password() {
+        let form = SignInForm {
+            csrf: "c".into(),
+            name: "alice".into(),
+            password: "hunter2-long-enough".into(),
+            next: None,
+        };
+        let shown = format!("{form:?}");
+        assert!(shown.contains("alice") && !shown.contains("hunter2"), "{shown}");
     }
 
     #[test]
