@@ -13,7 +13,7 @@ mod support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, Locator};
+use support::browser::{element, text_of};
 use support::console::{TOKEN, World};
 use support::{SERIAL, publish_confirmed};
 use worker_testkit::Browser;
@@ -34,40 +34,6 @@ fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
             let temp = tempfile::tempdir().unwrap();
             (temp.path().to_path_buf(), Some(temp))
         }
-    }
-}
-
-/// Waits up to a minute for `css` to be on the page (which may be reloading itself).
-async fn element(client: &Client, css: &str) -> fantoccini::elements::Element {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match client.find(Locator::Css(css)).await {
-            Ok(found) => return found,
-            Err(e) if Instant::now() > deadline => {
-                let source = client.source().await.unwrap_or_default();
-                panic!("no `{css}` on the page: {e}\n{source}");
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
-
-/// Waits up to a minute for `css`'s text to contain `wanted`.
-async fn text_of(client: &Client, css: &str, wanted: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = match client.find(Locator::Css(css)).await {
-            Ok(found) => found.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        if text.contains(wanted) {
-            return text;
-        }
-        if Instant::now() > deadline {
-            let source = client.source().await.unwrap_or_default();
-            panic!("`{css}` never said `{wanted}` (last: `{text}`)\n{source}");
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

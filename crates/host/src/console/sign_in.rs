@@ -196,7 +196,10 @@ mod tests {
             next: None,
         };
         let shown = format!("{form:?}");
-        assert!(shown.contains("alice") && !shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("alice") && !shown.contains("hunter2"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 // Each test binary uses a different subset of this module.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod console;
 pub mod container;
 

@@ -1,0 +1,41 @@
+//! Waits on a page in a real browser (fantoccini), for the console's browser tests: each
+//! waits up to a minute, since a page may be loading or reloading itself, and fails with the
+//! page's source.
+
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, Locator};
+
+/// Waits up to a minute for `css` to be on the page (which may be reloading itself).
+pub async fn element(client: &Client, css: &str) -> fantoccini::elements::Element {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match client.find(Locator::Css(css)).await {
+            Ok(found) => return found,
+            Err(e) if Instant::now() > deadline => {
+                let source = client.source().await.unwrap_or_default();
+                panic!("no `{css}` on the page: {e}\n{source}");
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Waits up to a minute for `css`'s text to contain `wanted`.
+pub async fn text_of(client: &Client, css: &str, wanted: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = match client.find(Locator::Css(css)).await {
+            Ok(found) => found.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if text.contains(wanted) {
+            return text;
+        }
+        if Instant::now() > deadline {
+            let source = client.source().await.unwrap_or_default();
+            panic!("`{css}` never said `{wanted}` (last: `{text}`)\n{source}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
