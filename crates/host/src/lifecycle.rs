@@ -32,6 +32,9 @@ pub struct Observability {
 pub async fn run(settings: Settings, observability: Observability) -> Result<(), Fatal> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
+    for deprecation in &settings.deprecations {
+        tracing::warn!(old = %deprecation.old, new = ?deprecation.new, until = deprecation.until, "{deprecation}");
+    }
 
     let (pool, supervisor) = reach_services(&settings)
         .instrument(tracing::info_span!("host.start", installation = %settings.installation))

@@ -28,6 +28,11 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE as u8);
         }
     };
+    // Said on standard error for every command (an operator sees it at `config check`);
+    // `run` logs them again once its telemetry is up.
+    for deprecation in &settings.deprecations {
+        eprintln!("worker-host: warning: {deprecation}");
+    }
     match commands::execute(cli.command.unwrap_or(Command::Run), settings, &source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(fatal) => {

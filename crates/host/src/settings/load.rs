@@ -10,6 +10,7 @@ use figment::providers::{Format, Serialized, Toml};
 
 use super::Settings;
 use super::jobs::refine_flattened;
+use super::renames;
 
 /// The settings file used when neither `--config` nor `WORKER_HOST_CONFIG` names one.
 pub const DEFAULT_PATH: &str = "config/worker-host.toml";
@@ -59,6 +60,8 @@ impl Settings {
     ) -> Result<Self, Vec<SettingsError>> {
         let path_text = source.path.display().to_string();
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        let mut deprecations = Vec::new();
+        let mut file_text = None;
         if source.path.exists() {
             if let Err(e) = std::fs::read_to_string(&source.path) {
                 return Err(vec![SettingsError {
@@ -67,10 +70,23 @@ impl Settings {
                     problem: format!("cannot be read: {e}"),
                 }]);
             }
-            if let Err(error) = check_toml_syntax(&source.path, &path_text) {
-                return Err(vec![error]);
+            let mut table = match read_table(&source.path, &path_text) {
+                Ok(table) => table,
+                Err(error) => return Err(vec![error]),
+            };
+            match renames::apply(&mut table, &path_text) {
+                Ok(moved) => deprecations.extend(moved),
+                Err(both) => return Err(set_both_ways(&path_text, both)),
             }
-            figment = figment.merge(Toml::file_exact(&source.path));
+            let text = toml::to_string(&table).map_err(|e| {
+                vec![SettingsError {
+                    source: Some(path_text.clone()),
+                    key: String::new(),
+                    problem: format!("cannot be read again after renaming its old keys: {e}"),
+                }]
+            })?;
+            file_text = std::fs::read_to_string(&source.path).ok();
+            figment = figment.merge(Toml::string(&text));
         } else if source.explicit {
             return Err(vec![SettingsError {
                 source: Some(path_text),
@@ -89,13 +105,28 @@ impl Settings {
                 } else {
                     value.parse().unwrap_or_else(|_| value.clone().into())
                 };
-                figment = figment.merge(Serialized::default(&key, value));
-                overridden.push(key);
+                let keys: Vec<String> = match renames::env_key(&key) {
+                    Some(rename) => {
+                        deprecations.push(renames::env_deprecation(rename, var));
+                        rename.new.iter().map(|k| (*k).to_string()).collect()
+                    }
+                    None => vec![key],
+                };
+                for key in keys {
+                    figment = figment.merge(Serialized::default(&key, value.clone()));
+                    overridden.push(key);
+                }
             }
         }
-        let mut settings: Settings = figment
-            .extract()
-            .map_err(|e| from_figment(refine_flattened(&figment, e), &path_text, &overridden))?;
+        let mut settings: Settings = figment.extract().map_err(|e| {
+            from_figment(
+                refine_flattened(&figment, e),
+                &path_text,
+                file_text.as_deref(),
+                &overridden,
+            )
+        })?;
+        settings.deprecations = deprecations;
         // Files named in the settings file are found beside it, wherever the host is started.
         if let Some(folder) = source.path.parent().filter(|_| source.path.exists()) {
             for file in &mut settings.automations_files {
@@ -134,9 +165,55 @@ pub(super) fn env_var_for(key: &str) -> String {
     )
 }
 
+/// The keys a file set both by an old name and by its new one.
+fn set_both_ways(file: &str, both: Vec<(String, String)>) -> Vec<SettingsError> {
+    both.into_iter()
+        .map(|(old, new)| SettingsError {
+            source: Some(file.to_string()),
+            problem: format!(
+                "set either `{old}` (its name before a release renamed it) or `{new}`, not both"
+            ),
+            key: old,
+        })
+        .collect()
+}
+
+/// The file as a TOML table, checked for its syntax first.
+fn read_table(path: &Path, path_text: &str) -> Result<toml::Table, SettingsError> {
+    check_toml_syntax(path, path_text)?;
+    let text = std::fs::read_to_string(path).map_err(|e| SettingsError {
+        source: Some(path_text.to_string()),
+        key: String::new(),
+        problem: format!("cannot be read: {e}"),
+    })?;
+    toml::from_str(&text).map_err(|e| SettingsError {
+        source: Some(path_text.to_string()),
+        key: String::new(),
+        problem: format!("not valid TOML: {}", e.message()),
+    })
+}
+
+/// The dotted key a figment error is about: its path, which for an unknown table already
+/// ends in the table's own name (`workers.timeouts`), else with the unknown field added.
+fn error_key(path: &str, kind: &figment::error::Kind) -> String {
+    match kind {
+        figment::error::Kind::UnknownField(field, _)
+            if path != field && !path.ends_with(&format!(".{field}")) =>
+        {
+            if path.is_empty() {
+                field.clone()
+            } else {
+                format!("{path}.{field}")
+            }
+        }
+        _ => path.to_string(),
+    }
+}
+
 fn from_figment(
     errors: Vec<figment::Error>,
     file: &str,
+    file_text: Option<&str>,
     overridden: &[String],
 ) -> Vec<SettingsError> {
     errors
@@ -155,7 +232,12 @@ fn from_figment(
             let source = match e.metadata.as_ref().and_then(|m| m.source.as_ref()) {
                 Some(figment::Source::File(path)) => path.display().to_string(),
                 _ if from_env => format!("environment variable {}", env_var_for(&key)),
-                _ => file.to_string(),
+                _ => {
+                    match file_text.and_then(|text| line_of_key(text, &error_key(&key, &e.kind))) {
+                        Some(line) => format!("{file}, line {line}"),
+                        None => file.to_string(),
+                    }
+                }
             };
             let source = Some(source);
             let problem = if is_secret_key(&key) {
@@ -163,6 +245,7 @@ fn from_figment(
             } else {
                 describe_kind(&e.kind, &key)
             };
+            let key = error_key(&key, &e.kind);
             SettingsError {
                 source,
                 key,
@@ -258,15 +341,41 @@ fn key_at_line(text: &str, line: usize) -> String {
     key
 }
 
+/// The line of `text` that writes `key` (`[workers.timeouts]`, or `email_send = ...` under
+/// it), counting from 1.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    let mut table = String::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        let header = line
+            .strip_prefix("[[")
+            .and_then(|r| r.split("]]").next())
+            .or_else(|| line.strip_prefix('[').and_then(|r| r.split(']').next()));
+        let written = if let Some(name) = header {
+            table = name.trim().to_string();
+            table.clone()
+        } else if let Some((name, _)) = line.split_once('=') {
+            let name = name.trim().trim_matches(|c| c == '"' || c == '\'');
+            if table.is_empty() {
+                name.to_string()
+            } else {
+                format!("{table}.{name}")
+            }
+        } else {
+            continue;
+        };
+        if written == key {
+            return Some(index + 1);
+        }
+    }
+    None
+}
+
 fn describe_kind(kind: &figment::error::Kind, key: &str) -> String {
     use figment::error::Kind;
     match kind {
-        Kind::UnknownField(field, expected) => {
-            let full = if key.is_empty() {
-                field.clone()
-            } else {
-                format!("{key}.{field}")
-            };
+        Kind::UnknownField(_, expected) => {
+            let full = error_key(key, kind);
             if expected.is_empty() {
                 format!("unknown key `{full}`")
             } else {

@@ -37,6 +37,7 @@ mod budget;
 mod host;
 mod jobs;
 mod load;
+pub mod renames;
 mod secrets;
 mod validate;
 
@@ -63,6 +64,9 @@ pub struct Settings {
     /// Each job's own section, `[jobs.<job>]`, defined by the job's crate.
     pub jobs: JobsSettings,
     pub alerts: AlertSettings,
+    /// Old keys the settings were read with, under their new names: said at every start.
+    #[serde(skip)]
+    pub deprecations: Vec<renames::Deprecation>,
 }
 
 impl Default for Settings {
@@ -80,6 +84,7 @@ impl Default for Settings {
             workers: WorkersSettings::default(),
             jobs: JobsSettings::default(),
             alerts: AlertSettings::default(),
+            deprecations: Vec::new(),
         }
     }
 }
