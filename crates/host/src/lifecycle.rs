@@ -17,6 +17,7 @@ use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
 use crate::notify::{self, Notifier};
 use crate::sampler;
+use crate::secret::Secret;
 use crate::settings::Settings;
 use crate::status::{Reading, StatusBoard};
 use worker_store::{AdvisoryLease, AttemptLog};
@@ -261,7 +262,7 @@ async fn console(
     let views = Views::new()
         .map_err(|e| Fatal::software(format!("the console's pages do not compile: {e:#}")))?;
     let admin = &settings.admin;
-    sync_bootstrap(&pool, admin.operator_token.is_some()).await?;
+    sync_bootstrap(&pool, admin.operator_token.as_ref()).await?;
     Ok(Console {
         pool,
         publisher: supervisor.publisher(settings.broker.publisher.clone()),
@@ -281,17 +282,24 @@ async fn console(
 
 /// Keeps the `bootstrap` account in step with `admin.operator_token`, and says at every start
 /// that the token is a shared secret to be replaced by named accounts.
-async fn sync_bootstrap(pool: &sqlx::PgPool, token_set: bool) -> Result<(), Fatal> {
-    let changed = worker_store::operators::sync_bootstrap(pool, token_set)
+async fn sync_bootstrap(pool: &sqlx::PgPool, token: Option<&Secret>) -> Result<(), Fatal> {
+    use worker_store::operators::BootstrapSync;
+    let digest = token.map(|t| crate::credentials::token_digest(t.expose()));
+    let outcome = worker_store::operators::sync_bootstrap(pool, digest.as_deref())
         .await
         .map_err(Fatal::unavailable)?;
-    if token_set {
+    match outcome {
+        BootstrapSync::Rotated => tracing::warn!(
+            "admin.operator_token changed: the sessions made with the old one ended on every replica"
+        ),
+        BootstrapSync::Disabled => tracing::info!(
+            "admin.operator_token is gone: the `bootstrap` account is disabled, its token and sessions ended on every replica"
+        ),
+        BootstrapSync::Enabled | BootstrapSync::Unchanged => {}
+    }
+    if token.is_some() {
         tracing::warn!(
             "admin.operator_token signs in as the built-in `bootstrap` admin, a secret every holder shares: make named accounts (`worker-host operators add NAME --role admin --password-stdin`), then remove admin.operator_token and restart"
-        );
-    } else if changed {
-        tracing::info!(
-            "admin.operator_token is gone: the `bootstrap` account is disabled and its sessions ended"
         );
     }
     Ok(())

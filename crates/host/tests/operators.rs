@@ -239,3 +239,63 @@ async fn disabling_an_account_ends_its_sessions_and_its_tokens_at_once() -> anyh
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn the_bootstrap_token_is_its_accounts_token_and_changing_it_ends_the_old_ones_sessions()
+-> anyhow::Result<()> {
+    use worker_store::operators::{BootstrapSync, by_token, sync_bootstrap};
+    let db = TestDb::create().await?;
+    let (_dir, _config) = settings(&db).await;
+    let old = Sha256::digest(b"the-first-operator-token").to_vec();
+    let new = Sha256::digest(b"the-second-operator-token").to_vec();
+    assert_eq!(
+        sync_bootstrap(&db.pool, Some(&old)).await?,
+        BootstrapSync::Enabled
+    );
+    assert_eq!(
+        sync_bootstrap(&db.pool, Some(&old)).await?,
+        BootstrapSync::Unchanged
+    );
+    assert_eq!(
+        by_token(&db.pool, &old).await?.map(|(account, _)| account),
+        Some("bootstrap".to_string())
+    );
+    let session = Sha256::digest(b"a bootstrap session").to_vec();
+    worker_store::sessions::create(
+        &db.pool,
+        &worker_store::sessions::NewSession {
+            id_sha256: &session,
+            account: "bootstrap",
+            csrf: "csrf",
+            origin: "127.0.0.1",
+            given_name: Some("alice"),
+            lifetime: std::time::Duration::from_secs(3600),
+        },
+    )
+    .await?;
+    let idle = std::time::Duration::from_secs(600);
+
+    // Another replica starts with a new token: the old one and its sessions end everywhere.
+    assert_eq!(
+        sync_bootstrap(&db.pool, Some(&new)).await?,
+        BootstrapSync::Rotated
+    );
+    assert_eq!(by_token(&db.pool, &old).await?, None);
+    assert!(by_token(&db.pool, &new).await?.is_some());
+    assert_eq!(
+        worker_store::sessions::live(&db.pool, &session, idle, true).await?,
+        None
+    );
+
+    // Without the setting, the account is disabled and its token stops.
+    assert_eq!(
+        sync_bootstrap(&db.pool, None).await?,
+        BootstrapSync::Disabled
+    );
+    assert_eq!(by_token(&db.pool, &new).await?, None);
+    assert_eq!(
+        sync_bootstrap(&db.pool, None).await?,
+        BootstrapSync::Unchanged
+    );
+    Ok(())
+}

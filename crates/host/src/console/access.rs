@@ -14,6 +14,9 @@
 //!   came over HTTPS through a trusted proxy.
 //! - `admin.operator_token` is the credential of the `bootstrap` admin account: typed at
 //!   sign-in (with the operator's own name, recorded beside the account) or sent as a token.
+//!   It is kept as that account's API token ([`operators::sync_bootstrap`] at start), so that
+//!   every replica checks it in the database: a token changed or removed on one replica's
+//!   start stops working on all of them, and ends the sessions made with it.
 //! - Credentials are tried no faster than [`Throttle`] allows.
 
 use std::net::{IpAddr, SocketAddr};
@@ -209,7 +212,6 @@ impl Caller {
 /// The console's access rules, its throttle and how it signs in.
 #[derive(Debug)]
 pub struct Access {
-    bootstrap: Option<Secret>,
     open_reading: bool,
     idle: Duration,
     lifetime: Duration,
@@ -282,7 +284,6 @@ fn decoy_hash() -> &'static str {
 impl Access {
     pub fn new(admin: &AdminSettings) -> Self {
         Self {
-            bootstrap: admin.operator_token.clone(),
             open_reading: admin.open_reading && admin.listen.ip().is_loopback(),
             idle: admin.session_idle,
             lifetime: admin.session_lifetime,
@@ -360,17 +361,6 @@ impl Access {
         client: &Client,
         token: &str,
     ) -> Result<Signed, Refusal> {
-        if self
-            .bootstrap
-            .as_ref()
-            .is_some_and(|b| same_secret(b.expose(), token))
-        {
-            return Ok(Signed {
-                account: BOOTSTRAP.to_string(),
-                role: Role::Admin,
-                given_name: None,
-            });
-        }
         match operators::by_token(pool, &credentials::token_digest(token)).await? {
             Some((account, role)) => Ok(Signed {
                 account,
@@ -472,11 +462,10 @@ impl Access {
         self.throttle.address(client.ip)?;
         self.throttle.account(name).await?;
         let from = client.ip.to_string();
-        let (account, given_name) = if self
-            .bootstrap
-            .as_ref()
-            .is_some_and(|b| same_secret(b.expose(), password))
-        {
+        let bootstrap = operators::by_token(pool, &credentials::token_digest(password))
+            .await?
+            .is_some_and(|(account, _)| account == BOOTSTRAP);
+        let (account, given_name) = if bootstrap {
             let given = (name != BOOTSTRAP).then_some(name);
             (BOOTSTRAP.to_string(), given)
         } else {

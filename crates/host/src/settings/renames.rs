@@ -69,6 +69,10 @@ pub const RENAMES: &[Rename] = &[
         "workers.timeouts.imap_message",
         &["jobs.inbound_email_poller.message_timeout"],
     ),
+    rename(
+        "smtp.claim_stale_after",
+        &["jobs.email_send.claim_stale_after"],
+    ),
     // Batches moved under the section of what they size.
     rename(
         "jobs.outbox_drain.batch_size",
