@@ -142,6 +142,10 @@ async fn an_operator_finds_a_group_by_search_and_replays_it_from_the_browser() -
     client.goto(&format!("{base}/actions")).await?;
     text_of(client, "#trail", "alice").await;
     browser.screenshot(&shots.join("audit-trail.png")).await?;
+    client.goto(&format!("{base}/accounts")).await?;
+    text_of(client, "#accounts", "bootstrap").await;
+    element(client, "#add-account").await;
+    browser.screenshot(&shots.join("accounts.png")).await?;
 
     browser.close().await;
     let trail = world.trail().await?;
