@@ -299,6 +299,22 @@ mod tests {
     }
 
     #[test]
+    fn the_upgrade_guide_lists_every_rename() {
+        let guide = include_str!("../../../../docs/UPGRADING.md");
+        for rename in RENAMES {
+            let row = format!("| `{}` |", rename.old);
+            assert!(
+                guide.contains(&row),
+                "docs/UPGRADING.md has no row for {}",
+                rename.old
+            );
+            for new in rename.new {
+                assert!(guide.contains(&format!("`{new}`")), "{new}");
+            }
+        }
+    }
+
+    #[test]
     fn every_new_name_differs_from_its_old_one() {
         for rename in RENAMES {
             assert!(!rename.new.contains(&rename.old), "{}", rename.old);
