@@ -271,6 +271,8 @@ impl StatusBoard {
         serde_json::json!({
             "installation": self.installation,
             "replica": self.replica,
+            "release": crate::version::VERSION,
+            "revision": crate::version::REVISION,
             "started_at": self.started_at,
             "broker": {
                 "state": broker.state.as_str(),

@@ -95,6 +95,12 @@ async fn the_host_becomes_ready_and_stops_cleanly_on_sigterm() -> anyhow::Result
     assert_eq!(body["checks"]["database"]["status"], "up");
     assert_eq!(body["checks"]["broker"]["status"], "up");
     assert_eq!(get(&healthz).await.map(|(s, _)| s), Some(200));
+    let (_, status) = get(&format!("http://127.0.0.1:{port}/status"))
+        .await
+        .expect("/status answers");
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    assert_eq!(status["release"], env!("CARGO_PKG_VERSION"), "{status}");
+    assert!(status["revision"].is_string(), "{status}");
     // What a container's HEALTHCHECK runs: the binary asks its own /readyz.
     let health = host(&db, &vhost, port, &["health"]).output()?;
     assert_eq!(
