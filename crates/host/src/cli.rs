@@ -38,6 +38,12 @@ pub enum Command {
     /// Whether the running host is ready, asked of its admin endpoint's `/readyz`: exit 0 when
     /// it is, 1 when it is not or nothing answers (a container's HEALTHCHECK).
     Health,
+    /// Before rolling out a release: run its binary with the installation's settings to see,
+    /// without changing anything, what the upgrade would meet.
+    Upgrade {
+        #[command(subcommand)]
+        action: UpgradeAction,
+    },
     /// The replicas that report to the shared database, and forgetting one that is gone.
     Replicas {
         #[command(subcommand)]
@@ -78,6 +84,14 @@ pub enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UpgradeAction {
+    /// Report the settings keys this release reads under new names, the migrations it would
+    /// apply, the replicas on another release and the depth of every queue; exit 69 when
+    /// something should be resolved first.
+    Check(crate::commands::upgrade::CheckArgs),
 }
 
 #[derive(Debug, Subcommand)]

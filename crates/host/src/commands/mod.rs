@@ -13,8 +13,9 @@ pub mod outbox;
 pub mod replicas;
 pub mod status;
 pub mod topology;
+pub mod upgrade;
 
-use crate::cli::{Command, ConfigAction, TopologyAction};
+use crate::cli::{Command, ConfigAction, TopologyAction, UpgradeAction};
 use crate::exit::Fatal;
 use crate::lifecycle::{self, Observability};
 use crate::settings::{Settings, SettingsSource};
@@ -65,6 +66,9 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Dlq { action } => dlq::run(&settings, action).await,
             Command::Jobs { action } => jobs::run(&settings, action).await,
             Command::Operators { action } => operators::run(&settings, action).await,
+            Command::Upgrade {
+                action: UpgradeAction::Check(args),
+            } => upgrade::check(&settings, &args).await,
             Command::Topology {
                 action: TopologyAction::Declare,
             } => topology::declare(&settings).await,

@@ -1,0 +1,252 @@
+//! `worker-host upgrade check [--json]`: run with the new release's binary and the
+//! installation's settings, against the live installation, before rolling it out. It reads
+//! and never changes: the settings as this release reads them (old keys it reads under new
+//! names, and what it refuses), the migrations this release would apply, the replicas still
+//! on another release, and the depth of every queue, retry tier and dead-letter queue (by
+//! passive declares: a queue is never consumed from, so no delivery count rises).
+
+use std::collections::BTreeMap;
+
+use clap::Args;
+use serde::Serialize;
+use worker_store::replicas::{self, Standing};
+
+use crate::connections;
+use crate::exit::Fatal;
+use crate::settings::Settings;
+use crate::settings::renames::Deprecation;
+use crate::version;
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What the check found.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The release this binary is.
+    pub release: &'static str,
+    pub settings: SettingsReport,
+    pub migrations: Vec<Pending>,
+    /// Replicas that reported within a week on another release than this one.
+    pub other_releases: Vec<Standing>,
+    /// Ready messages by queue; `None` when the broker could not be asked.
+    pub queues: Option<BTreeMap<String, u64>>,
+    /// Queues of this release's topology the broker does not have yet (its start declares
+    /// them).
+    pub undeclared: Vec<String>,
+    /// What stands in the way, one line each; empty when the upgrade may go on.
+    pub blockers: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SettingsReport {
+    /// Old keys read under their new names, each until a later release.
+    pub deprecated: Vec<DeprecatedKey>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeprecatedKey {
+    pub source: String,
+    pub old: String,
+    pub new: Vec<String>,
+    pub until: &'static str,
+}
+
+impl From<&Deprecation> for DeprecatedKey {
+    fn from(d: &Deprecation) -> Self {
+        Self {
+            source: d.source.clone(),
+            old: d.old.clone(),
+            new: d.new.clone(),
+            until: d.until,
+        }
+    }
+}
+
+/// A migration this release would apply.
+#[derive(Debug, Serialize)]
+pub struct Pending {
+    pub version: i64,
+    pub description: String,
+}
+
+pub async fn check(settings: &Settings, args: &CheckArgs) -> Result<(), Fatal> {
+    let report = report(settings).await?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Fatal::software(format!("the report cannot be written: {e}")))?;
+        println!("{text}");
+    } else {
+        print_report(&report);
+    }
+    if report.blockers.is_empty() {
+        Ok(())
+    } else {
+        Err(Fatal::unavailable(format!(
+            "the upgrade to {} should wait: {}",
+            report.release,
+            report.blockers.join("; ")
+        )))
+    }
+}
+
+async fn report(settings: &Settings) -> Result<Report, Fatal> {
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(Fatal::unavailable)?;
+    let migrations = pending(&pool).await?;
+    let other_releases = if table_exists(&pool, "replicas").await? {
+        replicas::standings(&pool, settings.alerts.replica_silent_after)
+            .await
+            .map_err(Fatal::unavailable)?
+            .into_iter()
+            .filter(|s| s.state != "stopped" && s.replica.version != version::VERSION)
+            .collect()
+    } else {
+        // A database no release has migrated yet: no replica ever ran on it.
+        Vec::new()
+    };
+    pool.close().await;
+    let (queues, undeclared) = match queue_depths(settings).await {
+        Some((depths, undeclared)) => (Some(depths), undeclared),
+        None => (None, Vec::new()),
+    };
+    let mut blockers = Vec::new();
+    if queues.is_none() {
+        blockers.push("the broker could not be asked for its queues".to_string());
+    }
+    Ok(Report {
+        release: version::VERSION,
+        settings: SettingsReport {
+            deprecated: settings
+                .deprecations
+                .iter()
+                .map(DeprecatedKey::from)
+                .collect(),
+        },
+        migrations,
+        other_releases,
+        queues,
+        undeclared,
+        blockers,
+    })
+}
+
+async fn table_exists(pool: &sqlx::PgPool, table: &str) -> Result<bool, Fatal> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .map_err(Fatal::unavailable)
+}
+
+/// The embedded migrations the database has not applied yet.
+async fn pending(pool: &sqlx::PgPool) -> Result<Vec<Pending>, Fatal> {
+    let applied: Vec<i64> = if table_exists(pool, "_sqlx_migrations").await? {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(pool)
+            .await
+            .map_err(Fatal::unavailable)?
+    } else {
+        Vec::new()
+    };
+    Ok(worker_store::MIGRATOR
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .map(|m| Pending {
+            version: m.version,
+            description: m.description.to_string(),
+        })
+        .collect())
+}
+
+/// Every consumer queue, retry tier and dead-letter queue of the topology with its ready
+/// messages, by passive declares (each on a channel of its own, since a queue that is not
+/// there closes its channel), and the ones the broker does not have.
+async fn queue_depths(settings: &Settings) -> Option<(BTreeMap<String, u64>, Vec<String>)> {
+    let topology = settings.topology().ok()?;
+    let connection = connections::broker_connection(settings).ok()?;
+    let mut rotation = worker_broker::Rotation::new(connection.addresses.len());
+    let (session, _) = connections::connect_broker_from(&connection, 1, &mut rotation)
+        .await
+        .ok()?;
+    let names: Vec<String> = topology
+        .queues
+        .iter()
+        .flat_map(|q| {
+            std::iter::once(q.name.clone())
+                .chain(q.tiers.iter().map(|t| t.queue.clone()))
+                .chain(std::iter::once(q.dead_queue.clone()))
+        })
+        .collect();
+    let mut depths = BTreeMap::new();
+    let mut undeclared = Vec::new();
+    for name in names {
+        match session.queue_depths([name.as_str()]).await?.remove(&name) {
+            Some(depth) => {
+                depths.insert(name, depth);
+            }
+            None => undeclared.push(name),
+        }
+    }
+    if let Err(e) = session.close("upgrade check").await {
+        tracing::debug!(error = %e, "closing the checking connection");
+    }
+    Some((depths, undeclared))
+}
+
+fn print_report(report: &Report) {
+    println!("upgrade check for release {}", report.release);
+    println!("\nsettings:");
+    if report.settings.deprecated.is_empty() {
+        println!("  no old keys");
+    }
+    for key in &report.settings.deprecated {
+        println!(
+            "  {}: `{}` is read as `{}` until {}",
+            key.source,
+            key.old,
+            key.new.join("` and `"),
+            key.until
+        );
+    }
+    println!("\nmigrations to apply:");
+    if report.migrations.is_empty() {
+        println!("  none");
+    }
+    for m in &report.migrations {
+        println!("  {} {}", m.version, m.description);
+    }
+    println!("\nreplicas on another release:");
+    if report.other_releases.is_empty() {
+        println!("  none");
+    }
+    for s in &report.other_releases {
+        println!(
+            "  {} ({}) runs {}, {}",
+            s.replica.name, s.replica.host, s.replica.version, s.state
+        );
+    }
+    println!("\nqueues (ready messages):");
+    match &report.queues {
+        Some(depths) => {
+            for (queue, depth) in depths {
+                println!("  {depth:>8}  {queue}");
+            }
+        }
+        None => println!("  the broker could not be asked"),
+    }
+    if !report.undeclared.is_empty() {
+        println!(
+            "  not declared yet (the start declares them): {}",
+            report.undeclared.join(", ")
+        );
+    }
+    for blocker in &report.blockers {
+        println!("\nblocker: {blocker}");
+    }
+}

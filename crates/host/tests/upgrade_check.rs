@@ -1,0 +1,96 @@
+//! `worker-host upgrade check --json` against a live installation, with the real binary on
+//! the real database and broker: it names the old settings keys, the migrations still to
+//! apply, the replicas on another release and the depth of every queue, and it reads the
+//! queues without taking a message from them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use std::process::Output;
+
+use support::{base_settings, free_port, host_command, publish_confirmed};
+use worker_testkit::{TestDb, TestVhost};
+
+fn check(config: &std::path::Path) -> (Output, serde_json::Value) {
+    let output = host_command(config)
+        .args(["upgrade", "check", "--json"])
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output, report)
+}
+
+#[tokio::test]
+async fn the_check_reports_old_keys_pending_migrations_other_releases_and_queue_depths()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    let settings = base_settings("upgrade-test", "[]", &db, &vhost, free_port());
+    std::fs::write(
+        &config,
+        format!("{settings}\n[workers.timeouts]\nemail_send = \"45s\"\n"),
+    )?;
+    let declared = host_command(&config)
+        .args(["topology", "declare"])
+        .output()?;
+    assert!(
+        declared.status.success(),
+        "{}",
+        String::from_utf8_lossy(&declared.stderr)
+    );
+    let bodies: Vec<(lapin::BasicProperties, &[u8])> = (0..3)
+        .map(|_| {
+            (
+                lapin::BasicProperties::default().with_delivery_mode(2),
+                b"{}".as_slice(),
+            )
+        })
+        .collect();
+    publish_confirmed(&vhost, "", "email.send.dead", &bodies).await?;
+    sqlx::query(
+        "INSERT INTO replicas (name, installation, host, pid, version, started_at, last_seen) \
+         VALUES ('old-one', 'upgrade-test', 'box-1', 42, '0.0.9', now(), now())",
+    )
+    .execute(&db.pool)
+    .await?;
+    // A migration this release has and the database has not (as before an upgrade).
+    let newest: i64 = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+        .fetch_one(&db.pool)
+        .await?;
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
+        .bind(newest)
+        .execute(&db.pool)
+        .await?;
+
+    let (output, report) = check(&config);
+    assert_eq!(report["release"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        report["settings"]["deprecated"][0]["old"], "workers.timeouts.email_send",
+        "{report}"
+    );
+    assert_eq!(report["migrations"][0]["version"], newest, "{report}");
+    assert_eq!(report["other_releases"][0]["name"], "old-one", "{report}");
+    assert_eq!(report["other_releases"][0]["version"], "0.0.9", "{report}");
+    assert_eq!(report["queues"]["email.send.dead"], 3, "{report}");
+    assert_eq!(report["queues"]["email.send"], 0, "{report}");
+    assert_eq!(report["undeclared"], serde_json::json!([]), "{report}");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // Read, not taken: the messages are still there, never delivered.
+    let (_, again) = check(&config);
+    assert_eq!(again["queues"]["email.send.dead"], 3, "{again}");
+    Ok(())
+}
