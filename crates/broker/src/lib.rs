@@ -16,6 +16,10 @@
 //! delivery ─▶ x-attempt ok? ─no──────────────────────────────▶ dead letter "malformed"
 //!                 │ yes
 //!                 ▼
+//!         x-schema-version ok? ─not an integer ≥ 1───────────▶ dead letter "malformed"
+//!                 │      └─newer than the job reads ─────────▶ dead letter "rejected"
+//!                 │ yes (missing is 1)                            (permanent, schema-too-new)
+//!                 ▼
 //!            body decodes? ─no───────────────────────────────▶ dead letter "malformed"
 //!                 │ yes
 //!                 ▼

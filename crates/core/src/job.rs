@@ -131,6 +131,16 @@ pub trait ConsumerJob: Send + Sync + 'static {
 
     fn name(&self) -> &str;
 
+    /// The newest schema version of a message of `message_type` (its AMQP `type`, else its
+    /// routing key) that this job reads. A delivery that says it is newer is refused before
+    /// it is decoded ([`refuse_newer`]): a later release's message may decode and mean
+    /// something else. A job that says nothing reads version 1, the version of a message
+    /// without one.
+    fn reads_version(&self, message_type: &str) -> u32 {
+        let _ = message_type;
+        1
+    }
+
     /// Handles one message. May be called more than once for the same message (redelivery,
     /// in-process retry), so the effect must be idempotent or guarded.
     fn handle(
@@ -187,6 +197,25 @@ fn short_type_name(full: &'static str) -> &'static str {
         Some(at) => &full[at + 2..],
         None => full,
     }
+}
+
+/// The reason tag of [`refuse_newer`]'s failure, in logs and dead letters.
+pub const SCHEMA_TOO_NEW: &str = "schema-too-new";
+
+/// Refuses a message of `message_type` whose schema `version` is newer than the `reads` this
+/// release knows: a permanent failure (retries and later attempts would meet the same release,
+/// or replicas of it), so that it is dead-lettered with a reason an operator can act on (replay
+/// it once the newer release runs here) and never misread.
+pub fn refuse_newer(message_type: &str, version: u32, reads: u32) -> Result<(), Failure> {
+    if version <= reads {
+        return Ok(());
+    }
+    Err(Failure::permanent(
+        SCHEMA_TOO_NEW,
+        format!(
+            "{message_type} schema version {version} is newer than this release reads (up to {reads})"
+        ),
+    ))
 }
 
 /// Why [`execute_once`] did not settle the message as handled.
@@ -435,6 +464,22 @@ mod tests {
     #[derive(Debug, Deserialize, PartialEq)]
     struct Address {
         address: String,
+    }
+
+    #[test]
+    fn a_newer_schema_version_is_refused_permanently_and_by_name() {
+        assert_eq!(refuse_newer("email.send", 1, 1), Ok(()));
+        assert_eq!(
+            refuse_newer("email.send", 1, 2),
+            Ok(()),
+            "older versions are read"
+        );
+        let refused = refuse_newer("email.send", 3, 1).unwrap_err();
+        assert_eq!(refused.class(), FailureClass::Permanent);
+        assert_eq!(
+            refused.to_string(),
+            "schema-too-new: email.send schema version 3 is newer than this release reads (up to 1)"
+        );
     }
 
     /// A consumer that records what it handled and dedups on the id in memory.

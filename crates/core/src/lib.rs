@@ -104,8 +104,9 @@ pub use busy::{Busy, SkipIfBusy};
 pub use dedup::ProcessedGuard;
 pub use failure::{Failure, FailureClass, error_chain};
 pub use job::{
-    ConsumerJob, DecodeError, ExecuteError, Handled, TickOutcome, TickReport, TimedTick, TimerJob,
-    WorkContext, decode, execute_once, tick_once, tick_once_timed,
+    ConsumerJob, DecodeError, ExecuteError, Handled, SCHEMA_TOO_NEW, TickOutcome, TickReport,
+    TimedTick, TimerJob, WorkContext, decode, execute_once, refuse_newer, tick_once,
+    tick_once_timed,
 };
 pub use lease::{NoLease, SingletonLease};
 pub use retry::{

@@ -3,8 +3,15 @@
 //! Jobs never depend on each other; they agree on these shapes instead. Every message is JSON.
 //! A domain event goes to the events exchange with its type as the routing key; a command
 //! goes to the commands exchange with the consuming queue's name as the routing key.
+//!
+//! Every message on the broker carries its schema version in the AMQP header
+//! [`SCHEMA_VERSION_HEADER`], set by whoever writes its outbox row from [`Message::VERSION`];
+//! a message without the header is version 1. The rule for changing a message is
+//! ARCHITECTURE.md's "Message contract"; `tests/fixtures/` holds each message as each release
+//! wrote it, and today's types must read them all.
 
 use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -18,6 +25,44 @@ pub const EMAIL_RECEIVED: &str = "email.received";
 pub const AUTOMATION_ACTION: &str = "automation.action";
 /// The routing key (and default queue) of [`EmailSendCommand`].
 pub const EMAIL_SEND: &str = "email.send";
+
+/// The AMQP header (an integer) that carries a message's schema version. A consumer refuses a
+/// version newer than it reads, permanently, rather than misreading it.
+pub const SCHEMA_VERSION_HEADER: &str = "x-schema-version";
+
+/// The version of a message that carries no [`SCHEMA_VERSION_HEADER`]: every message written
+/// before the header existed had the version-1 shapes.
+pub const UNVERSIONED: u32 = 1;
+
+/// A message type on the broker, with the schema version this release writes and reads.
+///
+/// `VERSION` changes only for a breaking change (a field removed, renamed or retyped, a
+/// meaning changed); an added field is optional and keeps the version. The release that
+/// raises it must still read every older version that can be in flight, and adds the new
+/// version's fixture (`tests/fixtures/<TYPE>.v<VERSION>.json`).
+pub trait Message: Serialize + DeserializeOwned {
+    /// The AMQP `type` property and routing key (`email.send`).
+    const TYPE: &'static str;
+    /// The schema version this release writes, and the newest it reads.
+    const VERSION: u32;
+}
+
+/// The `data` of an `email.received` event: its version is the whole event's, the
+/// [`DomainEvent`] envelope included.
+impl Message for EmailReceived {
+    const TYPE: &'static str = EMAIL_RECEIVED;
+    const VERSION: u32 = 1;
+}
+
+impl Message for ActionCommand {
+    const TYPE: &'static str = AUTOMATION_ACTION;
+    const VERSION: u32 = 1;
+}
+
+impl Message for EmailSendCommand {
+    const TYPE: &'static str = EMAIL_SEND;
+    const VERSION: u32 = 1;
+}
 
 /// The default queue of each consumer job. A command queue is named after its command's
 /// routing key, so a command published with that key reaches it on the commands exchange.
@@ -43,6 +88,21 @@ pub struct DomainEvent {
     pub occurred_at: DateTime<Utc>,
     /// The event's fields, which automation conditions and templates read.
     pub data: serde_json::Value,
+}
+
+impl DomainEvent {
+    /// The schema version of the envelope alone (`id`, `type`, `occurred_at`, `data`), which an
+    /// event of a type this release has no data type for is read by.
+    pub const ENVELOPE_VERSION: u32 = 1;
+
+    /// The newest schema version of an event of `event_type` that this release reads: its
+    /// data type's [`Message::VERSION`] when it has one, else the envelope's.
+    pub fn reads_version(event_type: &str) -> u32 {
+        match event_type {
+            EMAIL_RECEIVED => EmailReceived::VERSION,
+            _ => Self::ENVELOPE_VERSION,
+        }
+    }
 }
 
 /// The fields of an `email.received` event's `data`.

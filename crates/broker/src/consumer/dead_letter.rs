@@ -53,6 +53,17 @@ impl<'a> Verdict<'a> {
         }
     }
 
+    /// A delivery refused before it was handled (a schema version newer than the job reads):
+    /// dead-lettered `rejected` with the failure's class and text, never retried.
+    pub fn refused(attempt: u32, failure: &worker_core::Failure) -> Self {
+        Self {
+            fate: Fate::Dead(DeadReason::Rejected),
+            class: failure.class(),
+            attempt,
+            why: Cow::Owned(failure.to_string()),
+        }
+    }
+
     /// The same failure, dead-lettered `gave-up` instead, with why.
     fn gave_up(self, why: String) -> Self {
         Self {

@@ -19,10 +19,26 @@ pub const DEAD_AT_HEADER: &str = "x-dead-at";
 /// Bound on `x-dead-error`, so that a huge error cannot make a dead letter unpublishable.
 pub const DEAD_ERROR_MAX: usize = 2048;
 
+/// The message's schema version, set by its publisher (`worker_messages::SCHEMA_VERSION_HEADER`
+/// names it for them; this crate knows no message type). Absent means version 1.
+pub const SCHEMA_VERSION_HEADER: &str = "x-schema-version";
+
 /// Reads `x-attempt`: missing is attempt 1; any AMQP integer type is read; anything else,
 /// zero or a negative number is malformed, with why.
 pub fn attempt_of(headers: Option<&FieldTable>) -> Result<u32, String> {
-    let Some(value) = headers.and_then(|h| h.inner().get(ATTEMPT_HEADER)) else {
+    positive_of(headers, ATTEMPT_HEADER, "attempt count")
+}
+
+/// Reads `x-schema-version`: missing is version 1 (what every message was before the header
+/// existed); like `x-attempt`, any AMQP integer type is read and anything else, zero or a
+/// negative number is malformed, with why.
+pub fn schema_version_of(headers: Option<&FieldTable>) -> Result<u32, String> {
+    positive_of(headers, SCHEMA_VERSION_HEADER, "schema version")
+}
+
+/// A positive integer header, 1 when it is missing.
+fn positive_of(headers: Option<&FieldTable>, name: &str, what: &str) -> Result<u32, String> {
+    let Some(value) = headers.and_then(|h| h.inner().get(name)) else {
         return Ok(1);
     };
     let n: i64 = match value {
@@ -35,15 +51,15 @@ pub fn attempt_of(headers: Option<&FieldTable>) -> Result<u32, String> {
         AMQPValue::LongLongInt(v) => *v,
         other => {
             return Err(format!(
-                "its {ATTEMPT_HEADER} is a {:?}, not an integer",
+                "its {name} is a {:?}, not an integer",
                 other.get_type()
             ));
         }
     };
     if n < 1 {
-        return Err(format!("its {ATTEMPT_HEADER} is {n}, not positive"));
+        return Err(format!("its {name} is {n}, not positive"));
     }
-    u32::try_from(n).map_err(|_| format!("its {ATTEMPT_HEADER} is {n}, beyond any attempt count"))
+    u32::try_from(n).map_err(|_| format!("its {name} is {n}, beyond any {what}"))
 }
 
 #[cfg(test)]
@@ -142,6 +158,26 @@ mod tests {
         ] {
             assert_eq!(attempt_of(Some(&headers(v.clone()))), Ok(3), "{v:?}");
         }
+    }
+
+    #[test]
+    fn a_message_without_a_schema_version_is_version_1() {
+        assert_eq!(schema_version_of(None), Ok(1));
+        assert_eq!(schema_version_of(Some(&FieldTable::default())), Ok(1));
+        let mut h = FieldTable::default();
+        h.insert(SCHEMA_VERSION_HEADER.into(), AMQPValue::LongLongInt(3));
+        assert_eq!(schema_version_of(Some(&h)), Ok(3));
+        assert_eq!(
+            attempt_of(Some(&h)),
+            Ok(1),
+            "each header is read on its own"
+        );
+        h.insert(
+            SCHEMA_VERSION_HEADER.into(),
+            AMQPValue::LongString("3".into()),
+        );
+        let err = schema_version_of(Some(&h)).unwrap_err();
+        assert!(err.contains(SCHEMA_VERSION_HEADER), "{err}");
     }
 
     #[test]

@@ -4,8 +4,13 @@
 //! For each delivery:
 //!
 //! 1. read `x-attempt` (missing: 1; any AMQP integer type; a string, a float, zero or a
-//!    negative number is malformed) and decode the body into the job's input (a failure is
-//!    malformed). Malformed → dead letter at once, reason `malformed`;
+//!    negative number is malformed), then `x-schema-version` (read the same way; missing: 1)
+//!    and decode the body into the job's input (a failure is malformed). Malformed → dead
+//!    letter at once, reason `malformed`. A version newer than the job reads
+//!    ([`ConsumerJob::reads_version`](worker_core::ConsumerJob::reads_version)) is refused
+//!    before the body is decoded: dead letter at once, reason `rejected`, class `permanent`,
+//!    its error `schema-too-new: email.send schema version 3 is newer than this release reads
+//!    (up to 1)`;
 //! 2. run the handler under the job's [`RetryPolicy`], each try under the per-try timeout;
 //! 3. settle by the outcome ([`decide`], a pure function): success or duplicate → ack;
 //!    permanent → dead letter `rejected`; transient → park in the tier for the next attempt
@@ -72,7 +77,8 @@ pub use decide::{DeadReason, Decision, Outcome, decide};
 pub use events::{ConsumerEvents, DeliveryReport, NoEvents};
 pub use headers::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,
-    DEAD_ERROR_MAX, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER, attempt_of,
+    DEAD_ERROR_MAX, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER, SCHEMA_VERSION_HEADER, attempt_of,
+    schema_version_of,
 };
 pub use runner::ConsumerRunner;
 pub use session::{CANCEL_WAIT, ConsumeLoop, ConsumeSettings, Scope, SessionEnd};

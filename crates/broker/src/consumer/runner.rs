@@ -6,18 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lapin::types::ShortString;
+use lapin::types::{FieldTable, ShortString};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use worker_core::{ConsumerJob, Retry, RetryOutcome, RetryPolicy, WorkContext};
+use worker_core::{ConsumerJob, Failure, Retry, RetryOutcome, RetryPolicy, WorkContext};
 
 use super::dead_letter::{Fate, Mover, Verdict};
 use super::events::TryForwarder;
 use super::session::{ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
 use super::{
     ConsumerEvents, ConsumerSettings, Decision, DeliveryReport, NoEvents, Outcome, Settle,
-    attempt_of, decide,
+    attempt_of, decide, schema_version_of,
 };
 use crate::connection::{Session, Supervisor};
 use crate::message::Delivery;
@@ -206,11 +206,16 @@ async fn pipeline<J: ConsumerJob>(
         delivery: delivery.amqp(),
         publisher,
     };
-    let (attempt, input) = match read::<J>(delivery) {
+    let (attempt, input) = match read(&shared.job, delivery) {
         Ok(read) => read,
-        Err((attempt, why)) => {
+        Err(Unread::Malformed { attempt, why }) => {
             tracing::warn!(error = %why, "dead-lettering a malformed message");
             let outcome = mover.apply(Verdict::malformed(attempt, why)).await;
+            return (attempt, 0, outcome);
+        }
+        Err(Unread::Refused { attempt, failure }) => {
+            tracing::warn!(error = %failure, "dead-lettering a message this release cannot read");
+            let outcome = mover.apply(Verdict::refused(attempt, &failure)).await;
             return (attempt, 0, outcome);
         }
     };
@@ -247,14 +252,55 @@ async fn pipeline<J: ConsumerJob>(
     (attempt, result.tries(), mover.apply(verdict).await)
 }
 
-/// The attempt and the decoded input; a malformed delivery gives its attempt (1 when the
-/// header itself is the problem) and why.
-fn read<J: ConsumerJob>(delivery: &Delivery) -> Result<(u32, J::Input), (u32, String)> {
-    let headers = delivery.amqp().properties.headers().as_ref();
-    let attempt = attempt_of(headers).map_err(|why| (1, format!("malformed: {why}")))?;
-    let input = worker_core::decode(delivery.body())
-        .map_err(|err| (attempt, format!("malformed: {err}")))?;
+/// Why a delivery's body is not handed to the job.
+#[derive(Debug, PartialEq)]
+enum Unread {
+    /// A header or the body cannot be read: `attempt` is 1 when the attempt header itself is
+    /// the problem.
+    Malformed { attempt: u32, why: String },
+    /// Well formed, but of a schema version newer than the job reads: a permanent failure.
+    Refused { attempt: u32, failure: Failure },
+}
+
+/// The attempt and the decoded input, or why there is none.
+fn read<J: ConsumerJob>(job: &J, delivery: &Delivery) -> Result<(u32, J::Input), Unread> {
+    let properties = &delivery.amqp().properties;
+    // The `type` property names the message (the outbox sets it); the routing key is the
+    // best name left when a client did not.
+    let message_type = properties
+        .kind()
+        .as_ref()
+        .map_or(delivery.routing_key(), ShortString::as_str);
+    let attempt = admit(properties.headers().as_ref(), message_type, |kind| {
+        job.reads_version(kind)
+    })?;
+    let input = worker_core::decode(delivery.body()).map_err(|err| Unread::Malformed {
+        attempt,
+        why: format!("malformed: {err}"),
+    })?;
     Ok((attempt, input))
+}
+
+/// What the headers decide before the body is read: the attempt, unless a header is malformed
+/// or the schema version is newer than `reads` says the job reads. The version is checked
+/// before the body is decoded: a newer message may well decode, into something it does not
+/// mean, and a newer one that does not decode must be named as newer, not as malformed.
+fn admit(
+    headers: Option<&FieldTable>,
+    message_type: &str,
+    reads: impl FnOnce(&str) -> u32,
+) -> Result<u32, Unread> {
+    let attempt = attempt_of(headers).map_err(|why| Unread::Malformed {
+        attempt: 1,
+        why: format!("malformed: {why}"),
+    })?;
+    let version = schema_version_of(headers).map_err(|why| Unread::Malformed {
+        attempt,
+        why: format!("malformed: {why}"),
+    })?;
+    worker_core::refuse_newer(message_type, version, reads(message_type))
+        .map_err(|failure| Unread::Refused { attempt, failure })?;
+    Ok(attempt)
 }
 
 /// The handler under the job's retry policy, each try under the per-try timeout, the waits
@@ -306,4 +352,70 @@ async fn handle<J: ConsumerJob>(
         job.handle(&ctx, input).await
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::AMQPValue;
+    use worker_core::FailureClass;
+
+    use super::*;
+    use crate::consumer::{ATTEMPT_HEADER, SCHEMA_VERSION_HEADER};
+
+    fn headers(attempt: Option<i64>, version: Option<AMQPValue>) -> FieldTable {
+        let mut h = FieldTable::default();
+        if let Some(attempt) = attempt {
+            h.insert(ATTEMPT_HEADER.into(), AMQPValue::LongLongInt(attempt));
+        }
+        if let Some(version) = version {
+            h.insert(SCHEMA_VERSION_HEADER.into(), version);
+        }
+        h
+    }
+
+    #[test]
+    fn a_newer_schema_version_is_refused_as_permanent_before_the_body_is_read() {
+        let h = headers(Some(2), Some(AMQPValue::LongLongInt(3)));
+        let Err(Unread::Refused { attempt, failure }) = admit(Some(&h), "email.send", |_| 1) else {
+            panic!("not refused")
+        };
+        assert_eq!(attempt, 2);
+        assert_eq!(failure.class(), FailureClass::Permanent);
+        assert_eq!(
+            failure.to_string(),
+            "schema-too-new: email.send schema version 3 is newer than this release reads (up to 1)"
+        );
+    }
+
+    #[test]
+    fn a_known_or_missing_schema_version_is_read() {
+        assert_eq!(
+            admit(None, "email.send", |_| 1),
+            Ok(1),
+            "no header is version 1"
+        );
+        let h = headers(Some(4), Some(AMQPValue::LongInt(2)));
+        assert_eq!(admit(Some(&h), "email.send", |_| 2), Ok(4));
+        let mut asked = String::new();
+        let h = headers(None, Some(AMQPValue::ShortShortUInt(1)));
+        let read = admit(Some(&h), "email.received", |kind| {
+            asked = kind.to_string();
+            1
+        });
+        assert_eq!(read, Ok(1));
+        assert_eq!(
+            asked, "email.received",
+            "the job is asked about the message's type"
+        );
+    }
+
+    #[test]
+    fn a_schema_version_that_is_not_a_positive_integer_is_malformed() {
+        let h = headers(Some(2), Some(AMQPValue::LongString("3".into())));
+        let Err(Unread::Malformed { attempt, why }) = admit(Some(&h), "email.send", |_| 1) else {
+            panic!("not malformed")
+        };
+        assert_eq!(attempt, 2);
+        assert!(why.contains(SCHEMA_VERSION_HEADER), "{why}");
+    }
 }

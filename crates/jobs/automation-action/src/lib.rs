@@ -99,8 +99,8 @@ use uuid::Uuid;
 use worker_core::truncate;
 use worker_core::{ConsumerJob, Failure, Handled, RetryPolicy, WorkContext};
 use worker_messages::{
-    ActionCommand, AutomationAction, DomainEvent, EMAIL_SEND, EmailSendCommand, WebhookAction,
-    email_message_id,
+    ActionCommand, AutomationAction, DomainEvent, EMAIL_SEND, EmailSendCommand, Message,
+    SCHEMA_VERSION_HEADER, WebhookAction, email_message_id,
 };
 use worker_store::outbox::{self, OutboxMessage};
 use worker_store::{ProcessedMessages, classify};
@@ -617,6 +617,7 @@ impl ActionExecutor {
         };
         let message = OutboxMessage::json(email_id.to_string(), EMAIL_SEND, &command)
             .map_err(|err| Failure::permanent("serialize", err))?
+            .with_header(SCHEMA_VERSION_HEADER, EmailSendCommand::VERSION)
             .with_correlation_id(execution.event_id.to_string());
         outbox::enqueue(
             tx,
@@ -795,6 +796,10 @@ impl ConsumerJob for ActionExecutor {
 
     fn name(&self) -> &str {
         JOB_NAME
+    }
+
+    fn reads_version(&self, _message_type: &str) -> u32 {
+        ActionCommand::VERSION
     }
 
     #[tracing::instrument(

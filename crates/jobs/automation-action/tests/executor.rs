@@ -168,6 +168,11 @@ async fn send_email_renders_the_reply_and_queues_it_with_the_mark() -> anyhow::R
             .fetch_all(&db.pool)
             .await?;
     assert_eq!(outbox.len(), 1);
+    let version: Option<String> =
+        sqlx::query_scalar("SELECT headers ->> 'x-schema-version' FROM outbox")
+            .fetch_one(&db.pool)
+            .await?;
+    assert_eq!(version.as_deref(), Some("1"), "x-schema-version");
     let (message_id, exchange, key, body) = &outbox[0];
     assert_eq!(
         (message_id.as_str(), exchange.as_str(), key.as_str()),

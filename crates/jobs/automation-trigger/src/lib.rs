@@ -59,7 +59,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
 use worker_messages::{
-    AUTOMATION_ACTION, ActionCommand, AutomationAction, DomainEvent, action_execution_id,
+    AUTOMATION_ACTION, ActionCommand, AutomationAction, DomainEvent, Message,
+    SCHEMA_VERSION_HEADER, action_execution_id,
 };
 use worker_store::classify;
 use worker_store::outbox::{self, OutboxMessage};
@@ -214,6 +215,7 @@ impl AutomationTrigger {
                 let message =
                     OutboxMessage::json(execution_id.to_string(), AUTOMATION_ACTION, &command)
                         .map_err(|err| Failure::permanent("serialize", err))?
+                        .with_header(SCHEMA_VERSION_HEADER, ActionCommand::VERSION)
                         .with_correlation_id(event.id.to_string());
                 commands.push(message);
             }
@@ -255,6 +257,12 @@ impl ConsumerJob for AutomationTrigger {
 
     fn name(&self) -> &str {
         JOB_NAME
+    }
+
+    /// Per event type: automations' conditions and templates read an event's data by field
+    /// name, so a newer shape of it is refused here, before anything is written for it.
+    fn reads_version(&self, message_type: &str) -> u32 {
+        DomainEvent::reads_version(message_type)
     }
 
     #[tracing::instrument(

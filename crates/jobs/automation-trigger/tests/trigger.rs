@@ -78,17 +78,28 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
-/// (message_id, exchange, routing_key, body) of every outbox row, in order.
+/// (message_id, exchange, routing_key, body) of every outbox row, in order; each is checked to
+/// be an `automation.action` command of schema version 1.
 async fn outbox(pool: &PgPool) -> Vec<(String, String, String, ActionCommand)> {
-    let rows: Vec<(String, String, String, Vec<u8>, Option<String>)> = sqlx::query_as(
-        "SELECT message_id, exchange, routing_key, body, message_type FROM outbox ORDER BY id",
+    type Row = (
+        String,
+        String,
+        String,
+        Vec<u8>,
+        Option<String>,
+        Option<String>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT message_id, exchange, routing_key, body, message_type, \
+                headers ->> 'x-schema-version' FROM outbox ORDER BY id",
     )
     .fetch_all(pool)
     .await
     .unwrap();
     rows.into_iter()
-        .map(|(id, exchange, key, body, kind)| {
+        .map(|(id, exchange, key, body, kind, version)| {
             assert_eq!(kind.as_deref(), Some("automation.action"));
+            assert_eq!(version.as_deref(), Some("1"), "x-schema-version");
             (id, exchange, key, serde_json::from_slice(&body).unwrap())
         })
         .collect()

@@ -124,7 +124,7 @@ use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
 use uuid::Uuid;
 use worker_core::{ConsumerJob, Failure, Handled, RetryPolicy, TlsMode, WorkContext, error_chain};
-use worker_messages::EmailSendCommand;
+use worker_messages::{EmailSendCommand, Message as _};
 use worker_store::{ProcessedMessages, classify as classify_db};
 
 use crate::smtp::{Security, Server, SmtpPool};
@@ -818,6 +818,10 @@ impl ConsumerJob for EmailSender {
 
     fn name(&self) -> &str {
         JOB_NAME
+    }
+
+    fn reads_version(&self, _message_type: &str) -> u32 {
+        EmailSendCommand::VERSION
     }
 
     #[tracing::instrument(

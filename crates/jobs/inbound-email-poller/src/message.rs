@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::Utc;
 use uuid::Uuid;
 use worker_core::Failure;
-use worker_messages::{DomainEvent, EMAIL_RECEIVED, EmailReceived};
+use worker_messages::{DomainEvent, EMAIL_RECEIVED, EmailReceived, Message, SCHEMA_VERSION_HEADER};
 use worker_store::outbox::OutboxMessage;
 
 use crate::ids::*;
@@ -257,6 +257,7 @@ impl InboundEmailPoller {
         let message = OutboxMessage::json(event.id.to_string(), EMAIL_RECEIVED, &event)
             .map_err(|e| MessageFailure::db(Failure::permanent("event-encoding", e)))?
             .with_correlation_id(id.to_string())
+            .with_header(SCHEMA_VERSION_HEADER, EmailReceived::VERSION)
             .with_header("account", account.name.as_str());
         let row = NewInbound {
             id,

@@ -117,6 +117,15 @@ async fn a_failing_account_does_not_hold_back_the_others() -> anyhow::Result<()>
     .fetch_all(&db.pool)
     .await?;
     assert_eq!(outbox.len(), 2);
+    let versions: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT headers ->> 'x-schema-version' FROM outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(
+        versions,
+        [Some("1".into()), Some("1".into())],
+        "x-schema-version"
+    );
     let (message_id, message_type, exchange, routing_key, body, correlation) = &outbox[0];
     assert_eq!(message_type.as_deref(), Some(EMAIL_RECEIVED));
     assert_eq!(

@@ -93,7 +93,9 @@ use sqlx::{PgConnection, PgPool};
 use tokio::time::Instant;
 use uuid::Uuid;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
-use worker_messages::{AUTOMATION_ACTION, ActionCommand, EMAIL_SEND, EmailSendCommand};
+use worker_messages::{
+    AUTOMATION_ACTION, ActionCommand, EMAIL_SEND, EmailSendCommand, Message, SCHEMA_VERSION_HEADER,
+};
 use worker_store::classify;
 use worker_store::outbox::{self, OutboxMessage};
 
@@ -502,12 +504,15 @@ fn command(kind: WorkKind, row: &StuckRow) -> Result<OutboxMessage, Failure> {
             };
             OutboxMessage::json(row.id.to_string(), AUTOMATION_ACTION, &command)
                 .map_err(serialize)?
+                .with_header(SCHEMA_VERSION_HEADER, ActionCommand::VERSION)
         }
         WorkKind::Email => {
             let command = EmailSendCommand {
                 email_message_id: row.id,
             };
-            OutboxMessage::json(row.id.to_string(), EMAIL_SEND, &command).map_err(serialize)?
+            OutboxMessage::json(row.id.to_string(), EMAIL_SEND, &command)
+                .map_err(serialize)?
+                .with_header(SCHEMA_VERSION_HEADER, EmailSendCommand::VERSION)
         }
     };
     Ok(match row.event_id {

@@ -172,6 +172,17 @@ async fn stuck_work_is_requeued_once_then_failed_with_a_dead_letter() -> anyhow:
     assert_eq!(rows[0].2, "email.send");
     let command: EmailSendCommand = serde_json::from_slice(&rows[0].3)?;
     assert_eq!(command.email_message_id, mail);
+    let versions: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT headers ->> 'x-schema-version' FROM outbox WHERE message_id = ANY($1)",
+    )
+    .bind(vec![exec.to_string(), mail.to_string()])
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        versions,
+        [Some("1".into()), Some("1".into())],
+        "x-schema-version"
+    );
     assert_eq!(
         status_of(pool, "action_executions", exec).await?,
         ("pending".into(), 1, None)

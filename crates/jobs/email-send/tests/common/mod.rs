@@ -165,6 +165,38 @@ impl Delivery {
         Ok(())
     }
 
+    /// Publishes the command to send email `id` with the header `x-schema-version` set to
+    /// `version`, as a publisher of another release would.
+    pub async fn publish_version(&self, id: Uuid, version: i64) -> anyhow::Result<()> {
+        let mut message =
+            worker_broker::Outgoing::json("commands", worker_messages::EMAIL_SEND, &command(id))?
+                .with_message_id(&id.to_string());
+        message
+            .properties
+            .headers
+            .insert(worker_messages::SCHEMA_VERSION_HEADER, version);
+        self.publisher.publish(&message).await?;
+        Ok(())
+    }
+
+    /// Takes the oldest message off the dead queue through the management API: its headers
+    /// as JSON, or `None` when the queue is empty.
+    pub async fn take_dead(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        let got = self
+            .vhost
+            .api(
+                reqwest::Method::POST,
+                &format!("queues/{{vhost}}/{}/get", self.queue.dead_queue),
+                Some(serde_json::json!({
+                    "count": 1, "ackmode": "ack_requeue_false", "encoding": "auto",
+                })),
+            )
+            .await?;
+        Ok(got
+            .get(0)
+            .map(|message| message["properties"]["headers"].clone()))
+    }
+
     /// Messages waiting in the retry tier.
     pub async fn parked(&self) -> anyhow::Result<u64> {
         self.vhost.queue_depth(&self.queue.tiers[0].queue).await
