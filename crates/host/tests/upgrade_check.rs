@@ -94,3 +94,72 @@ async fn the_check_reports_old_keys_pending_migrations_other_releases_and_queue_
     assert_eq!(again["queues"]["email.send.dead"], 3, "{again}");
     Ok(())
 }
+
+/// A dead letter of `message_type` archived with `headers`.
+async fn dead_letter(db: &TestDb, key: &str, message_type: &str, headers: serde_json::Value) {
+    sqlx::query(
+        "INSERT INTO dead_letters (dedup_key, source, queue, message_type, reason, \
+                                   error_fingerprint, error_normalized, died_at, headers, body) \
+         VALUES ($1, 'runner', $2, $2, 'rejected', 'f', 'e', now(), $3, '\\x7b7d')",
+    )
+    .bind(key)
+    .bind(message_type)
+    .bind(headers)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn dead_letters_of_a_schema_version_this_release_does_not_read_hold_the_upgrade()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let vhost = TestVhost::create().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("worker-host.toml");
+    std::fs::write(
+        &config,
+        base_settings("upgrade-test", "[]", &db, &vhost, free_port()),
+    )?;
+    assert!(
+        host_command(&config)
+            .args(["topology", "declare"])
+            .output()?
+            .status
+            .success()
+    );
+    // Two from before versions were written (none is version 1), one of today's, and one
+    // that a newer release wrote.
+    dead_letter(&db, "a", "email.send", serde_json::json!({})).await;
+    dead_letter(&db, "b", "email.send", serde_json::json!({"trace": "x"})).await;
+    dead_letter(
+        &db,
+        "c",
+        "email.send",
+        serde_json::json!({"x-schema-version": 1}),
+    )
+    .await;
+    dead_letter(
+        &db,
+        "d",
+        "email.send",
+        serde_json::json!({"x-schema-version": 3}),
+    )
+    .await;
+
+    let (output, report) = check(&config);
+    assert_eq!(
+        report["messages"],
+        serde_json::json!([
+            {"table": "dead_letters", "message_type": "email.send", "version": 1, "count": 3,
+             "reads_up_to": 1, "readable": true},
+            {"table": "dead_letters", "message_type": "email.send", "version": 3, "count": 1,
+             "reads_up_to": 1, "readable": false},
+        ]),
+        "{report}"
+    );
+    assert_eq!(output.status.code(), Some(69));
+    let why = String::from_utf8_lossy(&output.stderr);
+    assert!(why.contains("schema version 3"), "{why}");
+    Ok(())
+}

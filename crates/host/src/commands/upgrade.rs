@@ -2,8 +2,10 @@
 //! installation's settings, against the live installation, before rolling it out. It reads
 //! and never changes: the settings as this release reads them (old keys it reads under new
 //! names, and what it refuses), the migrations this release would apply, the replicas still
-//! on another release, and the depth of every queue, retry tier and dead-letter queue (by
-//! passive declares: a queue is never consumed from, so no delivery count rises).
+//! on another release, the dead letters and outbox rows by message type and schema version
+//! (`x-schema-version`) with whether this release reads them, and the depth of every queue,
+//! retry tier and dead-letter queue (by passive declares: a queue is never consumed from, so
+//! no delivery count rises).
 
 use std::collections::BTreeMap;
 
@@ -33,6 +35,9 @@ pub struct Report {
     pub migrations: Vec<Pending>,
     /// Replicas that reported within a week on another release than this one.
     pub other_releases: Vec<Standing>,
+    /// Dead letters still dead and outbox rows not yet published, by message type and schema
+    /// version.
+    pub messages: Vec<Versions>,
     /// Ready messages by queue; `None` when the broker could not be asked.
     pub queues: Option<BTreeMap<String, u64>>,
     /// Queues of this release's topology the broker does not have yet (its start declares
@@ -65,6 +70,69 @@ impl From<&Deprecation> for DeprecatedKey {
             until: d.until,
         }
     }
+}
+
+/// Rows of one message type and schema version waiting in a table.
+#[derive(Debug, Serialize)]
+pub struct Versions {
+    /// `dead_letters` (still dead) or `outbox` (pending or failed).
+    pub table: &'static str,
+    pub message_type: String,
+    pub version: i64,
+    pub count: i64,
+    /// The newest version of the type this release reads.
+    pub reads_up_to: u32,
+    pub readable: bool,
+}
+
+/// The newest schema version of `message_type` this release reads (every older one too:
+/// versions are only ever added).
+fn reads_up_to(message_type: &str) -> u32 {
+    use worker_messages::{ActionCommand, DomainEvent, EmailSendCommand, Message};
+    match message_type {
+        EmailSendCommand::TYPE => EmailSendCommand::VERSION,
+        ActionCommand::TYPE => ActionCommand::VERSION,
+        event => DomainEvent::reads_version(event),
+    }
+}
+
+/// The rows waiting in the dead-letter archive and the outbox, by type and version.
+async fn message_versions(pool: &sqlx::PgPool) -> Result<Vec<Versions>, Fatal> {
+    // A header kept as a number or as digits; anything else (or none) is version 1, as the
+    // consumers read it.
+    const VERSION: &str = "CASE jsonb_typeof(headers -> 'x-schema-version') \
+           WHEN 'number' THEN (headers ->> 'x-schema-version')::numeric::bigint \
+           WHEN 'string' THEN CASE WHEN headers ->> 'x-schema-version' ~ '^[0-9]{1,9}$' \
+                                   THEN (headers ->> 'x-schema-version')::bigint ELSE 1 END \
+           ELSE 1 END";
+    let mut found = Vec::new();
+    for (table, waiting) in [
+        ("dead_letters", "status = 'dead'"),
+        ("outbox", "status IN ('pending', 'failed')"),
+    ] {
+        if !table_exists(pool, table).await? {
+            continue;
+        }
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+            "SELECT coalesce(message_type, ''), {VERSION} AS version, count(*) \
+             FROM {table} WHERE {waiting} GROUP BY 1, 2 ORDER BY 1, 2"
+        ))
+        .fetch_all(pool)
+        .await
+        .map_err(Fatal::unavailable)?;
+        for (message_type, version, count) in rows {
+            let reads = reads_up_to(&message_type);
+            found.push(Versions {
+                table,
+                readable: version >= 1 && version <= i64::from(reads),
+                message_type,
+                version,
+                count,
+                reads_up_to: reads,
+            });
+        }
+    }
+    Ok(found)
 }
 
 /// A migration this release would apply.
@@ -110,6 +178,7 @@ async fn report(settings: &Settings) -> Result<Report, Fatal> {
         // A database no release has migrated yet: no replica ever ran on it.
         Vec::new()
     };
+    let messages = message_versions(&pool).await?;
     pool.close().await;
     let (queues, undeclared) = match queue_depths(settings).await {
         Some((depths, undeclared)) => (Some(depths), undeclared),
@@ -118,6 +187,12 @@ async fn report(settings: &Settings) -> Result<Report, Fatal> {
     let mut blockers = Vec::new();
     if queues.is_none() {
         blockers.push("the broker could not be asked for its queues".to_string());
+    }
+    for group in messages.iter().filter(|m| !m.readable) {
+        blockers.push(format!(
+            "{} rows of {} in {} are schema version {}, which this release does not read (it reads up to {})",
+            group.count, group.message_type, group.table, group.version, group.reads_up_to
+        ));
     }
     Ok(Report {
         release: version::VERSION,
@@ -130,6 +205,7 @@ async fn report(settings: &Settings) -> Result<Report, Fatal> {
         },
         migrations,
         other_releases,
+        messages,
         queues,
         undeclared,
         blockers,
@@ -229,6 +305,24 @@ fn print_report(report: &Report) {
         println!(
             "  {} ({}) runs {}, {}",
             s.replica.name, s.replica.host, s.replica.version, s.state
+        );
+    }
+    println!("\nwaiting messages by type and schema version:");
+    if report.messages.is_empty() {
+        println!("  none");
+    }
+    for m in &report.messages {
+        println!(
+            "  {:>8}  {} {} v{} ({})",
+            m.count,
+            m.table,
+            m.message_type,
+            m.version,
+            if m.readable {
+                "read by this release"
+            } else {
+                "NOT read by this release"
+            }
         );
     }
     println!("\nqueues (ready messages):");
