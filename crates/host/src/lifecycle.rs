@@ -314,7 +314,7 @@ async fn reach_services(
         .await
         .map_err(Fatal::unavailable)?;
     if settings.database.migrate_on_start {
-        worker_store::migrate(&pool)
+        worker_store::migrate(&pool, crate::version::VERSION)
             .await
             .map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
     }

@@ -12,7 +12,7 @@ pub async fn run(settings: &Settings) -> Result<(), Fatal> {
         let pool = worker_store::connect(&connections::pool_options(&settings.database))
             .await
             .map_err(Fatal::unavailable)?;
-        worker_store::migrate(&pool)
+        worker_store::migrate(&pool, crate::version::VERSION)
             .await
             .map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
         tracing::info!("migrations applied");
