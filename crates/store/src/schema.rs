@@ -174,8 +174,17 @@ pub async fn check_against(
 /// `release` (the host's version) did, with the contract steps among them. Call [`check`]
 /// first: on a database that a newer release migrated, sqlx refuses (`VersionMissing`).
 pub async fn migrate(pool: &PgPool, release: &str) -> Result<(), MigrateError> {
-    crate::MIGRATOR.run(pool).await?;
-    record(pool, &crate::MIGRATOR, release)
+    migrate_with(pool, &crate::MIGRATOR, release).await
+}
+
+/// [`migrate`] with another set of migrations (a test's "newer release").
+pub async fn migrate_with(
+    pool: &PgPool,
+    migrator: &Migrator,
+    release: &str,
+) -> Result<(), MigrateError> {
+    migrator.run(pool).await?;
+    record(pool, migrator, release)
         .await
         .map_err(MigrateError::Execute)
 }

@@ -147,3 +147,94 @@ async fn a_newer_migration_nobody_recorded_is_refused() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The migrations of "a newer release": this binary's files and `extra`, from a folder of
+/// their own.
+async fn newer_release(
+    extra: &[(&str, &str)],
+) -> anyhow::Result<(tempfile::TempDir, sqlx::migrate::Migrator)> {
+    let dir = tempfile::tempdir()?;
+    let ours = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    for entry in std::fs::read_dir(ours)? {
+        let path = entry?.path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap()))?;
+    }
+    for (name, sql) in extra {
+        std::fs::write(dir.path().join(name), sql)?;
+    }
+    let migrator = sqlx::migrate::Migrator::new(dir.path()).await?;
+    Ok((dir, migrator))
+}
+
+const INDEX: (&str, &str) = (
+    "20991231000100_outbox_created.sql",
+    "-- no-transaction\n-- An index on a growing table, as the migration rules have it built.\n\
+     CREATE INDEX CONCURRENTLY outbox_created ON outbox (created_at);\n",
+);
+const DROP: (&str, &str) = (
+    "20991231000200_outbox_created_gone.sql",
+    "-- contract: release 9.9.0 stopped using outbox_created\nDROP INDEX outbox_created;\n",
+);
+
+#[tokio::test]
+async fn newer_releases_record_their_steps_from_their_files_and_an_older_binary_reads_them()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    // 9.9.0 expands: a concurrent index in a no-transaction migration, which sqlx applies.
+    let (_dir, expand) = newer_release(&[INDEX]).await?;
+    schema::migrate_with(&db.pool, &expand, "9.9.0").await?;
+    let valid: bool = sqlx::query_scalar(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_created'::regclass",
+    )
+    .fetch_one(&db.pool)
+    .await?;
+    assert!(valid);
+    assert_eq!(
+        schema::check(&db.pool, "0.1.0").await?,
+        Compatibility::Ahead {
+            unknown: vec![20991231000100],
+            release: "9.9.0".into()
+        }
+    );
+    // 10.0.0 contracts: this binary and 9.9.0's are refused, 10.0.0's is not.
+    let (_dir, contract) = newer_release(&[INDEX, DROP]).await?;
+    schema::migrate_with(&db.pool, &contract, "10.0.0").await?;
+    let rows: Vec<(i64, String, String, Vec<i64>)> = sqlx::query_as(
+        "SELECT version, release, kind, contract_steps FROM schema_releases \
+         WHERE version > $1 ORDER BY version",
+    )
+    .bind(newest_known())
+    .fetch_all(&db.pool)
+    .await?;
+    assert_eq!(
+        rows,
+        [
+            (20991231000100, "9.9.0".into(), "expand".into(), vec![]),
+            (
+                20991231000200,
+                "10.0.0".into(),
+                "contract".into(),
+                vec![20991231000200]
+            ),
+        ]
+    );
+    let ours = schema::check(&db.pool, "0.1.0").await.unwrap_err();
+    assert!(
+        matches!(&ours, SchemaError::Contracted { newer, steps, .. } if newer == "10.0.0" && steps == &[20991231000200]),
+        "{ours:?}"
+    );
+    let theirs = schema::check_against(&db.pool, &expand, "9.9.0")
+        .await
+        .unwrap_err();
+    assert!(
+        theirs
+            .to_string()
+            .starts_with("release 10.0.0 ran contract step(s) [20991231000200] on this database, which release 9.9.0 does not know"),
+        "{theirs}"
+    );
+    assert_eq!(
+        schema::check_against(&db.pool, &contract, "10.0.0").await?,
+        Compatibility::Known { pending: vec![] }
+    );
+    Ok(())
+}
