@@ -113,6 +113,8 @@ pub struct AdminState {
     prometheus: Option<PrometheusReader>,
     status: Option<StatusBoard>,
     console: Option<Arc<Console>>,
+    /// The schema found at start, shown on `/readyz` beside the checks.
+    schema: Option<worker_store::schema::SchemaVersion>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -130,7 +132,15 @@ impl AdminState {
             prometheus: None,
             status: None,
             console: None,
+            schema: None,
         }
+    }
+
+    /// Shows the schema's version (highest migration, the release that applied it) on
+    /// `/readyz`.
+    pub fn with_schema(mut self, schema: Option<worker_store::schema::SchemaVersion>) -> Self {
+        self.schema = schema;
+        self
     }
 
     /// Serves the operator's console beside the endpoints.
@@ -342,10 +352,11 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        Json(json!({"ready": report.ready, "checks": report.checks})),
-    )
+    let mut body = json!({"ready": report.ready, "checks": report.checks});
+    if let Some(schema) = &state.schema {
+        body["schema"] = json!(schema);
+    }
+    (status, Json(body))
 }
 
 #[cfg(test)]

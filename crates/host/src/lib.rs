@@ -22,6 +22,7 @@ pub mod observe;
 pub mod sampler;
 pub mod schedule;
 pub mod scheduler;
+pub mod schema;
 pub mod secret;
 pub mod settings;
 pub mod status;

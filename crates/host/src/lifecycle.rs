@@ -40,6 +40,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
     let (pool, supervisor) = reach_services(&settings)
         .instrument(tracing::info_span!("host.start", installation = %settings.installation))
         .await?;
+    let schema = crate::schema::version(&pool).await;
 
     // The supervisor reconnects and redeclares for as long as the host runs; after shutdown
     // starts it keeps the connection up until the consumers have let go of it.
@@ -99,6 +100,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
                 alerts,
                 readings,
                 readiness,
+                schema,
             },
             &observability,
             &tracker,
@@ -177,6 +179,8 @@ struct Watched {
     alerts: Arc<AlertBook>,
     readings: Arc<RwLock<sampler::Readings>>,
     readiness: Readiness,
+    /// The schema as found at start (after migrating), for `/readyz`.
+    schema: Option<worker_store::schema::SchemaVersion>,
 }
 
 /// What readiness depends on: the database probe's last result and the broker link.
@@ -228,6 +232,7 @@ async fn serve_admin(
         settings.admin.listen,
         admin::Limits::of(&settings.admin),
         AdminState::new(watched.readiness)
+            .with_schema(watched.schema)
             .with_metrics(observability.prometheus.clone())
             .with_status(board)
             .with_console(Arc::new(console)),
@@ -305,18 +310,26 @@ async fn sync_bootstrap(pool: &sqlx::PgPool, token: Option<&Secret>) -> Result<(
     Ok(())
 }
 
-/// Reaches the database (migrating it, if asked, and importing the automation files) and the
-/// broker (declaring the topology), each with bounded retries.
+/// Reaches the database (checking its schema against this release's migrations, migrating it
+/// if asked and the schema is not a newer release's, and importing the automation files) and
+/// the broker (declaring the topology), each with bounded retries.
 async fn reach_services(
     settings: &Settings,
 ) -> Result<(sqlx::PgPool, worker_broker::Supervisor), Fatal> {
     let pool = worker_store::connect(&connections::run_pool_options(settings))
         .await
         .map_err(Fatal::unavailable)?;
-    if settings.database.migrate_on_start {
-        worker_store::migrate(&pool)
-            .await
-            .map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
+    match crate::schema::check(&pool).await? {
+        crate::schema::Plan::Migrate { .. } if settings.database.migrate_on_start => {
+            worker_store::migrate(&pool, crate::version::VERSION)
+                .await
+                .map_err(|e| Fatal::software(format!("migrating the database: {e}")))?;
+        }
+        crate::schema::Plan::Migrate { pending } if !pending.is_empty() => tracing::warn!(
+            ?pending,
+            "the database lacks migrations of this release and database.migrate_on_start is false: run `worker-host migrate`"
+        ),
+        crate::schema::Plan::Migrate { .. } | crate::schema::Plan::LeaveAhead => {}
     }
     for file in &settings.automations_files {
         let report = job_automation_trigger::import::import_file(&pool, file)

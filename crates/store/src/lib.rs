@@ -1,7 +1,8 @@
 //! The PostgreSQL adapter: the connection pool, the embedded migrations, the processed-message
 //! guard and the singleton lease for timer jobs, the outbox and the attempt log, and what
 //! operators act through: the audit trail, job pauses, the replicas' reports, and the
-//! operators' accounts and console sessions.
+//! operators' accounts and console sessions; and the schema's contract ([`schema`]): which
+//! release migrated the database, and whether this binary may run on it.
 //!
 //! Everything that knows sqlx lives here; the jobs see the core traits
 //! ([`worker_core::ProcessedGuard`], [`worker_core::SingletonLease`]) and this crate's
@@ -16,7 +17,8 @@ mod pool;
 pub use classify::{classify, classify_sqlx};
 pub use guard::ProcessedMessages;
 pub use lease::{AdvisoryLease, KeepAlive, LeaseGuard};
-pub use pool::{ConnectError, PoolOptions, Redacted, SLOW_STATEMENT, connect, migrate};
+pub use pool::{ConnectError, PoolOptions, Redacted, SLOW_STATEMENT, connect};
+pub use schema::migrate;
 
 /// The migrations in `migrations/` at the workspace root, embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
@@ -30,6 +32,7 @@ pub mod operators;
 pub mod outbox;
 pub mod pauses;
 pub mod replicas;
+pub mod schema;
 pub mod sessions;
 
 pub use attempt_log::{AttemptLog, AttemptLogSettings, AttemptLogWriter, AttemptRecord};

@@ -140,11 +140,6 @@ fn is_tls_failure(err: &sqlx::Error) -> bool {
     }
 }
 
-/// Applies the embedded migrations that have not been applied yet.
-pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    crate::MIGRATOR.run(pool).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -81,7 +81,7 @@ async fn build(
         .max_connections(1)
         .connect_with(admin_options.clone().database(&building))
         .await?;
-    let migrated = worker_store::migrate(&pool).await;
+    let migrated = worker_store::migrate(&pool, "testkit").await;
     pool.close().await;
     migrated.context("migrating the template database")?;
     // The server ends a closed connection's backend a moment later; the rename waits for it.
