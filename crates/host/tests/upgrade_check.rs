@@ -62,12 +62,14 @@ async fn the_check_reports_old_keys_pending_migrations_other_releases_and_queue_
     )
     .execute(&db.pool)
     .await?;
-    // A migration this release has and the database has not (as before an upgrade).
+    // Migrations this release has and the database has not (as before an upgrade): the
+    // newest, and one that builds an index on a growing table under a lock.
     let newest: i64 = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
         .fetch_one(&db.pool)
         .await?;
-    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
-        .bind(newest)
+    let locking: i64 = 20261202000300;
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = ANY($1)")
+        .bind(vec![newest, locking])
         .execute(&db.pool)
         .await?;
 
@@ -77,7 +79,16 @@ async fn the_check_reports_old_keys_pending_migrations_other_releases_and_queue_
         report["settings"]["deprecated"][0]["old"], "workers.timeouts.email_send",
         "{report}"
     );
-    assert_eq!(report["migrations"][0]["version"], newest, "{report}");
+    assert_eq!(report["migrations"][0]["version"], locking, "{report}");
+    assert_eq!(report["migrations"][0]["contract"], false, "{report}");
+    let findings = report["migrations"][0]["findings"].to_string();
+    assert!(
+        findings.contains("dead_letters") && findings.contains("CONCURRENTLY"),
+        "an index built under a lock on a growing table: {findings}"
+    );
+    assert_eq!(report["migrations"][1]["version"], newest, "{report}");
+    assert_eq!(report["migrations"][1]["findings"], serde_json::json!([]));
+    assert!(report["schema"]["version"].as_i64().is_some(), "{report}");
     assert_eq!(report["other_releases"][0]["name"], "old-one", "{report}");
     assert_eq!(report["other_releases"][0]["version"], "0.0.9", "{report}");
     assert_eq!(report["queues"]["email.send.dead"], 3, "{report}");

@@ -28,6 +28,7 @@ pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 pub mod attempt_log;
 pub mod audit;
+pub mod migration_rules;
 pub mod operators;
 pub mod outbox;
 pub mod pauses;

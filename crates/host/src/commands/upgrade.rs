@@ -1,7 +1,9 @@
 //! `worker-host upgrade check [--json]`: run with the new release's binary and the
 //! installation's settings, against the live installation, before rolling it out. It reads
 //! and never changes: the settings as this release reads them (old keys it reads under new
-//! names, and what it refuses), the migrations this release would apply, the replicas still
+//! names, and what it refuses), the schema (whether this release runs on it, and the
+//! migrations it would apply, each with the schema contract's findings: a lock on a growing
+//! table, a contract step that leaves the previous release behind), the replicas still
 //! on another release, the dead letters and outbox rows by message type and schema version
 //! (`x-schema-version`) with whether this release reads them, and the depth of every queue,
 //! retry tier and dead-letter queue (by passive declares: a queue is never consumed from, so
@@ -32,6 +34,8 @@ pub struct Report {
     /// The release this binary is.
     pub release: &'static str,
     pub settings: SettingsReport,
+    /// The schema as it is: its newest migration and the release that applied it.
+    pub schema: Option<worker_store::schema::SchemaVersion>,
     pub migrations: Vec<Pending>,
     /// Replicas that reported within a week on another release than this one.
     pub other_releases: Vec<Standing>,
@@ -140,6 +144,11 @@ async fn message_versions(pool: &sqlx::PgPool) -> Result<Vec<Versions>, Fatal> {
 pub struct Pending {
     pub version: i64,
     pub description: String,
+    /// A contract step: once applied, the previous release no longer runs on the schema.
+    pub contract: bool,
+    /// What the schema contract's rules find in it, by line: a long lock on a busy table,
+    /// or a change the release before cannot run with.
+    pub findings: Vec<String>,
 }
 
 pub async fn check(settings: &Settings, args: &CheckArgs) -> Result<(), Fatal> {
@@ -167,6 +176,7 @@ async fn report(settings: &Settings) -> Result<Report, Fatal> {
         .await
         .map_err(Fatal::unavailable)?;
     let migrations = pending(&pool).await?;
+    let schema = crate::schema::version(&pool).await;
     let other_releases = if table_exists(&pool, "replicas").await? {
         replicas::standings(&pool, settings.alerts.replica_silent_after)
             .await
@@ -203,6 +213,7 @@ async fn report(settings: &Settings) -> Result<Report, Fatal> {
                 .map(DeprecatedKey::from)
                 .collect(),
         },
+        schema,
         migrations,
         other_releases,
         messages,
@@ -220,22 +231,26 @@ async fn table_exists(pool: &sqlx::PgPool, table: &str) -> Result<bool, Fatal> {
         .map_err(Fatal::unavailable)
 }
 
-/// The embedded migrations the database has not applied yet.
+/// The migrations this release would apply, each with the rules' findings; a schema this
+/// release must not run on (a newer release contracted it) is an error, as at start.
 async fn pending(pool: &sqlx::PgPool) -> Result<Vec<Pending>, Fatal> {
-    let applied: Vec<i64> = if table_exists(pool, "_sqlx_migrations").await? {
-        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-            .fetch_all(pool)
-            .await
-            .map_err(Fatal::unavailable)?
-    } else {
-        Vec::new()
+    use worker_store::schema::{Compatibility, StepKind};
+    let pending = match worker_store::schema::check(pool, version::VERSION).await {
+        Ok(Compatibility::Known { pending }) => pending,
+        Ok(Compatibility::Ahead { .. }) => Vec::new(),
+        Err(e) => return Err(Fatal::unavailable(e)),
     };
     Ok(worker_store::MIGRATOR
         .iter()
-        .filter(|m| !applied.contains(&m.version))
+        .filter(|m| pending.contains(&m.version))
         .map(|m| Pending {
             version: m.version,
             description: m.description.to_string(),
+            contract: StepKind::of(&m.sql) == StepKind::Contract,
+            findings: worker_store::migration_rules::check_sql(&m.sql)
+                .into_iter()
+                .map(|(line, rule)| format!("line {line}: {rule}"))
+                .collect(),
         })
         .collect())
 }
@@ -290,12 +305,24 @@ fn print_report(report: &Report) {
             key.until
         );
     }
-    println!("\nmigrations to apply:");
+    match &report.schema {
+        Some(schema) => println!(
+            "\nschema: migration {} (applied by release {})",
+            schema.version,
+            schema.release.as_deref().unwrap_or("unrecorded")
+        ),
+        None => println!("\nschema: no migration applied yet"),
+    }
+    println!("migrations to apply:");
     if report.migrations.is_empty() {
         println!("  none");
     }
     for m in &report.migrations {
-        println!("  {} {}", m.version, m.description);
+        let kind = if m.contract { " (contract step)" } else { "" };
+        println!("  {} {}{kind}", m.version, m.description);
+        for finding in &m.findings {
+            println!("      {finding}");
+        }
     }
     println!("\nreplicas on another release:");
     if report.other_releases.is_empty() {
