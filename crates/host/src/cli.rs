@@ -31,7 +31,11 @@ pub enum Command {
     /// apply migrations unless `database.migrate_on_start = false`, serve the admin endpoints.
     Run,
     /// Apply the database migrations that have not been applied yet, then exit.
-    Migrate,
+    Migrate {
+        /// Print the SQL that would be applied, in order, and apply nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Print the running host's status (jobs, broker, database, active alerts) as JSON, read
     /// from its admin endpoint `/status`.
     Status,

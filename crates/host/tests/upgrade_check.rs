@@ -100,6 +100,29 @@ async fn the_check_reports_old_keys_pending_migrations_other_releases_and_queue_
         String::from_utf8_lossy(&output.stderr)
     );
 
+    // migrate --dry-run prints what it would apply, and applies nothing.
+    let dry = host_command(&config)
+        .args(["migrate", "--dry-run"])
+        .output()?;
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let sql = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        sql.contains(&format!(
+            "-- {locking} dead letter age index (expand step, in one transaction)"
+        )),
+        "{sql}"
+    );
+    assert!(sql.contains("CREATE INDEX"), "{sql}");
+    let (_, after) = check(&config);
+    assert_eq!(
+        after["migrations"][0]["version"], locking,
+        "nothing applied: {after}"
+    );
+
     // Read, not taken: the messages are still there, never delivered.
     let (_, again) = check(&config);
     assert_eq!(again["queues"]["email.send.dead"], 3, "{again}");

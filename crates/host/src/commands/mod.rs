@@ -58,7 +58,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
     };
     let result = runtime.block_on(async move {
         match command {
-            Command::Migrate => migrate::run(&settings).await,
+            Command::Migrate { dry_run } => migrate::run(&settings, dry_run).await,
             Command::Status => status::run(&settings).await,
             Command::Replicas { action } => replicas::run(&settings, action).await,
             Command::Outbox { action } => outbox::run(&settings, action).await,
