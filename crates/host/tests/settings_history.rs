@@ -136,21 +136,24 @@ fn an_old_key_in_the_environment_is_read_under_its_new_name_too() {
     assert!(String::from_utf8_lossy(&output.stdout).contains("timeout = \"1m 17s\""));
 }
 
-#[test]
-fn an_unknown_key_is_named_as_written_with_its_file_and_line() {
+/// `config check` on a settings file holding `text`.
+fn check_text(text: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("worker-host.toml");
-    std::fs::write(
-        &file,
-        "[workers]\nshutdown_grace = \"5s\"\n\n[workers.timeouts]\nemail_sned = \"60s\"\n",
-    )
-    .unwrap();
-    let output = host_command(&file)
+    std::fs::write(&file, text).unwrap();
+    host_command(&file)
         .args(["config", "check"])
         .env("WORKER_HOST__DATABASE__PASSWORD", "p")
         .env("WORKER_HOST__BROKER__PASSWORD", "p")
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn an_unknown_key_is_named_as_written_with_its_file_and_line() {
+    let output = check_text(
+        "[workers]\nshutdown_grace = \"5s\"\n\n[workers.timeouts]\nemail_sned = \"60s\"\n",
+    );
     assert_eq!(output.status.code(), Some(64));
     let why = stderr(&output);
     assert!(
@@ -162,19 +165,9 @@ fn an_unknown_key_is_named_as_written_with_its_file_and_line() {
 
 #[test]
 fn a_key_set_by_its_old_and_its_new_name_is_refused_naming_both() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("worker-host.toml");
-    std::fs::write(
-        &file,
+    let output = check_text(
         "[workers.timeouts]\nemail_send = \"60s\"\n\n[jobs.email_send]\ntimeout = \"90s\"\n",
-    )
-    .unwrap();
-    let output = host_command(&file)
-        .args(["config", "check"])
-        .env("WORKER_HOST__DATABASE__PASSWORD", "p")
-        .env("WORKER_HOST__BROKER__PASSWORD", "p")
-        .output()
-        .unwrap();
+    );
     assert_eq!(output.status.code(), Some(64));
     let why = stderr(&output);
     assert!(

@@ -37,24 +37,8 @@ pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal>
                     status.pending, status.retrying, status.failed
                 );
                 if !rows.is_empty() {
-                    println!(
-                        "\n{:>8}  {:<36}  {:<18}  {:>8}  last error",
-                        "id", "message id", "routing key", "attempts"
-                    );
-                    for row in rows {
-                        println!(
-                            "{:>8}  {:<36}  {:<18}  {:>8}  {}",
-                            row.id,
-                            row.message_id,
-                            row.routing_key,
-                            row.attempts,
-                            row.last_error
-                                .unwrap_or_default()
-                                .chars()
-                                .take(100)
-                                .collect::<String>()
-                        );
-                    }
+                    println!();
+                    print_failed(&rows);
                 }
             }
         }
@@ -90,21 +74,7 @@ pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal>
                 "{} failed outbox rows would be pending again; add --planned {} without --dry-run to put them back (dry run recorded as action {})",
                 plan.matched, plan.matched, plan.action_id
             );
-            for row in &plan.rows {
-                println!(
-                    "{:>8}  {:<36}  {:<18}  {:>8}  {}",
-                    row.id,
-                    row.message_id,
-                    row.routing_key,
-                    row.attempts,
-                    row.last_error
-                        .as_deref()
-                        .unwrap_or_default()
-                        .chars()
-                        .take(100)
-                        .collect::<String>()
-                );
-            }
+            print_failed(&plan.rows);
         }
         OutboxAction::Retry {
             id: None,
@@ -126,4 +96,25 @@ pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal>
     }
     pool.close().await;
     Ok(())
+}
+
+/// Failed rows as a table, the last error cut at 100 characters.
+fn print_failed(rows: &[outbox::FailedRow]) {
+    println!(
+        "{:>8}  {:<36}  {:<18}  {:>8}  last error",
+        "id", "message id", "routing key", "attempts"
+    );
+    for row in rows {
+        let error: String = row
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .chars()
+            .take(100)
+            .collect();
+        println!(
+            "{:>8}  {:<36}  {:<18}  {:>8}  {error}",
+            row.id, row.message_id, row.routing_key, row.attempts
+        );
+    }
 }
