@@ -43,7 +43,8 @@ pub fn commit_of(text: &str) -> anyhow::Result<String> {
 
 /// Builds (or reuses) the previous release's `worker-host`.
 pub async fn ensure() -> anyhow::Result<PreviousRelease> {
-    let repository = std::path::absolute(REPOSITORY).context("resolving the repository")?;
+    // Canonical, so that the paths the report names have no `..` in them.
+    let repository = std::fs::canonicalize(REPOSITORY).context("resolving the repository")?;
     let named = repository.join("docs/previous-release");
     let text =
         std::fs::read_to_string(&named).with_context(|| format!("reading {}", named.display()))?;
@@ -117,6 +118,20 @@ pub async fn ensure() -> anyhow::Result<PreviousRelease> {
         build_log,
         build_secs: Some(started.elapsed().as_secs_f64()),
     })
+}
+
+/// The first line of `binary --version` (the release and the git revision it was built
+/// from), or what went wrong.
+pub fn version_of(binary: &Path) -> String {
+    match std::process::Command::new(binary).arg("--version").output() {
+        Ok(output) => String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .next()
+            .unwrap_or("no version")
+            .trim()
+            .to_string(),
+        Err(err) => format!("no version ({err})"),
+    }
 }
 
 /// `cargo build -p worker-host` in `source` with its own target folder, its output to `log`.

@@ -215,7 +215,16 @@ impl Fault for RollingUpgrade {
     async fn verify(&mut self, run: &mut Run) -> anyhow::Result<Vec<Check>> {
         let previous = self.previous()?;
         let short = &previous.commit[..previous.commit.len().min(7)];
-        let mut checks = Vec::new();
+        // Which binaries ran: each names the revision it was built from, so an old host
+        // that was in fact this tree's (a wrong path, a stale copy) shows here.
+        let (old, new) = (
+            previous_release::version_of(&previous.binary),
+            previous_release::version_of(&run.binary),
+        );
+        let mut checks = vec![Check::new(
+            format!("old host `{old}`, new hosts `{new}` (must differ)"),
+            old != new && old.contains(short),
+        )];
         checks.push(Check::new(
             match previous.build_secs {
                 Some(secs) => format!(
