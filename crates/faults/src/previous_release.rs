@@ -120,6 +120,17 @@ pub async fn ensure() -> anyhow::Result<PreviousRelease> {
     })
 }
 
+/// `path` as the report shows it: relative to the repository when inside it (the report is
+/// kept in the repository, where an absolute path names one machine's checkout).
+pub fn shown(path: &Path) -> String {
+    std::fs::canonicalize(REPOSITORY)
+        .ok()
+        .and_then(|repository| path.strip_prefix(repository).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
 /// The first line of `binary --version` (the release and the git revision it was built
 /// from), or what went wrong.
 pub fn version_of(binary: &Path) -> String {

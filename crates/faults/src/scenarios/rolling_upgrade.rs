@@ -164,12 +164,12 @@ impl Fault for RollingUpgrade {
             Some(secs) => eprintln!(
                 "faults: rolling-upgrade: built {} in {secs:.0} s (log {})",
                 previous.commit,
-                previous.build_log.display()
+                previous_release::shown(&previous.build_log)
             ),
             None => eprintln!(
                 "faults: rolling-upgrade: reusing the build of {} (log {})",
                 previous.commit,
-                previous.build_log.display()
+                previous_release::shown(&previous.build_log)
             ),
         }
         let setup = Setup {
@@ -229,11 +229,11 @@ impl Fault for RollingUpgrade {
             match previous.build_secs {
                 Some(secs) => format!(
                     "previous release {short} built in {secs:.0} s (log {})",
-                    previous.build_log.display()
+                    previous_release::shown(&previous.build_log)
                 ),
                 None => format!(
                     "previous release {short} reused (build log {})",
-                    previous.build_log.display()
+                    previous_release::shown(&previous.build_log)
                 ),
             },
             true,
