@@ -10,6 +10,7 @@ use anyhow::Context;
 
 use super::sink_switch::SinkSwitch;
 use super::{Fault, Load, Scenario};
+use crate::host::metric_sum;
 use crate::mail::{self, Pinger};
 use crate::oracle::Check;
 use crate::previous_release::{self, PreviousRelease};
@@ -75,6 +76,8 @@ struct RollingUpgrade {
     done: usize,
     /// Seconds to ready: the old host's, then each new host's, with its name.
     ready: Vec<(String, f64)>,
+    /// Deliveries each host of the pair had settled when the old one was stopped.
+    settled: Vec<(&'static str, u64)>,
     /// Whether the old host left `/readyz` 200 in the 3 s after the migration.
     old_left_ready: Option<bool>,
     /// The old release's dead letter: its id and the ping whose reply it is.
@@ -140,6 +143,16 @@ impl RollingUpgrade {
                 self.ready.push(("new".into(), secs));
             }
             2 => {
+                // What each settled while both ran (the old one's since its start): the
+                // broker shares the queues between the releases.
+                for (which, name) in [(HostId::First, "old"), (HostId::REPLICA, "new")] {
+                    let scrape = match run.process(which) {
+                        Some(host) => host.metrics().await.unwrap_or_default(),
+                        None => String::new(),
+                    };
+                    let settled = metric_sum(&scrape, "worker_messages_total") as u64;
+                    self.settled.push((name, settled));
+                }
                 run.stop(HostId::First).await?;
                 let secs = run.start_replica_timed().await?;
                 run.ready.push(secs);
@@ -246,6 +259,18 @@ impl Fault for RollingUpgrade {
         checks.push(Check::new(
             format!("s to ready from start: {}", ready.join(", ")),
             self.ready.len() == STEPS,
+        ));
+        let settled: Vec<String> = self
+            .settled
+            .iter()
+            .map(|(which, n)| format!("{which} {n}"))
+            .collect();
+        checks.push(Check::new(
+            format!(
+                "deliveries settled when the old host stopped: {} (each must be > 0)",
+                settled.join(", ")
+            ),
+            self.settled.len() == 2 && self.settled.iter().all(|(_, n)| *n > 0),
         ));
         let left = self.old_left_ready.unwrap_or(true);
         checks.push(Check::new(
