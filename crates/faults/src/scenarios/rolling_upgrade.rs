@@ -48,10 +48,11 @@ pub fn scenario() -> Scenario {
                 moment of each of 3 repetitions: (1) `worker-host migrate` with the new binary \
                 while the old host runs (an expand step: the old host must stay ready, checked \
                 for 3 s after); (2) a new host starts beside the old one (both consume the \
-                queues); (3) the old host gets SIGTERM (exit 0 expected) and a second new host \
-                starts. At the end the new binary replays the old release's dead letter \
+                queues: each must have settled deliveries by the next step); (3) the old host \
+                gets SIGTERM (exit 0 expected) and a second new host starts. At the end the new binary replays the old release's dead letter \
                 (`worker-host dlq replay --id N`): its mail must arrive exactly once. Each \
-                host's time to ready is in the result column; \"max s to ready\" is the new \
+                binary's `--version` (the old one must name the previous release's revision) \
+                and each host's time to ready are in the result column; \"max s to ready\" is the new \
                 hosts' from their start.",
         fault: Some(|| Box::new(RollingUpgrade::default())),
         full: Load {
