@@ -6,7 +6,11 @@
 #   scripts/faults.sh                          every scenario at its full load (long)
 #   scripts/faults.sh --quick                  each once with a small load, 6 at a time, on
 #                                              the debug binary (what CI runs after the tests);
-#                                              rabbit-cluster-node-stop only when named
+#                                              rabbit-cluster-node-stop and rolling-upgrade
+#                                              only when named (rolling-upgrade builds the
+#                                              commit docs/previous-release names, minutes
+#                                              when cold, log under
+#                                              target/faults/previous-release/<commit>/)
 #   scripts/faults.sh --scenario host-kill9    only that one (repeatable)
 #   scripts/faults.sh --baseline-messages 1000 --repetitions 5   smaller full run
 #   scripts/faults.sh --output -               print only, write no document (the full run

@@ -8,7 +8,8 @@
 //! the node of a private three-node cluster the host is on stopped,
 //! its SMTP server silent, late, refusing or cut after the final ".", its IMAP connection
 //! dropped in a FETCH, a private IMAP server restarted, its mailbox's UIDVALIDITY changed,
-//! poison messages, timers overrunning and replicas competing for leases), and
+//! poison messages, timers overrunning and replicas competing for leases, a rolling upgrade
+//! from the previous release), and
 //! then counts from outside what the host promised: every ping answered exactly once, no
 //! database effect twice, the queues and the outbox drained, and ready again within two
 //! heartbeat intervals. It prints the table and writes it to `docs/RELIABILITY.md`; it exits 1
@@ -18,7 +19,8 @@
 //! The code: `scenarios/` (one file a scenario), `run.rs` (a scenario's world and the readings),
 //! `oracle.rs` (the counting and the verdict), `report.rs` (the table and the document),
 //! `host.rs` (the host process), `mail.rs` (the pings and the replies), `rabbit_node.rs` and
-//! `rabbit_cluster.rs` (a private RabbitMQ node, or cluster, for the broker's process faults).
+//! `rabbit_cluster.rs` (a private RabbitMQ node, or cluster, for the broker's process faults),
+//! `previous_release.rs` (the previous release's binary, built from `docs/previous-release`).
 
 mod command;
 mod direct;
@@ -26,6 +28,7 @@ mod host;
 mod mail;
 mod oracle;
 mod pg_cluster;
+mod previous_release;
 mod rabbit_cluster;
 mod rabbit_node;
 mod report;

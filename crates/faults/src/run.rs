@@ -53,6 +53,12 @@ pub struct Setup {
     /// scenario that brings a private node names it here and points the host at it through
     /// [`Setup::env`].
     pub broker: Option<BrokerEndpoints>,
+    /// The binary the first host process runs, when not the one under test (the previous
+    /// release, in `rolling-upgrade`); replicas run the one under test.
+    pub first_binary: Option<PathBuf>,
+    /// An empty database, which the first host migrates at its start, instead of a copy of
+    /// the migrated template (this tree's migrations, which an older release does not know).
+    pub empty_database: bool,
 }
 
 /// Which host process of the scenario: the first, or the `n`-th replica
@@ -112,6 +118,9 @@ pub struct Run {
     /// scenarios' messages).
     pub direct: DirectCommands,
     pub command: HostCommand,
+    /// The binary under test (the first host's too, unless [`Setup::first_binary`] said
+    /// otherwise): what replicas and [`Run::host_tool`] run.
+    pub binary: PathBuf,
     host: Option<HostProcess>,
     /// More host processes with the same settings (database, vhost, IMAP account) but each its
     /// own admin port, log and replica name, as [`Run::start_replica`] started them; the
@@ -119,6 +128,8 @@ pub struct Run {
     replicas: Vec<(HostCommand, Option<HostProcess>)>,
     /// `worker_email_unknown_outcomes_total` of the host processes already gone.
     unknown_before: u64,
+    /// Seconds from the first host's start until it was ready.
+    pub first_ready_secs: f64,
     /// Seconds until ready again, one per fault.
     pub ready: Vec<f64>,
     pub never_ready: bool,
@@ -146,9 +157,11 @@ impl Run {
         setup: Setup,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let db = match &setup.database_admin_url {
-            Some(url) => TestDb::create_on(url).await,
-            None => TestDb::create().await,
+        let db = match (&setup.database_admin_url, setup.empty_database) {
+            (Some(url), false) => TestDb::create_on(url).await,
+            (None, false) => TestDb::create().await,
+            (Some(url), true) => TestDb::create_empty_on(url).await,
+            (None, true) => TestDb::create_empty().await,
         }
         .context("creating the database")?;
         let vhost = match &setup.broker {
@@ -158,7 +171,6 @@ impl Run {
             None => TestVhost::create().await.context("creating the vhost")?,
         };
         let boxes = Mailboxes::new(name);
-        let direct = DirectCommands::new(db.pool.clone(), &vhost, &boxes).await?;
         let port = free_port()?;
         let automation = dir.join("automations.toml");
         std::fs::write(&automation, AUTOMATION)?;
@@ -170,7 +182,10 @@ impl Run {
         let mut env = setup.env;
         env.push(("WORKER_HOST__REPLICA".into(), HostId::First.replica_name()));
         let command = HostCommand {
-            binary: binary.to_path_buf(),
+            binary: setup
+                .first_binary
+                .clone()
+                .unwrap_or_else(|| binary.to_path_buf()),
             config,
             log: dir.join("host.log"),
             port,
@@ -178,13 +193,18 @@ impl Run {
         };
         let mut host = command.spawn()?;
         let since = host.started;
-        host.wait_ready(since, &command.log).await?;
+        let ready = host.wait_ready(since, &command.log).await?;
+        // After the host's start: an empty database has the tables the harness's automation
+        // goes into only once the host migrated it.
+        let direct = DirectCommands::new(db.pool.clone(), &vhost, &boxes).await?;
         Ok(Self {
             db,
             vhost,
             boxes,
             direct,
             command,
+            binary: binary.to_path_buf(),
+            first_ready_secs: ready,
             host: Some(host),
             replicas: Vec::new(),
             unknown_before: 0,
@@ -207,9 +227,16 @@ impl Run {
     /// the first's) and replica name. All consume the same queues (the broker shares the
     /// deliveries between them) and run the same timers (the leased ones one at a time).
     pub async fn start_replica(&mut self) -> anyhow::Result<()> {
+        self.start_replica_timed().await.map(|_| ())
+    }
+
+    /// [`Run::start_replica`], returning the seconds from the new process's start until it
+    /// was ready.
+    pub async fn start_replica_timed(&mut self) -> anyhow::Result<f64> {
         let which = HostId::Replica(self.replicas.len());
         let port = free_port()?;
         let mut command = self.command.clone();
+        command.binary = self.binary.clone();
         command.port = port;
         let log = match self.replicas.len() {
             0 => "host-replica.log".to_string(),
@@ -226,8 +253,81 @@ impl Run {
             .push(("WORKER_HOST__REPLICA".into(), which.replica_name()));
         let mut replica = command.spawn()?;
         let since = replica.started;
-        replica.wait_ready(since, &command.log).await?;
+        let secs = replica.wait_ready(since, &command.log).await?;
         self.replicas.push((command, Some(replica)));
+        Ok(secs)
+    }
+
+    /// SIGTERM of the process `which` (after reading its unknown-outcome count), for good:
+    /// an exit other than 0 within [`STOP_WAIT`] is counted as unclean.
+    pub async fn stop(&mut self, which: HostId) -> anyhow::Result<()> {
+        let host = self
+            .slot(which)
+            .and_then(Option::take)
+            .with_context(|| format!("the {} host is not running", which.as_str()))?;
+        self.unknown_before += host.unknown_outcomes().await.unwrap_or(0);
+        let code = host.sigterm(STOP_WAIT).await?;
+        if code != Some(0) {
+            eprintln!(
+                "faults: SIGTERM ended the {} host with {code:?}",
+                which.as_str()
+            );
+            self.unclean_exits += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs `binary` with the scenario's settings file and overrides (`worker-host --config
+    /// <file> <args>`, as an operator would beside the running hosts) to its end, its output
+    /// appended to `log` beside the host's; fails when it does not exit 0 within `wait`.
+    pub async fn host_tool(
+        &self,
+        binary: &Path,
+        args: &[&str],
+        log: &str,
+        wait: Duration,
+    ) -> anyhow::Result<()> {
+        let log = self.command.log.with_file_name(log);
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .arg("--config")
+            .arg(&self.command.config)
+            .args(args)
+            .env_remove("WORKER_HOST_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        // As the host's own processes: the harness's environment says nothing to it.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("WORKER_HOST__") {
+                command.env_remove(key);
+            }
+        }
+        command.envs(self.command.env.iter().map(|(k, v)| (k, v)));
+        let status = tokio::time::timeout(wait, command.status())
+            .await
+            .with_context(|| {
+                format!(
+                    "{} {args:?} did not finish within {wait:?} (log {})",
+                    binary.display(),
+                    log.display()
+                )
+            })?
+            .with_context(|| format!("starting {}", binary.display()))?;
+        if !status.success() {
+            anyhow::bail!(
+                "{} {args:?}: {status}:\n{}",
+                binary.display(),
+                crate::host::log_tail(&log, 20)
+            );
+        }
         Ok(())
     }
 
@@ -538,7 +638,12 @@ impl Run {
         figures.left_in_dead_queues = dead;
         figures.duplicate_dead_letters = self.duplicate_dead_letters().await?;
         figures.expected_dead_letters = self.expected_dead_letters;
-        let host = self.take_host().await?;
+        // The first host may be gone already (stopped for good, as the old release in a
+        // rolling upgrade); the others are stopped here.
+        let host = match self.host.is_some() {
+            true => Some(self.take_host().await?),
+            false => None,
+        };
         let replicas: Vec<HostProcess> = self
             .replicas
             .iter_mut()
@@ -550,10 +655,12 @@ impl Run {
         figures.faults_in_send_window = self.unknown_before;
         figures.max_secs_to_ready = self.ready.iter().copied().reduce(f64::max);
         figures.never_ready = self.never_ready;
-        let code = host.sigterm(STOP_WAIT).await?;
-        if code != Some(0) {
-            eprintln!("faults: the final SIGTERM ended the host with {code:?}");
-            self.unclean_exits += 1;
+        if let Some(host) = host {
+            let code = host.sigterm(STOP_WAIT).await?;
+            if code != Some(0) {
+                eprintln!("faults: the final SIGTERM ended the host with {code:?}");
+                self.unclean_exits += 1;
+            }
         }
         for replica in replicas {
             let code = replica.sigterm(STOP_WAIT).await?;

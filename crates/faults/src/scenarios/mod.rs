@@ -25,6 +25,7 @@ mod rabbit_kill9;
 mod rabbit_restart;
 mod rabbit_sigstop;
 mod replicas_kill;
+mod rolling_upgrade;
 mod sink_switch;
 mod smtp_4xx_then_accept;
 mod smtp_drop_after_dot;
@@ -112,8 +113,9 @@ pub struct Scenario {
 pub const NEEDS_FAULT_INJECTION: &[&str] = &["poison-panic"];
 
 /// The scenarios `--quick` leaves out unless named with `--scenario`: what they start takes
-/// too long for CI's quick run (a three-node cluster: about 40 s before the first ping).
-pub const FULL_RUN_ONLY: &[&str] = &["rabbit-cluster-node-stop"];
+/// too long for CI's quick run (a three-node cluster: about 40 s before the first ping; the
+/// previous release's cold build: minutes).
+pub const FULL_RUN_ONLY: &[&str] = &["rabbit-cluster-node-stop", "rolling-upgrade"];
 
 /// The host's own default `broker.heartbeat`, which most scenarios keep.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
@@ -148,6 +150,8 @@ pub fn all() -> Vec<Scenario> {
         timer_replicas::scenario(),
         replicas_kill::scenario(),
         timer_lease_kill::scenario(),
+        // Releases side by side.
+        rolling_upgrade::scenario(),
         // The mail servers.
         smtp_no_greeting::scenario(),
         smtp_stall_after_data::scenario(),
