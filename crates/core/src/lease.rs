@@ -98,3 +98,65 @@ impl<L: SingletonLease> SingletonLease for &L {
         L::release(self, guard)
     }
 }
+
+/// A lease asked for under a fixed key, whatever name the job gives: a renamed job keeps the
+/// key its first release used, so that two releases side by side never both hold it.
+#[derive(Debug, Clone)]
+pub struct Keyed<L> {
+    pub lease: L,
+    pub key: &'static str,
+}
+
+impl<L: SingletonLease> SingletonLease for Keyed<L> {
+    type Guard = L::Guard;
+
+    fn try_acquire(
+        &self,
+        _job: &str,
+    ) -> impl Future<Output = Result<Option<Self::Guard>, Failure>> + Send {
+        self.lease.try_acquire(self.key)
+    }
+    fn watch<'a>(
+        &'a self,
+        guard: &'a mut Self::Guard,
+    ) -> impl Future<Output = Failure> + Send + 'a {
+        self.lease.watch(guard)
+    }
+
+    fn release(&self, guard: Self::Guard) -> impl Future<Output = ()> + Send {
+        self.lease.release(guard)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records the names it was asked under.
+    #[derive(Default)]
+    struct Recording(Mutex<Vec<String>>);
+
+    impl SingletonLease for Recording {
+        type Guard = ();
+
+        async fn try_acquire(&self, job: &str) -> Result<Option<()>, Failure> {
+            self.0.lock().unwrap().push(job.to_string());
+            Ok(Some(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_keyed_lease_is_asked_for_under_its_key_whatever_the_job_says() {
+        let keyed = Keyed {
+            lease: Recording::default(),
+            key: "dead-letter-maintenance",
+        };
+        keyed.try_acquire("dead-letter-archive").await.unwrap();
+        assert_eq!(
+            *keyed.lease.0.lock().unwrap(),
+            ["dead-letter-maintenance".to_string()]
+        );
+    }
+}

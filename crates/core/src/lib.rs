@@ -89,6 +89,7 @@
 
 pub mod backoff;
 pub mod busy;
+pub mod catalog;
 pub mod dedup;
 pub mod failure;
 pub mod job;
@@ -101,6 +102,7 @@ pub mod timeout;
 
 pub use backoff::Backoff;
 pub use busy::{Busy, SkipIfBusy};
+pub use catalog::{JobKind, JobSpec, Lease};
 pub use dedup::ProcessedGuard;
 pub use failure::{Failure, FailureClass, error_chain};
 pub use job::{
@@ -112,6 +114,6 @@ pub use lease::{NoLease, SingletonLease};
 pub use retry::{
     AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord, persist,
 };
-pub use settings::{Problems, Section, SettingError, TimerSection, TlsMode};
+pub use settings::{PoolNeed, Problems, Section, SettingError, TimerSection, TlsMode};
 pub use text::truncate;
 pub use timeout::{UnitError, run_unit};

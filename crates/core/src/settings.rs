@@ -103,6 +103,30 @@ pub trait TimerSection: Section {
 
     /// The limit of one tick (`run_unit`).
     fn timeout(&self) -> Duration;
+
+    /// What a tick may hold of the shared database pool at once, besides its lease:
+    /// connections, and the keys behind them as the host's budget names them. One, for the
+    /// tick's work, unless the job says otherwise.
+    fn pool_need(&self) -> PoolNeed {
+        PoolNeed::new(1, "1 for the tick's work")
+    }
+}
+
+/// Connections a job may hold of the shared pool at once, and why (`account_concurrency 4 + 1
+/// for its idle lease`), relative to its section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolNeed {
+    pub connections: u32,
+    pub why: String,
+}
+
+impl PoolNeed {
+    pub fn new(connections: u32, why: impl Into<String>) -> Self {
+        Self {
+            connections,
+            why: why.into(),
+        }
+    }
 }
 
 /// How a mail connection (SMTP, IMAP) is secured; `security = "…"` in a section.

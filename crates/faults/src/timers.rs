@@ -12,16 +12,23 @@ use sqlx::PgPool;
 use crate::host::{HostProcess, metric_sum_with};
 use crate::run::{HostId, Run};
 
-/// The timer jobs the host runs under the singleton lease (`crates/host/src/jobs.rs`). The
-/// outbox drain has none (replicas share its rows through `FOR UPDATE SKIP LOCKED`), nor the
-/// database health probe (each replica probes for its own readiness).
-pub const LEASED_JOBS: [&str; 5] = [
-    "inbound-email-poller",
-    "draft-expiry",
-    "dead-letter-maintenance",
-    "retention",
-    "reconciler",
+/// The timer jobs the host runs under the singleton lease, each with the key of its lease (its
+/// first name: `dead-letter-archive` was `dead-letter-maintenance`). The outbox drain has none
+/// (replicas share its rows through `FOR UPDATE SKIP LOCKED`), nor the database health probe
+/// (each replica probes for its own readiness). The host's list of jobs is the source: a test
+/// of the host (`crates/host/tests/job_list.rs`) holds this one to it.
+pub const LEASED_JOBS: [(&str, &str); 5] = [
+    ("inbound-email-poller", "inbound-email-poller"),
+    ("draft-expiry", "draft-expiry"),
+    ("dead-letter-archive", "dead-letter-maintenance"),
+    ("retention", "retention"),
+    ("reconciler", "reconciler"),
 ];
+
+/// The names of [`LEASED_JOBS`], as the attempt log records their ticks.
+pub fn leased_job_names() -> Vec<&'static str> {
+    LEASED_JOBS.iter().map(|(job, _)| *job).collect()
+}
 
 /// The inbound email poller's name, the job every timer scenario watches most.
 pub const POLLER: &str = "inbound-email-poller";
@@ -136,19 +143,21 @@ pub struct HeldLease {
 
 /// The leases of [`LEASED_JOBS`] held now on the scenario's database, from `pg_locks`.
 pub async fn held_leases(pool: &PgPool) -> anyhow::Result<Vec<HeldLease>> {
-    let jobs: Vec<String> = LEASED_JOBS.iter().map(|j| j.to_string()).collect();
+    let jobs: Vec<&str> = leased_job_names();
+    let keys: Vec<&str> = LEASED_JOBS.iter().map(|(_, key)| *key).collect();
     let rows: Vec<(String, i32)> = sqlx::query_as(
         "SELECT j.job, a.client_port \
-         FROM unnest($1::text[]) AS j(job) \
+         FROM unnest($1::text[], $3::text[]) AS j(job, key) \
          JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
               AND l.classid = $2::bigint::oid \
-              AND l.objid = (hashtext(j.job)::bigint & 4294967295)::oid \
+              AND l.objid = (hashtext(j.key)::bigint & 4294967295)::oid \
               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
          JOIN pg_stat_activity a ON a.pid = l.pid \
          WHERE a.client_port IS NOT NULL",
     )
     .bind(&jobs)
     .bind(LEASE_NAMESPACE)
+    .bind(&keys)
     .fetch_all(pool)
     .await
     .context("reading the held leases from pg_locks")?;

@@ -412,6 +412,59 @@ async fn a_timer_is_paused_for_every_replica_run_now_and_resumed_each_recorded()
     Ok(())
 }
 
+/// `dead-letter-archive`'s tick was `dead-letter-maintenance` in the release before: a pause an
+/// operator made there, during a rolling upgrade, holds the job here too, and resuming it under
+/// its new name removes that pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_under_a_jobs_former_name_holds_it_and_resumes_under_its_name() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let world = World::start(
+        "CONSOLE_SHOW_LOG",
+        Setup {
+            sections: "[jobs.dead_letter_archive]\nschedule = \"every 1s\"\n".into(),
+            ..Setup::with_token()
+        },
+    )
+    .await?;
+    let former =
+        worker_core::JobSpec::timer("dead-letter-maintenance", worker_core::Lease::OneReplica);
+    let actor = worker_store::audit::Actor::new("erin", "an-older-release");
+    worker_store::pauses::pause(&world.db.pool, &former, &actor).await?;
+    let host = &world.host;
+    host.wait_for("ticks skipped while paused", || async {
+        Ok((host.count("dead-letter-archive", "skipped_paused").await? >= 2).then_some(()))
+    })
+    .await;
+    let operator = Operator::sign_in(&world.host.url(""), TOKEN, "dave").await?;
+    let page = operator
+        .get("/jobs/dead-letter-archive")
+        .await?
+        .text()
+        .await?;
+    assert!(page.contains("id=\"resume\""), "shown paused: {page}");
+    operator
+        .post_redirected("/jobs/dead-letter-archive/resume", &[])
+        .await?;
+    let paused: Vec<String> = sqlx::query_scalar("SELECT job FROM job_pauses")
+        .fetch_all(&world.db.pool)
+        .await?;
+    assert!(
+        paused.is_empty(),
+        "the former name's pause is gone: {paused:?}"
+    );
+    let refused = operator
+        .post("/jobs/dead-letter-maintenance/pause", &[])
+        .await?;
+    assert_eq!(
+        refused.status(),
+        StatusCode::NOT_FOUND,
+        "the console's pages are under the job's one name"
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_outbox_row_is_retried_from_the_page_and_recorded() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;

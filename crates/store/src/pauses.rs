@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
-use worker_core::Failure;
+use worker_core::{Failure, JobSpec};
 
 use crate::audit::{self, ActionKind, Actor, NewAction};
 use crate::classify;
@@ -51,8 +51,11 @@ fn target(job: &str) -> serde_json::Value {
     serde_json::json!({ "job": job })
 }
 
-/// Pauses `job` on every replica, recorded with `actor`.
-pub async fn pause(pool: &PgPool, job: &str, actor: &Actor) -> Result<PauseChange, Failure> {
+/// Pauses `job` on every replica, recorded with `actor`. A pause under one of its earlier
+/// names counts as its pause.
+pub async fn pause(pool: &PgPool, job: &JobSpec, actor: &Actor) -> Result<PauseChange, Failure> {
+    let names: Vec<&str> = job.names().collect();
+    let job = job.name;
     let mut tx = pool.begin().await.map_err(classify)?;
     // The audit row first, so that the pause can name it; a job already paused keeps the
     // pause it had, and the trail says this one changed nothing.
@@ -62,10 +65,13 @@ pub async fn pause(pool: &PgPool, job: &str, actor: &Actor) -> Result<PauseChang
     )
     .await?;
     let changed = sqlx::query(
-        "INSERT INTO job_pauses (job, action_id) VALUES ($1, $2) ON CONFLICT (job) DO NOTHING",
+        "INSERT INTO job_pauses (job, action_id) SELECT $1, $2 \
+         WHERE NOT EXISTS (SELECT 1 FROM job_pauses WHERE job = ANY($3)) \
+         ON CONFLICT (job) DO NOTHING",
     )
     .bind(job)
     .bind(action_id)
+    .bind(&names)
     .execute(&mut *tx)
     .await
     .map_err(classify)?
@@ -79,11 +85,13 @@ pub async fn pause(pool: &PgPool, job: &str, actor: &Actor) -> Result<PauseChang
     Ok(PauseChange { action_id, changed })
 }
 
-/// Resumes `job` on every replica, recorded with `actor`.
-pub async fn resume(pool: &PgPool, job: &str, actor: &Actor) -> Result<PauseChange, Failure> {
+/// Resumes `job` on every replica, recorded with `actor`: its pause under any of its names.
+pub async fn resume(pool: &PgPool, job: &JobSpec, actor: &Actor) -> Result<PauseChange, Failure> {
+    let names: Vec<&str> = job.names().collect();
+    let job = job.name;
     let mut tx = pool.begin().await.map_err(classify)?;
-    let removed = sqlx::query("DELETE FROM job_pauses WHERE job = $1")
-        .bind(job)
+    let removed = sqlx::query("DELETE FROM job_pauses WHERE job = ANY($1)")
+        .bind(&names)
         .execute(&mut *tx)
         .await
         .map_err(classify)?
@@ -102,10 +110,11 @@ pub async fn resume(pool: &PgPool, job: &str, actor: &Actor) -> Result<PauseChan
     Ok(PauseChange { action_id, changed })
 }
 
-/// Whether `job` is paused now.
-pub async fn is_paused(pool: &PgPool, job: &str) -> Result<bool, Failure> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM job_pauses WHERE job = $1)")
-        .bind(job)
+/// Whether `job` is paused now, under any of its names.
+pub async fn is_paused(pool: &PgPool, job: &JobSpec) -> Result<bool, Failure> {
+    let names: Vec<&str> = job.names().collect();
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM job_pauses WHERE job = ANY($1))")
+        .bind(&names)
         .fetch_one(pool)
         .await
         .map_err(classify)

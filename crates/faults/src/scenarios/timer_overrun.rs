@@ -149,7 +149,7 @@ impl TimerOverrun {
 /// One check over the timer jobs that run under the lease (and the busy guard): no two ticks
 /// of one job overlapping beyond [`SLACK`] in the attempt log.
 pub async fn overlap_check(run: &Run) -> anyhow::Result<Check> {
-    let jobs = timers::tick_overlaps(&run.db.pool, &timers::LEASED_JOBS, SLACK).await?;
+    let jobs = timers::tick_overlaps(&run.db.pool, &timers::leased_job_names(), SLACK).await?;
     let overlapping: i64 = jobs.iter().map(|j| j.overlapping).sum();
     let ran: i64 = jobs.iter().map(|j| j.ran).sum();
     let per_job: Vec<String> = jobs

@@ -7,7 +7,7 @@ use super::actor::actor;
 use crate::cli::JobsAction;
 use crate::connections;
 use crate::exit::Fatal;
-use crate::jobs::{TIMERS, pausable};
+use crate::jobs::{pausable, pause_of, timer_names};
 use crate::settings::Settings;
 
 pub async fn run(settings: &Settings, action: JobsAction) -> Result<(), Fatal> {
@@ -24,10 +24,10 @@ async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> 
         JobsAction::List { json } => {
             let paused = pauses::list(pool).await.map_err(Fatal::from_failure)?;
             if json {
-                let jobs: Vec<_> = TIMERS
-                    .iter()
+                let jobs: Vec<_> = timer_names()
+                    .into_iter()
                     .map(|job| {
-                        let pause = paused.iter().find(|p| p.job == *job);
+                        let pause = pause_of(&paused, job);
                         serde_json::json!({"job": job, "pausable": pausable(job).is_ok(), "paused": pause})
                     })
                     .collect();
@@ -37,8 +37,8 @@ async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> 
                 );
                 return Ok(());
             }
-            for job in TIMERS {
-                match paused.iter().find(|p| p.job == *job) {
+            for job in timer_names() {
+                match pause_of(&paused, job) {
                     Some(p) => println!(
                         "{job:<22} paused since {} by {} (action {})",
                         p.paused_at.format("%Y-%m-%d %H:%M:%S"),
@@ -50,8 +50,9 @@ async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> 
             }
         }
         JobsAction::Pause { job, actor: given } => {
-            pausable(&job).map_err(Fatal::usage)?;
-            let change = pauses::pause(pool, &job, &actor(&given))
+            let spec = pausable(&job).map_err(Fatal::usage)?;
+            let job = spec.name;
+            let change = pauses::pause(pool, spec, &actor(&given))
                 .await
                 .map_err(Fatal::from_failure)?;
             if change.changed {
@@ -67,8 +68,9 @@ async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> 
             }
         }
         JobsAction::Resume { job, actor: given } => {
-            pausable(&job).map_err(Fatal::usage)?;
-            let change = pauses::resume(pool, &job, &actor(&given))
+            let spec = pausable(&job).map_err(Fatal::usage)?;
+            let job = spec.name;
+            let change = pauses::resume(pool, spec, &actor(&given))
                 .await
                 .map_err(Fatal::from_failure)?;
             if change.changed {

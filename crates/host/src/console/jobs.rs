@@ -73,9 +73,8 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
     };
     let paused = pauses::list(&console.pool)
         .await
-        .map_err(failed("Reading the paused jobs"))?
-        .into_iter()
-        .find(|p| p.job == name);
+        .map_err(failed("Reading the paused jobs"))?;
+    let paused = crate::jobs::pause_of(&paused, name).cloned();
     let recent_ticks = if timer.is_some() {
         attempt_log::recent(&console.pool, name, RECENT)
             .await
@@ -187,11 +186,12 @@ async fn change_pause(
             "this host runs no timer job called `{name}`"
         )));
     }
-    pausable(name).map_err(|why| Problem::new(StatusCode::CONFLICT, "Cannot be paused", why))?;
+    let spec = pausable(name)
+        .map_err(|why| Problem::new(StatusCode::CONFLICT, "Cannot be paused", why))?;
     let changed = if pause {
-        pauses::pause(&console.pool, name, &actor).await
+        pauses::pause(&console.pool, spec, &actor).await
     } else {
-        pauses::resume(&console.pool, name, &actor).await
+        pauses::resume(&console.pool, spec, &actor).await
     };
     changed.map_err(|e| Problem::failed("Changing the pause", e))?;
     Ok(see_other(&format!("/jobs/{name}")))

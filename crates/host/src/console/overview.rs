@@ -98,7 +98,7 @@ fn at(value: &serde_json::Value) -> Option<chrono::DateTime<chrono::Utc>> {
 fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::Value {
     let counts = &job["counts"];
     let name = job["name"].as_str().unwrap_or_default();
-    let state = if paused.iter().any(|p| p.job == name) {
+    let state = if crate::jobs::pause_of(paused, name).is_some() {
         "paused"
     } else {
         match (at(&counts["last_error_at"]), at(&counts["last_success"])) {

@@ -7,12 +7,10 @@
 //!
 //! * each consumer: one connection per handler in flight (`jobs.X.concurrency`); a handler
 //!   holds one connection at a time, never one across an SMTP send or a webhook call;
-//! * the outbox drain: two per lane (`jobs.outbox_drain.drain.batches_in_flight`), one lane
-//!   claiming and publishing while the other commits;
-//! * the inbound poller: one per account polled at once, plus its lease, plus the idle lease
-//!   that the replica keeping the IMAP IDLE sessions holds for as long as it does;
-//! * every other leased timer: its lease's connection, held for the tick, plus one for the
-//!   tick's work;
+//! * each timer job: what its section says a tick holds (`TimerSection::pool_need`: one for
+//!   the tick's work unless the job says otherwise: the outbox drain two per lane, the poller
+//!   one per account polled at once and its idle lease), and its lease's connection when it
+//!   takes the lease;
 //! * one archiver per dead queue, the attempt-log writer and the sampler: one each.
 //!
 //! The outbox listener (`LISTEN`) and the health probe hold connections of their own, outside
@@ -39,41 +37,25 @@ impl Settings {
         for job in self.jobs.consumers() {
             let concurrency = job.section.runner().concurrency;
             need(
-                format!("jobs.{}.concurrency {concurrency}", job.name),
+                format!("jobs.{}.concurrency {concurrency}", job.spec.section()),
                 u32::try_from(concurrency).unwrap_or(u32::MAX),
             );
         }
-        let lanes = u32::try_from(self.jobs.outbox_drain.job.drain.batches_in_flight)
-            .unwrap_or(u32::MAX)
-            .max(1);
-        need(
-            format!("jobs.outbox_drain.drain.batches_in_flight {lanes} × 2"),
-            lanes.saturating_mul(2),
-        );
-        let accounts = u32::try_from(self.jobs.inbound_email_poller.job.account_concurrency)
-            .unwrap_or(u32::MAX)
-            .max(1);
-        need(
-            format!(
-                "jobs.inbound_email_poller.account_concurrency {accounts} + 1 for its lease + 1 for its idle lease"
-            ),
-            accounts.saturating_add(2),
-        );
-        // The leased timers besides the poller: a lease and a connection for the tick each.
-        // A new leased timer job adds its section's name here.
-        let timers = [
-            "draft_expiry",
-            "dead_letter_archive",
-            "reconciler",
-            "retention",
-        ];
-        need(
-            format!(
-                "the leased timers {} × 2 (a lease and the tick's work)",
-                timers.join(", ")
-            ),
-            2 * timers.len() as u32,
-        );
+        for (spec, section) in self.jobs.timers() {
+            let own = section.pool_need();
+            let lease = u32::from(spec.leased());
+            if own.connections + lease == 0 {
+                continue;
+            }
+            let why = match lease {
+                0 => own.why,
+                _ => format!("{} + 1 for its lease", own.why),
+            };
+            need(
+                format!("jobs.{}: {why}", spec.section()),
+                own.connections.saturating_add(lease),
+            );
+        }
         let dead_queues = self.jobs.consumers().len() as u32;
         need(
             format!("the dead-letter archivers {dead_queues} (one per dead queue)"),

@@ -9,7 +9,7 @@ use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 
 use super::Settings;
-use super::jobs::refine_flattened;
+use super::job_sections::refine_flattened;
 use super::renames;
 
 /// The settings file used when neither `--config` nor `WORKER_HOST_CONFIG` names one.

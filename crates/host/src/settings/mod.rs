@@ -29,13 +29,13 @@ pub use host::{
     AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings, LogFormat,
     SmtpSettings, SslMode, TelemetrySettings, WorkersSettings,
 };
-pub use jobs::{ConsumerEntry, JobsSettings, Timer};
+pub use job_sections::{ConsumerEntry, JobSection, JobsSettings, ListedJob, Timer, TimerEntry};
 pub use load::{DEFAULT_PATH, ENV_PREFIX, SettingsError, SettingsSource, source_from};
 
 mod admin;
 mod budget;
 mod host;
-mod jobs;
+mod job_sections;
 mod load;
 pub mod renames;
 mod secrets;

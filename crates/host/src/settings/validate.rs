@@ -151,7 +151,7 @@ impl Settings {
                             });
                             name == *queue
                         })
-                        .map(|job| format!("jobs.{}.queue.{key}", job.name))
+                        .map(|job| format!("jobs.{}.queue.{key}", job.spec.section()))
                         .unwrap_or_else(|| format!("broker.topology.{key}"))
                 }
                 _ => "broker.topology".to_string(),

@@ -116,6 +116,9 @@ pub use webhook::WebhookClient;
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "automation-action";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec = worker_core::catalog::JobSpec::consumer(JOB_NAME);
+
 /// The processed-message scope of the guard.
 pub const GUARD_SCOPE: &str = "automation.action";
 

@@ -72,6 +72,9 @@ pub use settings::AutomationTriggerSettings;
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "automation-trigger";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec = worker_core::catalog::JobSpec::consumer(JOB_NAME);
+
 /// An automation whose conditions held for an event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matched {

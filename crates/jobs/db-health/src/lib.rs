@@ -63,6 +63,10 @@ pub use settings::DbHealthSettings;
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "db-health";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec =
+    worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::EveryReplica);
+
 /// How the probe runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbHealthConfig {

@@ -56,4 +56,10 @@ impl TimerSection for DbHealthSettings {
     fn timeout(&self) -> Duration {
         self.timeout
     }
+
+    /// None: the probe has a connection of its own, so that a starved pool cannot fail
+    /// `/readyz`.
+    fn pool_need(&self) -> worker_core::PoolNeed {
+        worker_core::PoolNeed::new(0, "its own connection, outside the pool")
+    }
 }

@@ -143,7 +143,7 @@ impl std::fmt::Debug for Archiver {
     }
 }
 
-/// What the archiver is called in logs, spans and consumer tags.
+/// The job's name: its archivers' in logs, spans and consumer tags, and its maintenance tick's.
 pub const JOB_NAME: &str = "dead-letter-archive";
 
 impl Archiver {

@@ -104,7 +104,14 @@ pub use browse::{
 };
 pub use bulk::{Control, Run};
 pub use fingerprint::{fingerprint, normalize};
-pub use maintenance::{ArchiveMaintenance, MAINTENANCE_JOB_NAME, MaintenanceReport};
+pub use maintenance::{ArchiveMaintenance, MaintenanceReport};
+
+/// What the host needs to know of this job: its archivers and its maintenance tick are one
+/// job, whose tick was called `dead-letter-maintenance` until this release (its lease key
+/// still is).
+pub const JOB: worker_core::JobSpec =
+    worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::OneReplica)
+        .formerly(&["dead-letter-maintenance"]);
 pub use purge::{PurgeReport, count, purge, purge_dry_run, purge_run};
 pub use query::{
     DeadLetter, DeadLetterSummary, Filter, FingerprintCount, QueueDepth, QueueSummary, Status,

@@ -6,9 +6,6 @@ use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 use crate::archiver::ArchiverSettings;
 use crate::store;
 
-/// What the maintenance job is called in logs, the scheduler and its lease.
-pub const MAINTENANCE_JOB_NAME: &str = "dead-letter-maintenance";
-
 /// Batches per tick, per task, so that one tick stays bounded; the rest waits for the next.
 const MAX_BATCHES: u32 = 100;
 
@@ -72,7 +69,7 @@ impl ArchiveMaintenance {
 
 impl TimerJob for ArchiveMaintenance {
     fn name(&self) -> &str {
-        MAINTENANCE_JOB_NAME
+        crate::JOB_NAME
     }
 
     async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {

@@ -1086,7 +1086,8 @@ async fn failed_outbox_rows_are_archived_once_by_the_maintenance() -> anyhow::Re
         failed_outbox_row_with(pool, id, err).await?;
     }
     let maintenance = ArchiveMaintenance::new(pool.clone(), fast_settings());
-    let ctx = worker_core::WorkContext::new(MAINTENANCE_JOB_NAME, CancellationToken::new());
+    let ctx =
+        worker_core::WorkContext::new(job_dead_letter_archive::JOB_NAME, CancellationToken::new());
 
     assert_eq!(maintenance.run(&ctx).await?.outbox_archived, 2);
     assert_eq!(
@@ -1167,7 +1168,8 @@ async fn an_outbox_row_that_fails_again_after_a_retry_is_archived_again() -> any
     let db = TestDb::create().await?;
     let pool = &db.pool;
     let maintenance = ArchiveMaintenance::new(pool.clone(), fast_settings());
-    let ctx = worker_core::WorkContext::new(MAINTENANCE_JOB_NAME, CancellationToken::new());
+    let ctx =
+        worker_core::WorkContext::new(job_dead_letter_archive::JOB_NAME, CancellationToken::new());
     let id = failed_outbox_row(pool, "o-twice").await?;
     assert_eq!(maintenance.run(&ctx).await?.outbox_archived, 1);
 

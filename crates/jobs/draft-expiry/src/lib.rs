@@ -49,6 +49,10 @@ pub use settings::DraftExpirySettings;
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "draft-expiry";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec =
+    worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::OneReplica);
+
 /// How much one tick may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraftExpiryConfig {

@@ -133,6 +133,9 @@ use worker_core::truncate;
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "email-send";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec = worker_core::catalog::JobSpec::consumer(JOB_NAME);
+
 /// The processed-message scope of the guard.
 pub const GUARD_SCOPE: &str = "email.send";
 

@@ -138,6 +138,10 @@ use crate::message::{StrikeKey, Strikes};
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "inbound-email-poller";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec =
+    worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::OneReplica);
+
 /// At the first poll of an account, mail that arrived up to this long before the poller
 /// started watching it is still announced: the IMAP server's clock and ours may differ, and
 /// mail sent to a host that is just starting must not be taken for history.

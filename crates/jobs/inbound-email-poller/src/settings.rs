@@ -175,4 +175,16 @@ impl TimerSection for InboundEmailPollerSettings {
     fn timeout(&self) -> Duration {
         self.timeout
     }
+
+    /// One per account polled at once, and the idle lease that the replica keeping the IMAP
+    /// IDLE sessions holds for as long as it does.
+    fn pool_need(&self) -> worker_core::PoolNeed {
+        let accounts = u32::try_from(self.account_concurrency)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        worker_core::PoolNeed::new(
+            accounts.saturating_add(1),
+            format!("account_concurrency {accounts} + 1 for its idle lease"),
+        )
+    }
 }

@@ -75,6 +75,10 @@ pub use waker::{ListenerSettings, listen};
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "outbox-drain";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec =
+    worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::EveryReplica);
+
 /// How a batch's transaction begins ([`OutboxDrain::begin`]).
 const BEGIN_BATCH: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 

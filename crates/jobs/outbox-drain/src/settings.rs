@@ -44,4 +44,15 @@ impl TimerSection for OutboxDrainJobSettings {
     fn timeout(&self) -> Duration {
         self.timeout
     }
+
+    /// Two per lane: one lane claims and publishes while the other commits.
+    fn pool_need(&self) -> worker_core::PoolNeed {
+        let lanes = u32::try_from(self.drain.batches_in_flight)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        worker_core::PoolNeed::new(
+            lanes.saturating_mul(2),
+            format!("drain.batches_in_flight {lanes} × 2"),
+        )
+    }
 }

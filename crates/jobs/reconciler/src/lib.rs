@@ -104,6 +104,10 @@ pub use settings::ReconcilerSettings;
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "reconciler";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec =
+    worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::OneReplica);
+
 /// The dead-letter reason of a row the reconciler gave up on.
 pub const REASON: &str = "stuck";
 

@@ -60,6 +60,10 @@ pub use settings::RetentionSettings;
 /// The job's name, in logs, metrics, the attempt log and its lease.
 pub const JOB_NAME: &str = "retention";
 
+/// What the host needs to know of this job (its name, kind and lease).
+pub const JOB: worker_core::JobSpec =
+    worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::OneReplica);
+
 /// The tables this job sweeps, as they are named in its reports and metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Table {

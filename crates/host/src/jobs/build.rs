@@ -1,128 +1,53 @@
-//! The list of jobs this host runs, and how each is wrapped: consumers in a
-//! [`worker_broker::ConsumerRunner`] (retry, timeout, the recoverability pipeline), timer jobs
-//! in a [`TimerTask`] (busy guard, lease, timeout). Only the host knows this list.
+//! Each job built from its section and the host's shared parts, and started: the list of
+//! jobs this host runs, a line a job.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use worker_broker::ConsumerSection;
-use worker_core::TimerSection;
-use worker_store::{AdvisoryLease, AttemptLog};
+use worker_store::AdvisoryLease;
 
-use crate::metrics::Metrics;
-use crate::observe::ConsumerObserver;
-use crate::scheduler::control::PauseCheck;
-use crate::scheduler::{TimerHandle, TimerTask};
-use crate::settings::{ImapAccount, Settings, Timer};
-use crate::status::{JobEntry, JobStats, TimerStats};
+use super::run::{consumer, timer};
+use super::{JobError, JobsContext, Started, job_error};
+use crate::settings::{ImapAccount, ListedJob, Settings};
+use crate::status::JobEntry;
 
-/// What every job is built from.
-#[derive(Debug, Clone)]
-pub struct JobsContext {
-    pub settings: Arc<Settings>,
-    pub pool: PgPool,
-    pub supervisor: worker_broker::Supervisor,
-    pub publisher: worker_broker::Publisher,
-    pub lease: Arc<AdvisoryLease>,
-    pub attempt_log: AttemptLog,
-    pub metrics: Metrics,
-    pub tracker: TaskTracker,
-    pub shutdown: CancellationToken,
-    /// Where timer jobs read whether an operator paused them (every replica reads the same).
-    pub pauses: Option<Arc<dyn PauseCheck>>,
-    /// Every unit of work in progress, for the watchdog ([`crate::watchdog`]).
-    pub liveness: worker_core::liveness::Liveness,
-}
-
-/// A job that cannot be built from the settings; names the job and why.
-#[derive(Debug, thiserror::Error)]
-#[error("job {job}: {problem}")]
-pub struct JobError {
-    pub job: String,
-    pub problem: String,
-}
-
-fn job_error(job: &str, problem: impl std::fmt::Display) -> JobError {
-    JobError {
-        job: job.to_string(),
-        problem: problem.to_string(),
-    }
-}
-
-/// What the running jobs expose to the rest of the host.
-#[derive(Debug)]
-pub struct Started {
-    pub entries: Vec<JobEntry>,
-    pub health: job_db_health::HealthHandle,
-}
-
-/// Whether a timer job's ticks hold the shared lease: one replica at a time, or every
-/// replica on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lease {
-    /// One tick across all replicas at a time (an advisory lock for the tick).
-    OneReplica,
-    /// Every replica ticks: its own readiness depends on it, or the job shares its rows
-    /// with the other replicas by itself (`FOR UPDATE SKIP LOCKED`).
-    EveryReplica,
-}
-
-/// The timer jobs of [`start_all`], by name, in its order: what `jobs pause` and the console
-/// take (a test holds the two lists together).
-pub const TIMERS: &[&str] = &[
-    job_outbox_drain::JOB_NAME,
-    job_inbound_email_poller::JOB_NAME,
-    job_db_health::JOB_NAME,
-    job_draft_expiry::JOB_NAME,
-    job_dead_letter_archive::MAINTENANCE_JOB_NAME,
-    job_retention::JOB_NAME,
-    job_reconciler::JOB_NAME,
-];
-
-/// Whether an operator may pause `job`: any timer job but the database probe, which drives
-/// readiness (paused, it would take the host out of its load balancer).
-pub fn pausable(job: &str) -> Result<(), String> {
-    if job == job_db_health::JOB_NAME {
-        return Err(format!(
-            "{job} drives readiness (/readyz) and cannot be paused"
-        ));
-    }
-    if !TIMERS.contains(&job) {
-        return Err(format!(
-            "no timer job is called `{job}`; the timer jobs are {}",
-            TIMERS.join(", ")
-        ));
-    }
-    Ok(())
-}
-
-/// Starts every job through the tracker: the list of jobs this host runs, one a line.
+/// Starts every job of the list through the tracker, in the list's order.
 pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
-    let jobs = &ctx.settings.jobs;
-    let health = db_health(ctx);
-    let handle = health.job.handle();
+    let mut health = None;
+    let entries = ctx
+        .settings
+        .jobs
+        .jobs()
+        .into_iter()
+        .map(|job| start(ctx, job, &mut health))
+        .collect::<Result<Vec<_>, _>>()?;
+    let health = health.ok_or_else(|| job_error(job_db_health::JOB_NAME, "not in the list"))?;
+    Ok(Started { entries, health })
+}
+
+/// Builds and starts one job of the list: a line a job.
+fn start(
+    ctx: &JobsContext,
+    job: ListedJob<'_>,
+    health: &mut Option<job_db_health::HealthHandle>,
+) -> Result<JobEntry, JobError> {
     // One line a job; rustfmt would wrap the list into a shape that no longer reads as one.
     #[rustfmt::skip]
-    let entries = vec![
-        consumer(ctx, "automation_trigger", &jobs.automation_trigger, automation_trigger(ctx))?,
-        consumer(ctx, "automation_action", &jobs.automation_action, automation_action(ctx)?)?,
-        consumer(ctx, "email_send", &jobs.email_send, email_send(ctx)?)?,
-        timer(ctx, &jobs.outbox_drain, Lease::EveryReplica, outbox_drain(ctx)),
-        timer(ctx, &jobs.inbound_email_poller, Lease::OneReplica, inbound_email_poller(ctx)?),
-        timer(ctx, &jobs.db_health, Lease::EveryReplica, health),
-        timer(ctx, &jobs.draft_expiry, Lease::OneReplica, draft_expiry(ctx)),
-        timer(ctx, &jobs.dead_letter_archive, Lease::OneReplica, dead_letter_archive(ctx)),
-        timer(ctx, &jobs.retention, Lease::OneReplica, retention(ctx)),
-        timer(ctx, &jobs.reconciler, Lease::OneReplica, reconciler(ctx)),
-    ];
-    Ok(Started {
-        entries,
-        health: handle,
-    })
+    let entry = match job.spec.name {
+        job_automation_trigger::JOB_NAME => consumer(ctx, job, automation_trigger(ctx))?,
+        job_automation_action::JOB_NAME => consumer(ctx, job, automation_action(ctx)?)?,
+        job_email_send::JOB_NAME => consumer(ctx, job, email_send(ctx)?)?,
+        job_outbox_drain::JOB_NAME => timer(ctx, job, outbox_drain(ctx))?,
+        job_inbound_email_poller::JOB_NAME => timer(ctx, job, inbound_email_poller(ctx)?)?,
+        job_db_health::JOB_NAME => timer(ctx, job, db_health(ctx, health))?,
+        job_draft_expiry::JOB_NAME => timer(ctx, job, draft_expiry(ctx))?,
+        job_dead_letter_archive::JOB_NAME => timer(ctx, job, dead_letter_archive(ctx))?,
+        job_retention::JOB_NAME => timer(ctx, job, retention(ctx))?,
+        job_reconciler::JOB_NAME => timer(ctx, job, reconciler(ctx))?,
+        other => return Err(job_error(other, "the host has no builder for this job")),
+    };
+    Ok(entry)
 }
 
 /// A timer job as built, with what wakes it between ticks, if anything.
@@ -204,9 +129,15 @@ fn inbound_email_poller(
 }
 
 /// On a connection of its own: a pool starved by slow work must not make `/readyz` fail.
-fn db_health(ctx: &JobsContext) -> Built<job_db_health::DbHealth> {
+/// Its handle goes to readiness.
+fn db_health(
+    ctx: &JobsContext,
+    handle: &mut Option<job_db_health::HealthHandle>,
+) -> Built<job_db_health::DbHealth> {
     let section = &ctx.settings.jobs.db_health.job;
-    job_db_health::DbHealth::beside(&ctx.pool, section.config()).into()
+    let job = job_db_health::DbHealth::beside(&ctx.pool, section.config());
+    *handle = Some(job.handle());
+    job.into()
 }
 
 fn draft_expiry(ctx: &JobsContext) -> Built<job_draft_expiry::DraftExpiry> {
@@ -332,48 +263,6 @@ pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerCon
         .config(accounts, events)
 }
 
-/// Runs a timer job on its section's schedule, under the busy guard, the lease (when it
-/// holds one) and its section's timeout.
-fn timer<J: worker_core::TimerJob, S: TimerSection>(
-    ctx: &JobsContext,
-    section: &Timer<S>,
-    lease: Lease,
-    built: Built<J>,
-) -> JobEntry {
-    let Built { job, wake } = built;
-    let stats = Arc::new(TimerStats::default());
-    let (handle, control) = TimerHandle::new(
-        job.name(),
-        section.schedule.clone(),
-        section.timeout(),
-        lease == Lease::OneReplica,
-        stats.clone(),
-        ctx.pauses.clone(),
-    );
-    let entry = JobEntry {
-        name: job.name().to_string(),
-        stats: JobStats::Timer(handle),
-    };
-    let task = TimerTask {
-        job: Arc::new(job),
-        schedule: section.schedule.clone(),
-        timeout: section.timeout(),
-        lease: match lease {
-            Lease::OneReplica => Some(ctx.lease.clone()),
-            Lease::EveryReplica => None,
-        },
-        wake,
-        stats,
-        metrics: ctx.metrics.clone(),
-        attempt_log: ctx.attempt_log.clone(),
-        control,
-        liveness: Some(ctx.liveness.clone()),
-    };
-    ctx.tracker
-        .spawn(task.run(ctx.tracker.clone(), ctx.shutdown.child_token()));
-    entry
-}
-
 /// The outbox drain, on its schedule and at once when a row commits (LISTEN/NOTIFY). Every
 /// replica drains: they share the rows through `FOR UPDATE SKIP LOCKED`.
 fn outbox_drain(ctx: &JobsContext) -> Built<job_outbox_drain::OutboxDrain> {
@@ -395,45 +284,4 @@ fn outbox_drain(ctx: &JobsContext) -> Built<job_outbox_drain::OutboxDrain> {
         job: drain,
         wake: Some(wake),
     }
-}
-
-/// Runs `job` on its section's queue through the recoverability pipeline, with the section's
-/// runner settings (its retry, else `workers.retry`), draining within
-/// `workers.drain_deadline` on shutdown.
-pub fn consumer<J: worker_core::ConsumerJob>(
-    ctx: &JobsContext,
-    name: &str,
-    section: &dyn ConsumerSection,
-    job: J,
-) -> Result<JobEntry, JobError> {
-    let settings = &ctx.settings;
-    let queue = worker_broker::QueueTopology::from_settings(
-        section.queue(),
-        section.queue_defaults(&settings.broker.topology),
-    )
-    .map_err(|e| job_error(name, e))?;
-    let mut runner = section.runner();
-    runner.retry = runner
-        .retry
-        .or_else(|| Some(settings.workers.retry.clone()));
-    runner.drain_deadline = settings.workers.drain_deadline();
-    let observer = Arc::new(ConsumerObserver::new(
-        job.name(),
-        ctx.metrics.clone(),
-        ctx.attempt_log.clone(),
-        ctx.liveness.clone(),
-    ));
-    let entry = JobEntry {
-        name: job.name().to_string(),
-        stats: JobStats::Consumer {
-            queue: queue.name.clone(),
-            stats: observer.stats.clone(),
-        },
-    };
-    let runner = worker_broker::ConsumerRunner::observed(job, queue, runner, observer);
-    let supervisor = ctx.supervisor.clone();
-    let shutdown = ctx.shutdown.child_token();
-    ctx.tracker
-        .spawn(async move { runner.run(&supervisor, shutdown).await });
-    Ok(entry)
 }
