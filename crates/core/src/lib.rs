@@ -96,6 +96,7 @@ pub mod job;
 pub mod lease;
 pub mod liveness;
 pub mod retry;
+pub mod secret;
 pub mod settings;
 pub mod text;
 pub mod timeout;
@@ -114,6 +115,7 @@ pub use lease::{NoLease, SingletonLease};
 pub use retry::{
     AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord, persist,
 };
+pub use secret::Secret;
 pub use settings::{PoolNeed, Problems, Section, SettingError, TimerSection, TlsMode};
 pub use text::truncate;
 pub use timeout::{UnitError, run_unit};

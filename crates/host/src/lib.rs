@@ -23,7 +23,7 @@ pub mod sampler;
 pub mod schedule;
 pub mod scheduler;
 pub mod schema;
-pub mod secret;
+pub use worker_core::secret;
 pub mod settings;
 pub mod status;
 pub mod telemetry;

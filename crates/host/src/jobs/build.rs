@@ -9,7 +9,7 @@ use worker_store::AdvisoryLease;
 
 use super::run::{consumer, timer};
 use super::{JobError, JobsContext, Started, job_error};
-use crate::settings::{ImapAccount, ListedJob, Settings};
+use crate::settings::{ListedJob, Settings};
 use crate::status::JobEntry;
 
 /// Starts every job of the list through the tracker, in the list's order.
@@ -249,12 +249,7 @@ pub fn smtp_config(settings: &Settings) -> job_email_send::SmtpConfig {
 
 /// The poller's accounts and limits as the settings describe them.
 pub fn poller_config(settings: &Settings) -> job_inbound_email_poller::PollerConfig {
-    let accounts = settings
-        .imap
-        .accounts
-        .iter()
-        .map(ImapAccount::poller)
-        .collect();
+    let accounts = settings.imap.accounts.clone();
     let events = &settings.broker.topology.events_exchange;
     settings
         .jobs

@@ -235,72 +235,9 @@ pub struct ImapSettings {
     pub accounts: Vec<ImapAccount>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ImapAccount {
-    /// A short name for logs, metrics and the poll state.
-    pub name: String,
-    #[serde(default = "default_imap_host")]
-    pub host: String,
-    #[serde(default = "default_imap_port")]
-    pub port: u16,
-    #[serde(default = "default_imap_security")]
-    pub security: TlsMode,
-    pub username: String,
-    #[serde(default)]
-    pub password: Option<Secret>,
-    #[serde(default)]
-    pub password_file: Option<PathBuf>,
-    #[serde(default = "default_mailbox")]
-    pub mailbox: String,
-    /// Announce the mail already in the mailbox at the account's first poll. Off (the
-    /// default), the first poll starts after the mail that arrived before the host first
-    /// watched the account, so that a new installation does not answer years of mail.
-    #[serde(default)]
-    pub backfill: bool,
-    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
-    /// public web PKI's roots. The certificate must name `host`.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
-    /// otherwise.
-    #[serde(default)]
-    pub allow_plaintext: bool,
-}
-
-impl ImapAccount {
-    /// The account as the poller takes it, its password exposed for the client library.
-    pub fn poller(&self) -> job_inbound_email_poller::ImapAccount {
-        job_inbound_email_poller::ImapAccount {
-            name: self.name.clone(),
-            host: self.host.clone(),
-            port: self.port,
-            security: self.security,
-            username: self.username.clone(),
-            password: self
-                .password
-                .as_ref()
-                .map(|p| p.expose().to_string())
-                .unwrap_or_default(),
-            mailbox: self.mailbox.clone(),
-            backfill: self.backfill,
-            ca_file: self.ca_file.clone(),
-        }
-    }
-}
-
-fn default_imap_host() -> String {
-    "127.0.0.1".into()
-}
-fn default_imap_port() -> u16 {
-    10143
-}
-fn default_imap_security() -> TlsMode {
-    TlsMode::Plain
-}
-fn default_mailbox() -> String {
-    "INBOX".into()
-}
+/// `[[imap.accounts]]`: each account is the poller's own [`ImapAccount`], which the poller
+/// runs as the settings give it.
+pub use job_inbound_email_poller::ImapAccount;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use worker_core::TlsMode;
 
-use super::{ImapAccount, Settings, SettingsError};
+use super::{Settings, SettingsError};
 
 /// The shortest operator token the host takes.
 pub const OPERATOR_TOKEN_MIN_CHARS: usize = 16;
@@ -161,8 +161,7 @@ impl Settings {
         for problem in self.jobs.validate() {
             fail(&format!("jobs.{}", problem.key), problem.problem);
         }
-        let accounts: Vec<_> = self.imap.accounts.iter().map(ImapAccount::poller).collect();
-        for problem in job_inbound_email_poller::validate_accounts(&accounts) {
+        for problem in job_inbound_email_poller::validate_accounts(&self.imap.accounts) {
             fail(&format!("imap.accounts{}", problem.key), problem.problem);
         }
         if let Err(problem) = self.check_pool_budget() {

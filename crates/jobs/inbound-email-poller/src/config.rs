@@ -2,52 +2,69 @@
 //! and the one check of an account list ([`validate_accounts`]), which the host's settings
 //! validation calls too.
 
-use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use worker_core::{SettingError, TlsMode};
+use serde::{Deserialize, Serialize};
+use worker_core::{Secret, SettingError, TlsMode};
 
 use crate::MailLimits;
 
-/// One IMAP account to poll.
-#[derive(Clone, PartialEq, Eq)]
+/// One IMAP account to poll: `[[imap.accounts]]` in the settings, as the poller runs it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct ImapAccount {
     /// A short, unique name: in logs, metrics, the poll state and the events.
     pub name: String,
+    #[serde(default = "default_host")]
     pub host: String,
+    #[serde(default = "default_port")]
     pub port: u16,
+    #[serde(default)]
     pub security: TlsMode,
     pub username: String,
-    /// Resolved by the host (from the environment or a file); never printed.
-    pub password: String,
+    /// Given here, in the environment or in `password_file` (the host resolves it at load).
+    #[serde(default)]
+    pub password: Option<Secret>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    #[serde(default = "default_mailbox")]
     pub mailbox: String,
-    /// Announce the mail already in the mailbox at the first poll. Off: the first poll
-    /// starts after the mail that arrived before the poller started watching the account
-    /// (see the crate docs, "The first poll").
+    /// Announce the mail already in the mailbox at the account's first poll. Off (the
+    /// default), the first poll starts after the mail that arrived before the host first
+    /// watched the account, so that a new installation does not answer years of mail (see
+    /// the crate docs, "The first poll").
+    #[serde(default)]
     pub backfill: bool,
-    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
-    /// a private CA. The server's certificate must also name `host`.
-    pub ca_file: Option<std::path::PathBuf>,
+    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
+    /// public web PKI's roots. The certificate must name `host`.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
+    /// otherwise.
+    #[serde(default)]
+    pub allow_plaintext: bool,
 }
 
-impl fmt::Debug for ImapAccount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ImapAccount")
-            .field("name", &self.name)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("security", &self.security)
-            .field("username", &self.username)
-            .field("password", &"[redacted]")
-            .field("mailbox", &self.mailbox)
-            .field("backfill", &self.backfill)
-            .field("ca_file", &self.ca_file)
-            .finish()
+impl ImapAccount {
+    /// The password as the client library takes it; empty when none was given.
+    pub fn password(&self) -> &str {
+        self.password.as_ref().map_or("", Secret::expose)
     }
 }
 
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_port() -> u16 {
+    10143
+}
+fn default_mailbox() -> String {
+    "INBOX".into()
+}
+
 /// Everything the poller needs from the settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct PollerConfig {
     pub accounts: Vec<ImapAccount>,
     /// Connect, TLS, greeting and login of one account.

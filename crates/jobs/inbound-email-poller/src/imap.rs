@@ -268,7 +268,7 @@ pub async fn connect(
         }
     };
     client
-        .login(&account.username, &account.password)
+        .login(&account.username, account.password())
         .await
         .map_err(|(source, _client)| ImapError::Imap {
             stage: Stage::Login,

@@ -39,10 +39,12 @@ pub fn account(name: &str, user: &str, password: &str) -> ImapAccount {
         port,
         security: worker_core::TlsMode::Plain,
         username: user.into(),
-        password: password.into(),
+        password: Some(worker_core::Secret::new(password)),
+        password_file: None,
         mailbox: "INBOX".into(),
         backfill: false,
         ca_file: None,
+        allow_plaintext: false,
     }
 }
 
