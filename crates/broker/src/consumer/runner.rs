@@ -14,7 +14,10 @@ use worker_core::{ConsumerJob, Failure, Retry, RetryOutcome, RetryPolicy, WorkCo
 
 use super::dead_letter::{Fate, Mover, Verdict};
 use super::events::TryForwarder;
-use super::session::{ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
+use super::handlers::Scope;
+use super::pump::SessionEnd;
+use super::session::ConsumeLoop;
+use super::settings::ConsumeSettings;
 use super::{
     ConsumerEvents, ConsumerSettings, Decision, DeliveryReport, NoEvents, Outcome, Settle,
     attempt_of, decide, schema_version_of,
