@@ -7,10 +7,11 @@
 //! and its state, polled, since a server-initiated close raises no event), and when it is lost,
 //! withdraws the session, waits a capped, jittered backoff and starts again.
 //!
-//! A cluster is reached through the list of its nodes' addresses ([`ConnectionSettings::addresses`]):
-//! each reconnect tries them in turn ([`Rotation`]), starting after the node that failed or
-//! went away, so that losing one node costs a reconnect to the next, not a wait for the lost
-//! one to return. Quorum queues keep their messages on the nodes that remain.
+//! A cluster is reached through the list of its nodes' addresses
+//! ([`ConnectionSettings::addresses`]): each reconnect tries them in turn
+//! ([`Rotation`](crate::Rotation)), starting after the node that failed or went away, so that
+//! losing one node costs a reconnect to the next, not a wait for the lost one to return.
+//! Quorum queues keep their messages on the nodes that remain.
 //!
 //! Consumers and publishers never keep a connection of their own: they take the current
 //! session from [`Supervisor::sessions`] and, when it dies, wait for the next one. Unacked

@@ -11,8 +11,9 @@
 //!    before the body is decoded: dead letter at once, reason `rejected`, class `permanent`,
 //!    its error `schema-too-new: email.send schema version 3 is newer than this release reads
 //!    (up to 1)`;
-//! 2. run the handler under the job's [`RetryPolicy`], each try under the per-try timeout;
-//! 3. settle by the outcome ([`decide`], a pure function): success or duplicate → ack;
+//! 2. run the handler under the job's [`RetryPolicy`](worker_core::RetryPolicy), each try
+//!    under the per-try timeout;
+//! 3. settle by the outcome ([`decide()`], a pure function): success or duplicate → ack;
 //!    permanent → dead letter `rejected`; transient → park in the tier for the next attempt
 //!    with `x-attempt` one higher, or dead letter `gave-up` past `max_attempts`; throttled →
 //!    park in the first tier that waits at least `retry_after`, or the longest tier when
@@ -58,7 +59,7 @@
 //! comes second, after the other succeeded, as a duplicate: the guard's mark commits with the
 //!
 //! One file a concern: `settings` ([`ConsumerSettings`]), `headers` (their names, and
-//! [`attempt_of`]), `decide` (the pure [`decide`]), `dead_letter` (parking and
+//! [`attempt_of`]), `decide` (the pure [`decide()`]), `dead_letter` (parking and
 //! dead-lettering, each described by one verdict), `acks` (the coalescing ack book),
 //! `events` ([`ConsumerEvents`]), `runner` ([`ConsumerRunner`], the pipeline per delivery),
 //! `session` ([`ConsumeLoop`], the consume loop), `pump` (one session of it: take, hand

@@ -1,5 +1,5 @@
 //! [`ConsumerRunner`]: one [`ConsumerJob`] on its queue, each delivery through the pipeline
-//! (attempt header, decode, in-process retries, [`decide`], then ack, park or dead letter).
+//! (attempt header, decode, in-process retries, [`decide()`], then ack, park or dead letter).
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,13 +1,13 @@
 //! The one consume loop: takes a queue's deliveries through the supervisor's sessions, hands
 //! each to a handler task (at most `concurrency` at once), and settles each as its handler
-//! answers, with coalesced acks ([`AckBook`](super::acks::AckBook)). The [`ConsumerRunner`](super::ConsumerRunner)
-//! and the dead-letter archiver both run on it.
+//! answers, with coalesced acks ([`AckBook`](super::acks::AckBook)). The
+//! [`ConsumerRunner`](super::ConsumerRunner) and the dead-letter archiver both run on it.
 //!
 //! On shutdown it cancels its consumer (`basic.cancel`: the broker sends no more) and keeps
 //! working through every delivery it already holds, the prefetched ones not yet started too,
 //! until they are all settled or the drain deadline comes. Only then does it cancel the
-//! handlers still running ([`Scope::cancel`]), give them [`CANCEL_WAIT`], and return what is
-//! left to the queue, before it closes its channel.
+//! handlers still running ([`Scope::cancel`]), give them [`CANCEL_WAIT`](super::CANCEL_WAIT),
+//! and return what is left to the queue, before it closes its channel.
 //!
 //! When the channel or connection is lost, the handlers in flight are not cancelled: they
 //! finish, and their settle is dropped, since the broker has already requeued the delivery

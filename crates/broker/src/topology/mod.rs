@@ -1,4 +1,4 @@
-//! Exchanges and queues: their settings, the resolved [`Topology`] and an idempotent [`declare`].
+//! Exchanges and queues: their settings, the resolved [`Topology`] and an idempotent [`declare()`].
 //!
 //! For each consumer queue `Q` the topology is:
 //!
@@ -27,7 +27,7 @@
 //!
 //! One file a concern: `settings` (what `[broker.topology]` and `[jobs.<consumer>.queue]`
 //! say), `model` (the resolved [`Topology`] and the tier arithmetic), `error`
-//! ([`TopologyError`]), `declare` (the idempotent [`declare`]) and `conflict` (reading the
+//! ([`TopologyError`]), `declare` (the idempotent [`declare()`]) and `conflict` (reading the
 //! broker's refusal of a declare into a [`DeclareConflict`]).
 
 mod conflict;
