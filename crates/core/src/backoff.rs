@@ -27,7 +27,16 @@ impl Backoff {
         }
     }
 
-    /// The wait after the failures so far, without counting another.
+    /// Each wait drawn from `[d/2, d]` instead of `d` (see
+    /// [`RetryPolicy::jittered_delay_for`]), so that processes cut off together do not all
+    /// come back at the same instant.
+    #[must_use]
+    pub fn jittered(mut self) -> Self {
+        self.policy.jitter = true;
+        self
+    }
+
+    /// The wait after the failures so far, without counting another, before any jitter.
     pub fn current(&self) -> Duration {
         // `delay_for(2)` is the first wait: try 1 has none.
         self.policy.delay_for(self.failures.saturating_add(2))
@@ -35,7 +44,9 @@ impl Backoff {
 
     /// The wait to sleep now; the next one is twice as long, up to the cap.
     pub fn next_wait(&mut self) -> Duration {
-        let wait = self.current();
+        let wait = self
+            .policy
+            .jittered_delay_for(self.failures.saturating_add(2));
         self.failures = self.failures.saturating_add(1);
         wait
     }
@@ -66,6 +77,18 @@ mod tests {
         let mut backoff = Backoff::doubling(Duration::from_secs(2), Duration::from_secs(1));
         assert_eq!(backoff.next_wait(), Duration::from_secs(2));
         assert_eq!(backoff.next_wait(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_jittered_wait_stays_within_half_and_whole() {
+        for ms in [10u64, 500, 30_000] {
+            let d = Duration::from_millis(ms);
+            let mut backoff = Backoff::doubling(d, d).jittered();
+            for _ in 0..50 {
+                let j = backoff.next_wait();
+                assert!(j >= d / 2 && j <= d, "{j:?} for {d:?}");
+            }
+        }
     }
 
     #[test]

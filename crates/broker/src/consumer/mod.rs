@@ -11,8 +11,9 @@
 //!    before the body is decoded: dead letter at once, reason `rejected`, class `permanent`,
 //!    its error `schema-too-new: email.send schema version 3 is newer than this release reads
 //!    (up to 1)`;
-//! 2. run the handler under the job's [`RetryPolicy`], each try under the per-try timeout;
-//! 3. settle by the outcome ([`decide`], a pure function): success or duplicate → ack;
+//! 2. run the handler under the job's [`RetryPolicy`](worker_core::RetryPolicy), each try
+//!    under the per-try timeout;
+//! 3. settle by the outcome ([`decide()`], a pure function): success or duplicate → ack;
 //!    permanent → dead letter `rejected`; transient → park in the tier for the next attempt
 //!    with `x-attempt` one higher, or dead letter `gave-up` past `max_attempts`; throttled →
 //!    park in the first tier that waits at least `retry_after`, or the longest tier when
@@ -58,16 +59,20 @@
 //! comes second, after the other succeeded, as a duplicate: the guard's mark commits with the
 //!
 //! One file a concern: `settings` ([`ConsumerSettings`]), `headers` (their names, and
-//! [`attempt_of`]), `decide` (the pure [`decide`]), `dead_letter` (parking and
+//! [`attempt_of`]), `decide` (the pure [`decide()`]), `dead_letter` (parking and
 //! dead-lettering, each described by one verdict), `acks` (the coalescing ack book),
-//! `events` ([`ConsumerEvents`]), `runner` ([`ConsumerRunner`], the pipeline per delivery)
-//! and `session` ([`ConsumeLoop`], the consume loop).
+//! `events` ([`ConsumerEvents`]), `runner` ([`ConsumerRunner`], the pipeline per delivery),
+//! `session` ([`ConsumeLoop`], the consume loop), `pump` (one session of it: take, hand
+//! out, settle, drain) and `handlers` (the handler tasks, their [`Scope`], and the wait for
+//! them on shutdown).
 
 mod acks;
 mod dead_letter;
 mod decide;
 mod events;
+mod handlers;
 mod headers;
+mod pump;
 mod runner;
 mod session;
 mod settings;
@@ -75,14 +80,16 @@ mod settings;
 pub use acks::Settle;
 pub use decide::{DeadReason, Decision, Outcome, decide};
 pub use events::{ConsumerEvents, DeliveryReport, NoEvents};
+pub use handlers::{CANCEL_WAIT, Scope};
 pub use headers::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,
     DEAD_ERROR_MAX, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER, SCHEMA_VERSION_HEADER, attempt_of,
     schema_version_of,
 };
+pub use pump::SessionEnd;
 pub use runner::ConsumerRunner;
-pub use session::{CANCEL_WAIT, ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
-pub use settings::{BROKER_CONSUMER_TIMEOUT, ConsumerSettings};
+pub use session::ConsumeLoop;
+pub use settings::{BROKER_CONSUMER_TIMEOUT, ConsumeSettings, ConsumerSettings};
 
 /// Test builds only (`--features fault-injection`): a delivery carrying the header
 /// `x-fault-inject` asks its handler for a fault inside its unit of work, on every try, so that

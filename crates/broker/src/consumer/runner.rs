@@ -1,5 +1,5 @@
 //! [`ConsumerRunner`]: one [`ConsumerJob`] on its queue, each delivery through the pipeline
-//! (attempt header, decode, in-process retries, [`decide`], then ack, park or dead letter).
+//! (attempt header, decode, in-process retries, [`decide()`], then ack, park or dead letter).
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,7 +14,10 @@ use worker_core::{ConsumerJob, Failure, Retry, RetryOutcome, RetryPolicy, WorkCo
 
 use super::dead_letter::{Fate, Mover, Verdict};
 use super::events::TryForwarder;
-use super::session::{ConsumeLoop, ConsumeSettings, Scope, SessionEnd};
+use super::handlers::Scope;
+use super::pump::SessionEnd;
+use super::session::ConsumeLoop;
+use super::settings::ConsumeSettings;
 use super::{
     ConsumerEvents, ConsumerSettings, Decision, DeliveryReport, NoEvents, Outcome, Settle,
     attempt_of, decide, schema_version_of,

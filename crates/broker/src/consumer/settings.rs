@@ -1,10 +1,28 @@
-//! The runner part of a consumer's section (`[jobs.<consumer>]`), validated before anything
-//! starts.
+//! A consumer's settings: the runner part of its section (`[jobs.<consumer>]`), validated
+//! before anything starts, and [`ConsumeSettings`], what its consume loop is given.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use worker_core::RetryPolicy;
+
+/// How a consume loop runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumeSettings {
+    pub queue: String,
+    /// Names the consumer in the management UI; the process id is appended.
+    pub consumer_name: String,
+    /// Deliveries the broker may send ahead of the acks (`basic.qos`).
+    pub prefetch: u16,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// Longest wait before completed deliveries are acked.
+    pub ack_interval: Duration,
+    /// How long, once shutdown starts, the loop keeps settling what it holds.
+    pub drain_deadline: Duration,
+    /// How long `basic.cancel` waits for its answer.
+    pub cancel_timeout: Duration,
+}
 
 /// RabbitMQ's default `consumer_timeout`: a delivery unacked this long closes its channel.
 pub const BROKER_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);

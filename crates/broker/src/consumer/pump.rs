@@ -1,0 +1,300 @@
+//! One session of a consume loop: the [`Pump`] that takes deliveries, spawns their handlers,
+//! books their answers and acks them, drains on shutdown, and settles what is left at the end.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use lapin::options::{BasicCancelOptions, BasicNackOptions};
+use lapin::{Channel, Consumer};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::acks::{AckBook, Settle};
+use super::handlers::{CANCEL_WAIT, Handlers, Scope};
+use super::settings::ConsumeSettings;
+use crate::message::Delivery;
+
+/// Why one session of a consume loop ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// Shutdown was asked for and done.
+    Shutdown,
+    /// The channel or connection was lost (or could not be opened), with why.
+    Lost(String),
+}
+
+/// How the loop of one session ended.
+pub(super) enum End {
+    Lost(String),
+    /// Shutdown, and every delivery held was settled.
+    Drained,
+    /// Shutdown, and the drain deadline came first.
+    DeadlineOver,
+}
+
+/// A handler's answer, or its panic.
+type Done = (u64, Result<Settle, Box<dyn Any + Send>>);
+
+/// The state of one session's loop.
+pub(super) struct Pump<'a, H> {
+    settings: &'a ConsumeSettings,
+    handlers: &'a Handlers,
+    handler: H,
+    orphaned: CancellationToken,
+    channel: Channel,
+    consumer: Consumer,
+    semaphore: Arc<Semaphore>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    acks: AckBook,
+    permit: Option<OwnedSemaphorePermit>,
+    flush_at: Option<Instant>,
+    /// Set once shutdown starts: the end of the drain.
+    draining: Option<Instant>,
+    /// Whether the consumer may still yield deliveries (it ends after `basic.cancel`).
+    consuming: bool,
+}
+
+impl<'a, H, Fut> Pump<'a, H>
+where
+    H: Fn(Delivery, Scope) -> Fut,
+    Fut: Future<Output = Settle> + Send + 'static,
+{
+    pub(super) fn new(
+        settings: &'a ConsumeSettings,
+        handlers: &'a Handlers,
+        handler: H,
+        channel: Channel,
+        consumer: Consumer,
+    ) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Self {
+            settings,
+            handlers,
+            handler,
+            orphaned: CancellationToken::new(),
+            channel,
+            consumer,
+            semaphore: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+            done_tx,
+            done_rx,
+            acks: AckBook::new(usize::from(settings.prefetch).div_ceil(4).max(1)),
+            permit: None,
+            flush_at: None,
+            draining: None,
+            consuming: true,
+        }
+    }
+
+    pub(super) async fn pump(&mut self, shutdown: &CancellationToken) -> End {
+        loop {
+            if self.draining.is_some() && !self.consuming && self.acks.pending() == 0 {
+                return End::Drained;
+            }
+            let step = tokio::select! {
+                biased;
+                Some(done) = self.done_rx.recv() => self.settled(done).await,
+                () = sleep_until(self.flush_at), if self.flush_at.is_some() => self.flush_due().await,
+                () = shutdown.cancelled(), if self.draining.is_none() => self.start_drain().await,
+                () = sleep_until(self.draining), if self.draining.is_some() => Err(End::DeadlineOver),
+                p = self.semaphore.clone().acquire_owned(), if self.permit.is_none() && self.consuming => {
+                    self.permit = p.ok();
+                    Ok(())
+                }
+                delivery = self.consumer.next(), if self.permit.is_some() && self.consuming => self.delivered(delivery),
+            };
+            if let Err(end) = step {
+                return end;
+            }
+        }
+    }
+
+    /// Books a handler's answer and every other one already waiting, then acks them when
+    /// enough are ready; completions left behind a slow handler are settled by the timer.
+    async fn settled(&mut self, done: Done) -> Result<(), End> {
+        complete(&mut self.acks, done);
+        while let Ok(done) = self.done_rx.try_recv() {
+            complete(&mut self.acks, done);
+        }
+        if self.acks.ready() || self.acks.idle() {
+            self.acks
+                .flush(&self.channel, false)
+                .await
+                .map_err(End::Lost)?;
+        }
+        if !self.acks.has_completed() {
+            self.flush_at = None;
+        } else if self.flush_at.is_none() {
+            self.flush_at = Some(Instant::now() + self.settings.ack_interval);
+        }
+        Ok(())
+    }
+
+    async fn flush_due(&mut self) -> Result<(), End> {
+        self.flush_at = None;
+        self.acks
+            .flush(&self.channel, true)
+            .await
+            .map_err(End::Lost)?;
+        if self.acks.has_completed() {
+            self.flush_at = Some(Instant::now() + self.settings.ack_interval);
+        }
+        Ok(())
+    }
+
+    /// The broker sends no more; the consumer yields what lapin already holds, then ends.
+    async fn start_drain(&mut self) -> Result<(), End> {
+        self.draining = Some(self.handlers.drain_until(self.settings.drain_deadline));
+        tracing::info!(queue = %self.settings.queue, in_flight = self.acks.pending(), "stopping the consumer; finishing the deliveries it holds");
+        let cancel = self
+            .channel
+            .basic_cancel(self.consumer.tag(), BasicCancelOptions::default());
+        match tokio::time::timeout(self.settings.cancel_timeout, cancel).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(End::Lost(format!(
+                "basic.cancel failed: {}",
+                worker_core::error_chain(&e)
+            ))),
+            Err(_) => Err(End::Lost("basic.cancel got no answer".into())),
+        }
+    }
+
+    fn delivered(
+        &mut self,
+        delivery: Option<Result<lapin::message::Delivery, lapin::Error>>,
+    ) -> Result<(), End> {
+        match delivery {
+            Some(Ok(delivery)) => {
+                self.spawn(Delivery::from(delivery));
+                Ok(())
+            }
+            Some(Err(e)) => Err(End::Lost(format!(
+                "the consumer failed: {}",
+                worker_core::error_chain(&e)
+            ))),
+            None if self.draining.is_some() => {
+                self.consuming = false;
+                Ok(())
+            }
+            None => Err(End::Lost(
+                "the broker cancelled the consumer (queue deleted?) or the channel closed".into(),
+            )),
+        }
+    }
+
+    fn spawn(&mut self, delivery: Delivery) {
+        let tag = delivery.tag();
+        self.acks.delivered(tag);
+        let scope = Scope::new(self.handlers.cancel.clone(), self.orphaned.clone());
+        let task = (self.handler)(delivery, scope);
+        let done = self.done_tx.clone();
+        let held = self.permit.take();
+        self.handlers.tracker.spawn(async move {
+            let settle = AssertUnwindSafe(task).catch_unwind().await;
+            // After a lost channel nobody listens: the broker has requeued the delivery
+            // already.
+            let _ = done.send((tag, settle));
+            drop(held);
+        });
+    }
+
+    pub(super) async fn finish(self, end: End) -> SessionEnd {
+        match end {
+            End::Lost(why) => self.lost(why).await,
+            End::Drained => self.drained().await,
+            End::DeadlineOver => self.deadline_over().await,
+        }
+    }
+
+    /// Nothing can be settled on this channel any more: the broker requeues every unacked
+    /// delivery. The handlers in flight are not cancelled (an SMTP send cut short would be
+    /// sent again by the redelivery); their settle is dropped.
+    async fn lost(self, why: String) -> SessionEnd {
+        drop(self.done_rx);
+        self.orphaned.cancel();
+        let _ = tokio::time::timeout(CANCEL_WAIT, self.channel.close(200, "consumer lost".into()))
+            .await;
+        if self.draining.is_some() {
+            tracing::warn!(queue = %self.settings.queue, error = %why, "the channel was lost while draining; the broker requeues what was not acked");
+            return SessionEnd::Shutdown;
+        }
+        SessionEnd::Lost(why)
+    }
+
+    async fn drained(mut self) -> SessionEnd {
+        let queue = &self.settings.queue;
+        if let Err(e) = self.acks.flush(&self.channel, true).await {
+            tracing::warn!(%queue, error = %e, "acking the last deliveries failed; the broker requeues them");
+        }
+        tracing::info!(%queue, "every delivery held was finished");
+        self.close().await
+    }
+
+    /// Cancels the handlers in flight, settles what they answer within [`CANCEL_WAIT`], and
+    /// returns the rest (handlers that ignored cancellation, deliveries prefetched but never
+    /// started) to the queue.
+    async fn deadline_over(mut self) -> SessionEnd {
+        let queue = &self.settings.queue;
+        tracing::warn!(
+            %queue,
+            in_flight = self.acks.pending(),
+            "drain deadline over: cancelling the handlers in flight and returning the rest to the queue"
+        );
+        self.handlers.cancel.cancel();
+        let wait = tokio::time::sleep(CANCEL_WAIT);
+        tokio::pin!(wait);
+        while self.acks.pending() > 0 {
+            tokio::select! {
+                Some(done) = self.done_rx.recv() => complete(&mut self.acks, done),
+                () = &mut wait => break,
+            }
+        }
+        let flushed = self.acks.flush(&self.channel, true).await;
+        let requeued = self
+            .channel
+            .basic_nack(
+                0,
+                BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                },
+            )
+            .await;
+        if let Err(e) = flushed
+            .as_ref()
+            .map_err(String::as_str)
+            .and(requeued.as_ref().map_err(|_| "nack failed"))
+        {
+            tracing::warn!(%queue, error = %e, "settling the last deliveries on shutdown failed; the broker requeues them");
+        }
+        self.close().await
+    }
+
+    async fn close(self) -> SessionEnd {
+        drop(self.consumer);
+        self.orphaned.cancel();
+        let _ = self
+            .channel
+            .close(200, "worker host shutting down".into())
+            .await;
+        SessionEnd::Shutdown
+    }
+}
+
+/// Books one handler's answer; a handler's panic is resumed here (see the module docs).
+fn complete(acks: &mut AckBook, (tag, settle): Done) {
+    match settle {
+        Ok(settle) => acks.complete(tag, settle),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
