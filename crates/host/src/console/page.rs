@@ -109,13 +109,6 @@ pub struct ProblemBody {
     pub detail: String,
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let body = ProblemBody {
@@ -131,8 +124,8 @@ impl IntoResponse for Problem {
              <link rel=stylesheet href=/console.css></head><body><main class=problem>\
              <h1>{title}</h1><p class=detail>{detail}</p><p><a href=/>Back to the overview</a>\
              </p></main></body></html>",
-            title = escape(&self.title),
-            detail = escape(&self.detail),
+            title = minijinja::HtmlEscape(&self.title),
+            detail = minijinja::HtmlEscape(&self.detail),
         );
         let mut response = (self.status, Html(page)).into_response();
         response.extensions_mut().insert(body);
