@@ -20,7 +20,6 @@ pub mod metrics;
 pub mod notify;
 pub mod observe;
 pub mod sampler;
-pub mod schedule;
 pub mod scheduler;
 pub mod schema;
 pub mod secret;
@@ -28,3 +27,7 @@ pub mod settings;
 pub mod status;
 pub mod telemetry;
 pub mod version;
+
+// The schedules live with the scheduler; `crate::schedule` is the path settings and
+// dependants name them by.
+pub use scheduler::schedule;
