@@ -26,6 +26,7 @@ pub mod secret;
 pub mod settings;
 pub mod status;
 pub mod telemetry;
+pub mod topology;
 pub mod version;
 
 // The schedules live with the scheduler; `crate::schedule` is the path settings and
