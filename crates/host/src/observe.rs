@@ -1,6 +1,6 @@
 //! The host's observers: what the consumer runners and the scheduler report becomes
 //! metrics (see [`crate::metrics::names`]) and the counts `/status` shows: a consumer's
-//! record here, a timer's in [`crate::scheduler::stats`], both with their [`LastResults`].
+//! record here, a timer's in `scheduler/stats.rs`, both with their [`LastResults`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
