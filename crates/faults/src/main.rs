@@ -16,7 +16,8 @@
 //! when a scenario fails.
 //!
 //! Start it with `scripts/faults.sh` (which starts the services and builds both binaries).
-//! The code: `scenarios/` (one file a scenario), `run.rs` (a scenario's world and the readings),
+//! The code: `scenarios/` (one file a scenario), `run/` (a scenario's world: its start, its
+//! host processes, the readings, the settings file),
 //! `oracle.rs` (the counting and the verdict), `report.rs` (the table and the document),
 //! `host.rs` (the host process), `mail.rs` (the pings and the replies), `rabbit_node.rs` and
 //! `rabbit_cluster.rs` (a private RabbitMQ node, or cluster, for the broker's process faults),

@@ -20,11 +20,15 @@ pub mod metrics;
 pub mod notify;
 pub mod observe;
 pub mod sampler;
-pub mod schedule;
 pub mod scheduler;
 pub mod schema;
 pub use worker_core::secret;
 pub mod settings;
 pub mod status;
 pub mod telemetry;
+pub mod topology;
 pub mod version;
+
+// The schedules live with the scheduler; `crate::schedule` is the path settings and
+// dependants name them by.
+pub use scheduler::schedule;

@@ -9,7 +9,6 @@ use tracing::Instrument;
 
 use crate::admin::{self, AdminState, Readiness, ReadinessCheck};
 use crate::alerts::AlertBook;
-use crate::commands::topology::{declare_topology, topology_failure};
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
 use crate::console::{Access, BulkRuns, Console, Views};
 use crate::exit::Fatal;
@@ -20,6 +19,7 @@ use crate::sampler;
 use crate::secret::Secret;
 use crate::settings::Settings;
 use crate::status::{Reading, StatusBoard};
+use crate::topology::{declare_topology, topology_failure};
 use worker_store::{AdvisoryLease, AttemptLog};
 
 /// What `run` reports through: the instruments and the reader behind `/metrics`.

@@ -1,16 +1,19 @@
 //! The host's observers: what the consumer runners and the scheduler report becomes
-//! metrics (see [`crate::metrics::names`]) and the counts `/status` shows.
+//! metrics (see [`crate::metrics::names`]) and the counts `/status` shows: a consumer's
+//! record here, a timer's in `scheduler/stats.rs`, both with their [`LastResults`].
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use chrono::{DateTime, Utc};
 use opentelemetry::KeyValue;
+use serde::Serialize;
 use worker_broker::{ConsumerEvents, DeliveryReport, Outcome};
 use worker_core::TryRecord;
 use worker_core::liveness::Liveness;
 use worker_store::AttemptLog;
 
 use crate::metrics::Metrics;
-use crate::status::ConsumerStats;
 
 /// Records one consumer job's tries and settled deliveries: metrics, `/status` counts and the
 /// attempt log.
@@ -140,5 +143,88 @@ impl ConsumerEvents for ConsumerObserver {
             settled.elapsed.as_secs_f64(),
             &crate::metrics::job_labels(&self.job),
         );
+    }
+}
+
+/// The last results of a job's runs (a consumer's deliveries, a timer's ticks).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct LastResults {
+    pub last_run: Option<DateTime<Utc>>,
+    pub last_success: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<DateTime<Utc>>,
+}
+
+impl LastResults {
+    /// A run that ended `at`, successful or not.
+    pub fn ran(&mut self, at: DateTime<Utc>, success: bool) {
+        self.last_run = Some(at);
+        if success {
+            self.last_success = Some(at);
+        }
+    }
+
+    /// A failure seen `at` (a run's, or an in-process try's that may yet be retried).
+    pub fn failed(&mut self, at: DateTime<Utc>, error: String) {
+        self.last_error = Some(error);
+        self.last_error_at = Some(at);
+    }
+}
+
+/// The running record of one consumer job.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    pub succeeded: AtomicU64,
+    pub duplicate: AtomicU64,
+    pub retried_in_process: AtomicU64,
+    pub parked: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub requeued: AtomicU64,
+    last: Mutex<LastResults>,
+}
+
+/// A copy of [`ConsumerStats`] at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumerSnapshot {
+    pub succeeded: u64,
+    pub duplicate: u64,
+    pub retried_in_process: u64,
+    pub parked: u64,
+    pub dead_lettered: u64,
+    pub requeued: u64,
+    #[serde(flatten)]
+    pub last: LastResults,
+}
+
+impl ConsumerStats {
+    /// Records a delivery's settlement; `error` is the failure that parked or dead-lettered it.
+    pub fn record(&self, counter: &AtomicU64, success: bool, error: Option<String>) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        let now = Utc::now();
+        if let Ok(mut last) = self.last.lock() {
+            last.ran(now, success);
+            if let Some(error) = error {
+                last.failed(now, error);
+            }
+        }
+    }
+
+    /// Remembers the last failure seen by an in-process try.
+    pub fn record_error(&self, error: String) {
+        if let Ok(mut last) = self.last.lock() {
+            last.failed(Utc::now(), error);
+        }
+    }
+
+    pub fn snapshot(&self) -> ConsumerSnapshot {
+        ConsumerSnapshot {
+            succeeded: self.succeeded.load(Ordering::Relaxed),
+            duplicate: self.duplicate.load(Ordering::Relaxed),
+            retried_in_process: self.retried_in_process.load(Ordering::Relaxed),
+            parked: self.parked.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            requeued: self.requeued.load(Ordering::Relaxed),
+            last: self.last.lock().map(|l| l.clone()).unwrap_or_default(),
+        }
     }
 }

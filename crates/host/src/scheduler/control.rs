@@ -15,8 +15,8 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use tokio::sync::mpsc::{self, error::TrySendError};
 
-use crate::schedule::Schedule;
-use crate::status::TimerStats;
+use super::schedule::Schedule;
+use super::stats::{TimerSnapshot, TimerStats};
 
 /// Whether a job is paused, as every replica reads it.
 pub trait PauseCheck: Send + Sync + std::fmt::Debug {
@@ -185,7 +185,7 @@ pub struct TimerView {
     pub timeout_ms: u64,
     pub leased: bool,
     pub next_run: Option<DateTime<Utc>>,
-    pub counts: crate::status::TimerSnapshot,
+    pub counts: TimerSnapshot,
 }
 
 #[cfg(test)]

@@ -97,6 +97,7 @@
 //! slow account's batch is cut short at every tick (nothing is lost: it resumes at the next).
 
 pub mod config;
+mod fetch;
 pub mod idle;
 pub mod ids;
 pub mod imap;

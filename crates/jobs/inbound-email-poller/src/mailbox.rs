@@ -1,21 +1,19 @@
 //! One mailbox of an account in one tick: its poll state (UIDVALIDITY, the last UID, the
-//! first poll's history), which UIDs are new, their sizes, and fetching one part of a message.
+//! first poll's history), which UIDs are new and their sizes, and each new message handed to
+//! [`crate::message`] under its own timeout.
 
-use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use worker_core::{Failure, UnitError, run_unit};
 
+use crate::fetch::{fetch_arrivals, fetch_sizes};
 use crate::imap::{Session, timed};
-use crate::message::*;
+use crate::message::{Disposition, message_span};
 use crate::store::PollState;
 use crate::*;
-
-/// The most header bytes fetched of a mail over the size limit.
-pub(crate) const MAX_HEADER_BYTES: u32 = 64 * 1024;
 
 impl InboundEmailPoller {
     /// Polls the selected mailbox; returns whether the session is still usable.
@@ -180,21 +178,17 @@ impl InboundEmailPoller {
         if known {
             return Ok(());
         }
-        let limit = self.config.message_timeout;
         let watched = store::watch(&self.pool, &account.name, &account.mailbox, self.started_at);
-        match tokio::time::timeout(limit, watched).await {
-            Ok(Ok(())) => {
-                if let Ok(mut watched) = self.watched.lock() {
-                    watched.insert(account.name.clone());
-                }
-                Ok(())
-            }
-            Ok(Err(failure)) => Err(failure),
-            Err(_) => Err(Failure::transient(format!(
-                "writing the poll state: no answer from the database within {}ms",
-                limit.as_millis()
-            ))),
+        db_timed(
+            self.config.message_timeout,
+            "writing the poll state",
+            watched,
+        )
+        .await?;
+        if let Ok(mut watched) = self.watched.lock() {
+            watched.insert(account.name.clone());
         }
+        Ok(())
     }
 
     /// The poll state under the server's `uidvalidity`: as stored; started over from UID 1
@@ -311,89 +305,16 @@ impl InboundEmailPoller {
     }
 }
 
-/// `UID FETCH <uids> (UID INTERNALDATE)`: when each message still there arrived.
-pub(crate) async fn fetch_arrivals(
-    session: &mut Session,
-    uids: &[u32],
-) -> Result<HashMap<u32, DateTime<Utc>>, async_imap::error::Error> {
-    let fetches: Vec<_> = session
-        .uid_fetch(imap::uid_set(uids), "(UID INTERNALDATE)")
-        .await?
-        .try_collect()
-        .await?;
-    let arrived: HashMap<u32, DateTime<Utc>> = fetches
-        .iter()
-        .filter_map(|f| Some((f.uid?, f.internal_date()?.with_timezone(&Utc))))
-        .collect();
-    if arrived.len() < uids.len() {
-        // Missing ones count as new; make sure the answer was the server's (see
-        // `confirm_answered`), not a connection that closed in the middle of it.
-        confirm_answered(session).await?;
-    }
-    Ok(arrived)
-}
-
-/// `UID FETCH <uids> (UID RFC822.SIZE)`: the size of each message still there.
-pub(crate) async fn fetch_sizes(
-    session: &mut Session,
-    uids: &[u32],
-) -> Result<HashMap<u32, u32>, async_imap::error::Error> {
-    let fetches: Vec<_> = session
-        .uid_fetch(imap::uid_set(uids), "(UID RFC822.SIZE)")
-        .await?
-        .try_collect()
-        .await?;
-    let sizes: HashMap<u32, u32> = fetches
-        .iter()
-        .filter_map(|f| Some((f.uid?, f.size?)))
-        .collect();
-    if sizes.len() < uids.len() {
-        // A message without its size is taken as gone (and skipped past): make sure the
-        // answer was the server's, not a connection that closed in the middle of it.
-        confirm_answered(session).await?;
-    }
-    Ok(sizes)
-}
-
-/// After a FETCH that came back without what was asked: async-imap ends a FETCH's stream
-/// alike at the server's tagged answer and at the connection's end (EOF, a BYE before it),
-/// so a dropped connection reads as "no such message", and the poller would skip past mail
-/// it never read. A NOOP whose tagged OK must be read tells the two apart: on a connection
-/// that is gone it fails (`ConnectionLost` or an I/O error, not held against the message).
-pub(crate) async fn confirm_answered(
-    session: &mut Session,
-) -> Result<(), async_imap::error::Error> {
-    session.run_command_and_check_ok("NOOP").await
-}
-
-#[derive(Clone, Copy)]
-pub(crate) enum Part {
-    Header,
-    Body,
-}
-
-/// Fetches one part of one message by UID; `None` when the message is gone.
-pub(crate) async fn fetch_one(
-    session: &mut Session,
-    uid: u32,
-    query: &str,
-    part: Part,
-) -> Result<Option<Vec<u8>>, async_imap::error::Error> {
-    let fetches: Vec<_> = session
-        .uid_fetch(uid.to_string(), format!("(UID {query})"))
-        .await?
-        .try_collect()
-        .await?;
-    let found = fetches
-        .iter()
-        .filter(|f| f.uid == Some(uid))
-        .find_map(|f| match part {
-            Part::Header => f.header(),
-            Part::Body => f.body(),
-        })
-        .map(<[u8]>::to_vec);
-    if found.is_none() {
-        confirm_answered(session).await?;
-    }
-    Ok(found)
+/// A database step of the poll under `limit`.
+async fn db_timed<T>(
+    limit: Duration,
+    what: &str,
+    step: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(Failure::transient(format!(
+            "{what}: no answer from the database within {}ms",
+            limit.as_millis()
+        )))
+    })
 }

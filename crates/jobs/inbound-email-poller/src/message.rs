@@ -1,17 +1,15 @@
 //! One message of a mailbox: checked, fetched, pre-scanned, parsed and recorded with its
 //! event in one transaction, or set aside; and the strikes a failing message collects.
 
-use std::time::Duration;
-
 use chrono::Utc;
 use uuid::Uuid;
 use worker_core::Failure;
 use worker_messages::{DomainEvent, EMAIL_RECEIVED, EmailReceived, Message, SCHEMA_VERSION_HEADER};
 use worker_store::outbox::OutboxMessage;
 
+use crate::fetch::{MAX_HEADER_BYTES, Part, fetch_one};
 use crate::ids::*;
 use crate::imap::{Session, timed};
-use crate::mailbox::*;
 use crate::store::{Identity, NewInbound};
 use crate::*;
 
@@ -449,18 +447,4 @@ pub(crate) fn email_received_event(
         // A struct of strings, lists and options always serializes.
         data: serde_json::to_value(&data).unwrap_or(serde_json::Value::Null),
     }
-}
-
-/// A database step of the poll under `limit`.
-pub(crate) async fn db_timed<T>(
-    limit: Duration,
-    what: &str,
-    step: impl Future<Output = Result<T, Failure>>,
-) -> Result<T, Failure> {
-    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
-        Err(Failure::transient(format!(
-            "{what}: no answer from the database within {}ms",
-            limit.as_millis()
-        )))
-    })
 }

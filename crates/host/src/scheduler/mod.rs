@@ -8,14 +8,14 @@
 //! ([`TimerTask::drive`]) drains that channel and runs each tick through the host's task
 //! tracker and [`worker_core::tick_once`]: the busy guard (a tick that finds the previous one
 //! still running is skipped and counted), the lease (one replica at a time), then the timeout.
-//! `every` schedules run as cron expressions too ([`crate::schedule::every_as_cron`]).
+//! `every` schedules run as cron expressions too ([`schedule::every_as_cron`]).
 //!
 //! Two counts say what a schedule lost, and neither stops it:
 //! - *skipped* (`skipped_busy`, `skipped_lease`): the tick reached the loop, but the previous
 //!   tick was still running, or another replica held the lease;
 //! - *missed*: the tick never reached the loop, because the channel was full (the loop had not
 //!   yet taken the previous tick: a starved runtime), or because the ticker fired late and
-//!   passed over whole moments of the schedule ([`crate::schedule::passed_over`]). A missed
+//!   passed over whole moments of the schedule ([`schedule::passed_over`]). A missed
 //!   tick is never queued or run late.
 //!
 //! Besides the schedule, a `wake` (the outbox drain's NOTIFY) ticks at once, and on shutdown
@@ -38,12 +38,14 @@ use worker_core::{
 };
 
 use crate::metrics::Metrics;
-use crate::schedule::{Schedule, parse_cron, passed_over};
-use crate::status::TimerStats;
 
 pub mod control;
+pub mod schedule;
+pub mod stats;
 
 pub use control::{Control, TimerHandle, TimerView, TriggerRefused};
+use schedule::{Schedule, parse_cron, passed_over};
+pub use stats::{DurationSummary, TimerSnapshot, TimerStats};
 
 /// One timer job and how the host runs it.
 pub struct TimerTask<J, L> {
