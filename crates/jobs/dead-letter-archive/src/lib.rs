@@ -84,9 +84,7 @@
 //!   `20261201000500_dead_letter_audit`).
 
 pub mod archiver;
-pub mod browse;
 pub mod bulk;
-pub mod fingerprint;
 pub mod maintenance;
 pub mod purge;
 pub mod query;
@@ -103,7 +101,6 @@ pub use browse::{
     replayed_from, trace_id,
 };
 pub use bulk::{Control, Run};
-pub use fingerprint::{fingerprint, normalize};
 pub use maintenance::{ArchiveMaintenance, MAINTENANCE_JOB_NAME, MaintenanceReport};
 pub use purge::{PurgeReport, count, purge, purge_dry_run, purge_run};
 pub use query::{
@@ -111,10 +108,14 @@ pub use query::{
     depth_by_queue, inflow_since, list, list_top, oldest_age, parse_time, show, show_one,
 };
 pub use record::{
-    DELIVERY_LIMIT, DeadQueue, MessageProperties, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE,
-    REPLAYED_FROM_HEADER, RawMessage, Source, UNKNOWN,
+    DELIVERY_LIMIT, DeadQueue, FromMessage, MessageProperties, NewDeadLetter, OUTBOX_FAILED,
+    OUTBOX_QUEUE, REPLAYED_FROM_HEADER, RawMessage, Source, UNKNOWN,
 };
 pub use replay::{ItemOutcome, ReplayItem, ReplayReport, replay, replay_run};
 pub use settings::DeadLetterArchiveSettings;
 pub use store::{InsertReport, archive_failed_outbox, outbox_dedup_key, sweep};
 pub use worker_store::audit::{Action, Actor, recent as actions};
+/// The console's pages over the archive: the store's, which owns `dead_letters`.
+pub use worker_store::dead_letters::browse;
+/// Error fingerprints: the store's, beside the row that carries them.
+pub use worker_store::dead_letters::{fingerprint, normalize};

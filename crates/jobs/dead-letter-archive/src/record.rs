@@ -22,20 +22,11 @@ use worker_broker::consumer::{
 use worker_broker::topology::ORIGINAL_ROUTING_KEY_HEADER;
 use worker_broker::{Delivery, HeaderValue, Headers, Properties, QueueTopology};
 
-use crate::fingerprint::{fingerprint, hex};
-
-/// The header a replayed message carries: the id of the archived dead letter it came from.
-pub const REPLAYED_FROM_HEADER: &str = "x-replayed-from";
-
-/// The `queue` of an archived failed outbox row (and the `--queue` that selects them).
-pub const OUTBOX_QUEUE: &str = "outbox";
-
-/// Reason of a broker dead letter caught by the queue's delivery limit.
-pub const DELIVERY_LIMIT: &str = "delivery_limit";
-/// Reason of an archived failed outbox row.
-pub const OUTBOX_FAILED: &str = "outbox-failed";
-/// Reason of a dead letter that says nothing about why it died.
-pub const UNKNOWN: &str = "unknown";
+pub use worker_store::dead_letters::{
+    DELIVERY_LIMIT, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE, REPLAYED_FROM_HEADER, Source,
+    UNKNOWN,
+};
+use worker_store::dead_letters::{fingerprint, hex};
 
 /// Per-delivery bookkeeping of the broker: differs between two deliveries of one message, so
 /// it is neither stored nor hashed nor replayed.
@@ -60,40 +51,6 @@ impl DeadQueue {
     /// The dead queue of a consumer queue of the topology (`Q.dead` for `Q` by default).
     pub fn of(queue: &QueueTopology) -> Self {
         Self::new(queue.dead_queue.clone(), queue.name.clone())
-    }
-}
-
-/// Who dead-lettered a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    /// The consumer runner, with its `x-dead-*` headers.
-    Runner,
-    /// The broker (`x-death`): the queue's delivery limit, typically.
-    Broker,
-    /// A failed outbox row.
-    Outbox,
-    /// Nobody said.
-    Unknown,
-}
-
-impl Source {
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            Self::Runner => "runner",
-            Self::Broker => "broker",
-            Self::Outbox => "outbox",
-            Self::Unknown => "unknown",
-        }
-    }
-
-    pub fn parse(s: &str) -> Self {
-        match s {
-            "runner" => Self::Runner,
-            "broker" => Self::Broker,
-            "outbox" => Self::Outbox,
-            _ => Self::Unknown,
-        }
     }
 }
 
@@ -170,34 +127,7 @@ impl MessageProperties {
     }
 }
 
-/// One row to archive.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewDeadLetter {
-    pub dedup_key: String,
-    /// The delivery was redelivered by the broker (so it may be archived already).
-    pub redelivered: bool,
-    pub source: Source,
-    pub queue: String,
-    pub dead_queue: Option<String>,
-    pub exchange: Option<String>,
-    pub routing_key: Option<String>,
-    pub message_id: Option<String>,
-    pub message_type: Option<String>,
-    pub reason: String,
-    pub class: Option<String>,
-    pub attempts: Option<i32>,
-    pub last_error: Option<String>,
-    pub error_fingerprint: String,
-    pub error_normalized: String,
-    pub died_at: DateTime<Utc>,
-    pub headers: Value,
-    pub amqp_headers: Option<Value>,
-    pub properties: Value,
-    pub body: Vec<u8>,
-    pub outbox_id: Option<i64>,
-}
-
-/// What [`NewDeadLetter::from_message`] needs of a delivery.
+/// What [`FromMessage::from_message`] needs of a delivery.
 #[derive(Debug, Clone, Copy)]
 pub struct RawMessage<'a> {
     pub routing_key: &'a str,
@@ -217,10 +147,16 @@ impl<'a> From<&'a Delivery> for RawMessage<'a> {
     }
 }
 
-impl NewDeadLetter {
+/// A dead letter read from a broker message: the row's type is the store's, which knows no
+/// broker, so the reading is this trait's.
+pub trait FromMessage {
     /// Reads a message taken from `dead`'s dead queue; `now` is its time of death when the
     /// message does not say.
-    pub fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self {
+    fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self;
+}
+
+impl FromMessage for NewDeadLetter {
+    fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self {
         let mut kept = message.properties.headers.clone();
         for key in DELIVERY_COUNTERS {
             kept.remove(key);

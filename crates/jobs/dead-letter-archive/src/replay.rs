@@ -26,10 +26,11 @@ use tokio::time::Instant;
 use worker_broker::{HeaderValue, Headers, Outgoing, Properties, PublishError, Publisher};
 use worker_core::Failure;
 use worker_store::classify;
+use worker_store::dead_letters::not_retried_in_outbox_sql;
 
-use worker_store::audit::{self, ActionKind, Actor, NewAction};
+use worker_store::audit::{self, ActionKind, Actor};
 
-use crate::bulk::{Control, Run, beyond_planned_note};
+use crate::bulk::{Control, Run, beyond_planned_note, check, new_action};
 use crate::query::Filter;
 use crate::record::{
     MessageProperties, REPLAYED_FROM_HEADER, Source, is_dead_letter_bookkeeping, json_to_table,
@@ -249,32 +250,6 @@ pub async fn replay_run(
     result.map(|()| report)
 }
 
-/// Checks a bulk action's filter and rate; the message names the flag.
-pub(crate) fn check(filter: &Filter, rate: Option<u32>) -> Result<(), Failure> {
-    filter
-        .validate()
-        .map_err(|e| Failure::permanent("bad-filter", e))?;
-    if rate == Some(0) {
-        return Err(Failure::permanent(
-            "bad-filter",
-            "--rate must be at least 1",
-        ));
-    }
-    Ok(())
-}
-
-/// The audit row of a bulk action over `filter`.
-pub(crate) fn new_action<'a>(kind: ActionKind, filter: &Filter, run: &'a Run) -> NewAction<'a> {
-    NewAction {
-        kind,
-        actor: &run.actor,
-        target: serde_json::to_value(filter).unwrap_or_default(),
-        rate: run.rate,
-        dry_run: run.dry_run,
-        planned: run.planned,
-    }
-}
-
 async fn replay_batches(
     pool: &PgPool,
     publisher: &Publisher,
@@ -401,7 +376,7 @@ async fn select_batch(
     );
     q.push_bind(after);
     filter.push_where(&mut q);
-    q.push(crate::store::not_retried_in_outbox_sql());
+    q.push(not_retried_in_outbox_sql());
     q.push(" ORDER BY id LIMIT ");
     q.push_bind(i64::try_from(take).unwrap_or(i64::MAX));
     if lock {
