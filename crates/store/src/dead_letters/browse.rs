@@ -8,9 +8,9 @@ use serde::Serialize;
 use sqlx::{PgPool, Postgres, QueryBuilder};
 use worker_core::Failure;
 
-use super::{
-    DeadLetter, DeadLetterSummary, Filter, REPLAYED_FROM_HEADER, fetch_summaries, summaries,
-};
+use super::filter::Filter;
+use super::read::{DeadLetter, DeadLetterSummary, fetch_summaries, summaries};
+use super::row::REPLAYED_FROM_HEADER;
 use crate::audit::{self, Action};
 use crate::classify;
 

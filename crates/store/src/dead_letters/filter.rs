@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{Postgres, QueryBuilder};
 
-use super::Status;
+use super::row::Status;
 
 /// How much of each body a search reads: one huge body must not make every search slow.
 pub const SEARCH_BODY_BYTES: i32 = 64 * 1024;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
 use worker_core::Failure;
 
-use super::{NewDeadLetter, Source};
+use super::row::{NewDeadLetter, Source};
 use crate::classify;
 
 /// What one [`insert`] did.

@@ -11,7 +11,10 @@ use serde_json::Value;
 use sqlx::{PgPool, Postgres, QueryBuilder};
 use worker_core::Failure;
 
-use super::{Filter, Status, not_retried_in_outbox_sql};
+use super::filter::Filter;
+use super::fingerprint::hex;
+use super::outbox_rows::not_retried_in_outbox_sql;
+use super::row::Status;
 use crate::classify;
 
 /// How many characters of a body `show` previews.
@@ -313,7 +316,7 @@ pub async fn show_one(pool: &PgPool, id: i64) -> Result<Option<DeadLetter>, Fail
     Ok(row.map(|r| {
         let (body_text, body_hex) = match std::str::from_utf8(&r.body) {
             Ok(text) => (Some(text.to_string()), None),
-            Err(_) => (None, Some(super::hex(&r.body))),
+            Err(_) => (None, Some(hex(&r.body))),
         };
         DeadLetter {
             id: r.id,
