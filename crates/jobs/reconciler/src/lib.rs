@@ -1,7 +1,7 @@
 //! # job-reconciler: stuck work is seen and healed
 //!
-//! An action execution or an outbound email is finished by a command: an [`ActionCommand`]
-//! on `automation.action`, an [`EmailSendCommand`] on `email.send`. When that command is
+//! An action execution or an outbound email is finished by a command: an [`ActionCommand`](worker_messages::ActionCommand)
+//! on `automation.action`, an [`EmailSendCommand`](worker_messages::EmailSendCommand) on `email.send`. When that command is
 //! gone — given up after its last retry tier, dead-lettered and never replayed, lost with a
 //! failed outbox row, purged from the archive — the row stays unfinished for ever, and
 //! nothing else looks at it. This timer job (under the lease) does.
@@ -123,9 +123,9 @@ pub struct ReconcilerConfig {
     pub max_batches_per_tick: u32,
     /// Where commands go: the commands exchange.
     pub commands_exchange: String,
-    /// The routing key of [`ActionCommand`]s.
+    /// The routing key of [`ActionCommand`](worker_messages::ActionCommand)s.
     pub action_routing_key: String,
-    /// The routing key of [`EmailSendCommand`]s.
+    /// The routing key of [`EmailSendCommand`](worker_messages::EmailSendCommand)s.
     pub email_routing_key: String,
 }
 

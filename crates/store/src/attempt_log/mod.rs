@@ -25,7 +25,7 @@
 //!
 //! * consumers: from the runner's event hook, each try through [`AttemptLog::record_try`]
 //!   (`ConsumerEvents::on_delivery_try` gives the message id and the delivery attempt) and the
-//!   settled outcome through [`AttemptLog::record_outcome`]; where a [`WorkContext`] is at
+//!   settled outcome through [`AttemptLog::record_outcome`]; where a [`WorkContext`](worker_core::WorkContext) is at
 //!   hand, `log.for_unit(&ctx)` is an observer for [`worker_core::Retry::observer`];
 //! * timer jobs: [`AttemptLog::record_tick`] after each [`worker_core::tick_once`];
 //! * retention: the host's retention job calls [`purge_batch`] on a schedule, in bounded

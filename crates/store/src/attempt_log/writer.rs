@@ -14,7 +14,7 @@ use super::record::AttemptRecord;
 use super::settings::AttemptLogSettings;
 use super::store::insert_batch;
 
-/// The task that writes the attempt log in batches; from [`AttemptLog::new`].
+/// The task that writes the attempt log in batches; from [`AttemptLog::new`](super::AttemptLog::new).
 pub struct AttemptLogWriter {
     pool: PgPool,
     receiver: Option<mpsc::Receiver<AttemptRecord>>,
@@ -50,7 +50,7 @@ impl AttemptLogWriter {
         }
     }
 
-    /// Writes batches until `shutdown` fires or every [`AttemptLog`] handle is dropped, then
+    /// Writes batches until `shutdown` fires or every [`AttemptLog`](super::AttemptLog) handle is dropped, then
     /// writes what is left in the channel and returns.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let Some(mut receiver) = self.receiver.take() else {

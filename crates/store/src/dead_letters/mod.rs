@@ -1,7 +1,7 @@
 //! The dead-letter archive's table, `dead_letters`: the row's shape, written once
-//! ([`NewDeadLetter`], [`insert`]), the error fingerprint every row carries ([`fingerprint`]),
+//! ([`NewDeadLetter`], [`insert`]), the error fingerprint every row carries ([`mod@fingerprint`]),
 //! and the readings the command line and the console page through ([`list`], [`show`],
-//! [`show_one`], [`groups`], [`dead_letters`](browse::dead_letters), [`history`]).
+//! [`show_one`], [`groups`], [`browse::dead_letters`], [`history`]).
 //!
 //! Who writes rows: the archiver (`job-dead-letter-archive`, from the dead queues and from
 //! failed outbox rows) and the reconciler (work it gave up on); both build a [`NewDeadLetter`]
