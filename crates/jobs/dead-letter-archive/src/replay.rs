@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use worker_broker::{HeaderValue, Headers, Outgoing, Properties, PublishError, Publisher};
 use worker_core::Failure;
 use worker_store::classify;
-use worker_store::dead_letters::not_retried_in_outbox_sql;
+use worker_store::dead_letters::{not_retried_in_outbox_sql, settle_replayed_outbox};
 
 use worker_store::audit::{self, ActionKind, Actor};
 
@@ -333,16 +333,7 @@ async fn replay_batches(
         .rows_affected();
         // A replayed outbox row is settled in the same transaction: it was published (by the
         // replay), so `outbox retry --all-failed` must not publish it once more.
-        sqlx::query(
-            "UPDATE outbox SET status = 'processed', processed_at = now() \
-             WHERE status = 'failed' AND id IN ( \
-                 SELECT outbox_id FROM dead_letters \
-                 WHERE id = ANY($1) AND source = 'outbox' AND outbox_id IS NOT NULL)",
-        )
-        .bind(&done)
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?;
+        settle_replayed_outbox(&mut tx, &done).await?;
         audit::progress(&mut tx, action_id, tried, marked, failed).await?;
         tx.commit().await.map_err(classify)?;
         report.replayed += marked;

@@ -23,7 +23,10 @@ pub use browse::{
 pub use filter::{Filter, SEARCH_BODY_BYTES, SEARCH_MAX_CHARS};
 pub use fingerprint::{fingerprint, fingerprint_of_normalized, hex, normalize};
 pub use insert::{InsertReport, insert, insert_in, sweep};
-pub use outbox_rows::{OUTBOX_KEY_SQL, not_retried_in_outbox_sql, outbox_dedup_key};
+pub use outbox_rows::{
+    FailedOutboxRow, OUTBOX_KEY_SQL, failed_unarchived, not_retried_in_outbox_sql,
+    outbox_dedup_key, settle_replayed_outbox, settle_retried,
+};
 pub use read::{
     DEFAULT_SHOW_LIMIT, DeadLetter, DeadLetterSummary, FingerprintCount, OLDEST_AGE, PREVIEW_CHARS,
     QueueDepth, QueueSummary, TOP_FINGERPRINTS, count, depth_by_queue, fetch_summaries,
