@@ -90,7 +90,9 @@
 
 pub mod archiver;
 pub mod bulk;
+mod headers;
 pub mod maintenance;
+mod pacer;
 pub mod purge;
 pub mod query;
 pub mod record;

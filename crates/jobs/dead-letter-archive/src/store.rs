@@ -8,15 +8,18 @@ use worker_core::Failure;
 use worker_store::dead_letters::{FailedOutboxRow, failed_unarchived, fingerprint, settle_retried};
 pub use worker_store::dead_letters::{InsertReport, insert, outbox_dedup_key, sweep};
 
-use crate::record::{
-    MessageProperties, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE, Source, json_to_table,
-    scrub_json, scrub_str,
-};
+use crate::headers::{json_to_table, scrub_json, scrub_str};
+use crate::record::{MessageProperties, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE, Source};
 
 /// The dead letter of a failed outbox row: its JSON headers kept readable and, typed, for a
 /// replay.
-fn dead_letter_of(row: FailedOutboxRow) -> NewDeadLetter {
-    let last_error = row.last_error.map(|e| scrub_str(&e));
+fn dead_letter_of(failed: FailedOutboxRow) -> NewDeadLetter {
+    let FailedOutboxRow {
+        row,
+        last_error,
+        retries,
+    } = failed;
+    let last_error = last_error.map(|e| scrub_str(&e));
     let (error_fingerprint, error_normalized) = fingerprint(last_error.as_deref());
     let properties = MessageProperties {
         content_type: row.content_type,
@@ -29,7 +32,7 @@ fn dead_letter_of(row: FailedOutboxRow) -> NewDeadLetter {
     let headers = scrub_json(row.headers);
     let amqp_headers = serde_json::to_value(json_to_table(&headers)).ok();
     NewDeadLetter {
-        dedup_key: outbox_dedup_key(row.id, row.retries),
+        dedup_key: outbox_dedup_key(row.id, retries),
         redelivered: false,
         source: Source::Outbox,
         queue: OUTBOX_QUEUE.into(),

@@ -9,8 +9,9 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 use worker_core::Failure;
 
 use super::filter::Filter;
-use super::read::{DeadLetter, DeadLetterSummary, fetch_summaries, summaries};
+use super::read::{DeadLetterSummary, fetch_summaries, summaries};
 use super::row::REPLAYED_FROM_HEADER;
+use super::show_one::DeadLetter;
 use crate::audit::{self, Action};
 use crate::classify;
 

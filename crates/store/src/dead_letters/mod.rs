@@ -15,6 +15,7 @@ mod insert;
 mod outbox_rows;
 mod read;
 mod row;
+mod show_one;
 
 pub use browse::{
     Group, History, PAGE_MAX, Page, Related, dead_letters, error_chain, groups, history,
@@ -28,11 +29,12 @@ pub use outbox_rows::{
     outbox_dedup_key, settle_replayed_outbox, settle_retried,
 };
 pub use read::{
-    DEFAULT_SHOW_LIMIT, DeadLetter, DeadLetterSummary, FingerprintCount, OLDEST_AGE, PREVIEW_CHARS,
-    QueueDepth, QueueSummary, TOP_FINGERPRINTS, count, depth_by_queue, fetch_summaries,
-    inflow_since, list, list_top, oldest_age, preview, show, show_one, summaries,
+    DEFAULT_SHOW_LIMIT, DeadLetterSummary, FingerprintCount, OLDEST_AGE, PREVIEW_CHARS, QueueDepth,
+    QueueSummary, TOP_FINGERPRINTS, count, depth_by_queue, fetch_summaries, inflow_since, list,
+    list_top, oldest_age, preview, show, summaries,
 };
 pub use row::{
     DELIVERY_LIMIT, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE, REPLAYED_FROM_HEADER, Source,
     Status, UNKNOWN,
 };
+pub use show_one::{DeadLetter, show_one};

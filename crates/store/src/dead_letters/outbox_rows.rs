@@ -2,12 +2,12 @@
 //! which failed rows wait to be archived, which dead letters an operator's `outbox retry` has
 //! settled, and which a replay must pass over, and the outbox row a replay settles.
 
-use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use worker_core::Failure;
 
 use super::row::OUTBOX_QUEUE;
 use crate::classify;
+use crate::outbox::OutboxRow;
 
 /// The archive key of an outbox row's failure: `outbox:<id>` for the first, then
 /// `outbox:<id>:<retries>` for each failure after an operator's `outbox retry`.
@@ -35,19 +35,12 @@ pub fn not_retried_in_outbox_sql() -> String {
 pub const OUTBOX_KEY_SQL: &str =
     "CASE WHEN o.retries = 0 THEN 'outbox:' || o.id ELSE 'outbox:' || o.id || ':' || o.retries END";
 
-/// A failed outbox row whose failure is not archived yet ([`failed_unarchived`]).
+/// A failed outbox row whose failure is not archived yet ([`failed_unarchived`]): the row as
+/// the drain reads it, with its last error and its operator retries.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct FailedOutboxRow {
-    pub id: i64,
-    pub message_id: String,
-    pub message_type: Option<String>,
-    pub content_type: Option<String>,
-    pub correlation_id: Option<String>,
-    pub exchange: String,
-    pub routing_key: String,
-    pub headers: Value,
-    pub body: Vec<u8>,
-    pub attempts: i32,
+    #[sqlx(flatten)]
+    pub row: OutboxRow,
     pub last_error: Option<String>,
     pub retries: i32,
 }
@@ -57,7 +50,8 @@ pub struct FailedOutboxRow {
 pub async fn failed_unarchived(pool: &PgPool, limit: u32) -> Result<Vec<FailedOutboxRow>, Failure> {
     sqlx::query_as(&format!(
         "SELECT o.id, o.message_id, o.message_type, o.content_type, o.correlation_id, \
-                o.exchange, o.routing_key, o.headers, o.body, o.attempts, o.last_error, o.retries \
+                o.exchange, o.routing_key, o.headers, o.body, o.created_at, o.attempts, \
+                o.last_error, o.retries \
          FROM outbox o \
          WHERE o.status = 'failed' \
            AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.dedup_key = {OUTBOX_KEY_SQL}) \
