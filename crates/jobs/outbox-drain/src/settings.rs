@@ -54,8 +54,10 @@ pub struct OutboxDrainSettings {
     pub batches_in_flight: usize,
     /// Attempts before a row is marked `failed`.
     pub max_attempts: u32,
-    /// The delay before a failed row's next attempt: `delay_for(attempts + 1)` of this policy
-    /// (its `max_attempts` is not used).
+    /// The delay before a failed row's next attempt: `delay_for(attempts + 1)` of this policy.
+    /// Its `max_tries` is not used (a row's attempts are `max_attempts`), yet still accepted:
+    /// the settings file of release 0.1.0 sets it, and refusing it would stop such a file from
+    /// starting the host (the host's renames have no kind for a removed key).
     pub backoff: RetryPolicy,
     /// Processed rows older than this are deleted.
     #[serde(with = "humantime_serde")]
