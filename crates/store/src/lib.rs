@@ -1,5 +1,6 @@
 //! The PostgreSQL adapter: the connection pool, the embedded migrations, the processed-message
-//! guard and the singleton lease for timer jobs, the outbox and the attempt log, and what
+//! guard and the singleton lease for timer jobs, the outbox, the attempt log and the
+//! dead-letter archive's table ([`dead_letters`]: its row, fingerprint and readings), and what
 //! operators act through: the audit trail, job pauses, the replicas' reports, and the
 //! operators' accounts and console sessions; and the schema's contract ([`schema`]): which
 //! release migrated the database, and whether this binary may run on it.
@@ -28,6 +29,7 @@ pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 pub mod attempt_log;
 pub mod audit;
+pub mod dead_letters;
 pub mod migration_rules;
 pub mod operators;
 pub mod outbox;

@@ -8,7 +8,7 @@
 //!
 //! 1. each delivery (up to `prefetch` unacked, all handled at once) joins a batch of up to
 //!    `batch` messages, archived when full or `batch_wait` after its first;
-//! 2. read each ([`NewDeadLetter::from_message`]) and insert the batch in one transaction,
+//! 2. read each ([`FromMessage::from_message`](crate::FromMessage)) and insert the batch in one transaction,
 //!    `ON CONFLICT (dedup_key) DO NOTHING` ([`crate::store::insert`]);
 //! 3. only after the commit, every delivery of the batch answers [`Settle::Ack`], and the
 //!    loop acks them together (one `multiple` ack).
@@ -33,7 +33,7 @@ use worker_broker::{
 };
 use worker_core::Failure;
 
-use crate::record::{DeadQueue, NewDeadLetter, RawMessage};
+use crate::record::{DeadQueue, FromMessage, NewDeadLetter, RawMessage};
 use crate::store::{self, InsertReport};
 
 /// `[jobs.dead_letter_archive]`.

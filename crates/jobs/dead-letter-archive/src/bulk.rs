@@ -13,7 +13,8 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use worker_core::Failure;
-use worker_store::audit::Actor;
+use worker_store::audit::{ActionKind, Actor, NewAction};
+use worker_store::dead_letters::count;
 
 use crate::query::Filter;
 
@@ -103,7 +104,7 @@ impl Run {
             limit: None,
             ..filter.clone()
         };
-        let dead = crate::purge::count(pool, &unlimited).await?;
+        let dead = count(pool, &unlimited).await?;
         Ok(Some(dead.saturating_sub(failed)).filter(|more| *more > 0))
     }
 }
@@ -114,6 +115,32 @@ pub(crate) fn beyond_planned_note(planned: Option<u64>, more: u64) -> String {
         "stopped at the {} confirmed: {more} more matched and stay dead",
         planned.unwrap_or_default()
     )
+}
+
+/// Checks a bulk action's filter and rate; the message names the flag.
+pub(crate) fn check(filter: &Filter, rate: Option<u32>) -> Result<(), Failure> {
+    filter
+        .validate()
+        .map_err(|e| Failure::permanent("bad-filter", e))?;
+    if rate == Some(0) {
+        return Err(Failure::permanent(
+            "bad-filter",
+            "--rate must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// The audit row of a bulk action over `filter`.
+pub(crate) fn new_action<'a>(kind: ActionKind, filter: &Filter, run: &'a Run) -> NewAction<'a> {
+    NewAction {
+        kind,
+        actor: &run.actor,
+        target: serde_json::to_value(filter).unwrap_or_default(),
+        rate: run.rate,
+        dry_run: run.dry_run,
+        planned: run.planned,
+    }
 }
 
 /// A bulk action as whoever started it sees it while it runs: its audit row's id once it is

@@ -11,26 +11,31 @@
 //!   inserts a row per message, in batches, and acks only after the rows commit. Idempotent: `INSERT … ON CONFLICT
 //!   (dedup_key) DO NOTHING` on a hash of what survives a redelivery, so a message archived
 //!   and redelivered (the archiver killed between commit and ack) is archived once.
-//! * [`record`] — what a dead letter becomes ([`NewDeadLetter`]): the runner's `x-dead-*`
-//!   headers, or the broker's `x-death` (reason `delivery_limit`), or reason `unknown` — a
-//!   message is never dropped for saying nothing.
-//! * [`mod@fingerprint`] — the error with ids, numbers, addresses and quoted strings replaced by
-//!   placeholders, hashed to 12 hex digits: one cause, one fingerprint.
-//! * [`store`] — the idempotent insert, failed outbox rows (reason `outbox-failed`,
-//!   idempotent per outbox id and operator retry: a row that fails again after
-//!   `outbox retry` is archived again, and its earlier dead letter is settled `replayed`) and
-//!   the retention sweep (only rows replayed or purged, and
-//!   older than the window; rows still dead are never deleted).
+//! * [`record`] — what a dead letter becomes ([`NewDeadLetter`], read by [`FromMessage`]): the
+//!   runner's `x-dead-*` headers, or the broker's `x-death` (reason `delivery_limit`), or
+//!   reason `unknown` — a message is never dropped for saying nothing.
+//! * [`store`] — failed outbox rows (reason `outbox-failed`, idempotent per outbox id and
+//!   operator retry: a row that fails again after `outbox retry` is archived again, and its
+//!   earlier dead letter is settled `replayed`).
 //! * [`maintenance`] — [`ArchiveMaintenance`], a [`worker_core::TimerJob`] that runs the
 //!   outbox archiving and the sweep on a schedule.
 //! * [`query`] — `dlq list` ([`list`]), `dlq show` ([`show`], [`show_one`]) and the numbers
-//!   for metrics and alerts ([`depth_by_queue`], [`oldest_age`], [`inflow_since`]).
-//! * [`mod@replay`] and [`mod@purge`] — `dlq replay` ([`replay()`]) and `dlq purge`
+//!   for metrics and alerts ([`depth_by_queue`], [`oldest_age`], [`inflow_since`]), and how an
+//!   operator writes a time ([`parse_time`]).
+//! * [`bulk`], [`mod@replay`] and [`mod@purge`] — `dlq replay` ([`replay()`]) and `dlq purge`
 //!   ([`purge()`]), both recorded in the operators' audit trail ([`worker_store::audit`],
 //!   listed by [`actions`]) with the [`Actor`] who ran them; [`replay_run`] and [`purge_run`]
-//!   take a [`Run`]: dry or real, a rate, what the operator confirmed, and a [`Control`].
-//! * [`browse`] — what the console pages through: [`groups`] (by queue and fingerprint),
-//!   [`dead_letters`] (newest first, keyset pages) and one dead letter's [`history`].
+//!   take a [`Run`] (in `bulk`): dry or real, a rate, what the operator confirmed, and a
+//!   [`Control`].
+//!
+//! The table itself is [`worker_store::dead_letters`]'s, which owns it: the row and its
+//! columns, the idempotent insert and the retention sweep ([`insert`](store::insert),
+//! [`sweep`]), the error fingerprint ([`mod@fingerprint`]: the error with ids, numbers,
+//! addresses and quoted strings replaced by placeholders, hashed to 12 hex digits: one cause,
+//! one fingerprint), the filter and the readings, and [`browse`], what the console pages
+//! through: [`groups`] (by queue and fingerprint), [`dead_letters`] (newest first, keyset
+//! pages) and one dead letter's [`history`]. They are re-exported here under the paths they
+//! had, as the command line and the console call them.
 //!
 //! ## What the host does
 //!
@@ -84,10 +89,10 @@
 //!   `20261201000500_dead_letter_audit`).
 
 pub mod archiver;
-pub mod browse;
 pub mod bulk;
-pub mod fingerprint;
+mod headers;
 pub mod maintenance;
+mod pacer;
 pub mod purge;
 pub mod query;
 pub mod record;
@@ -103,7 +108,6 @@ pub use browse::{
     replayed_from, trace_id,
 };
 pub use bulk::{Control, Run};
-pub use fingerprint::{fingerprint, normalize};
 pub use maintenance::{ArchiveMaintenance, MaintenanceReport};
 
 /// What the host needs to know of this job: its archivers and its maintenance tick are one
@@ -118,10 +122,14 @@ pub use query::{
     depth_by_queue, inflow_since, list, list_top, oldest_age, parse_time, show, show_one,
 };
 pub use record::{
-    DELIVERY_LIMIT, DeadQueue, MessageProperties, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE,
-    REPLAYED_FROM_HEADER, RawMessage, Source, UNKNOWN,
+    DELIVERY_LIMIT, DeadQueue, FromMessage, MessageProperties, NewDeadLetter, OUTBOX_FAILED,
+    OUTBOX_QUEUE, REPLAYED_FROM_HEADER, RawMessage, Source, UNKNOWN,
 };
 pub use replay::{ItemOutcome, ReplayItem, ReplayReport, replay, replay_run};
 pub use settings::DeadLetterArchiveSettings;
 pub use store::{InsertReport, archive_failed_outbox, outbox_dedup_key, sweep};
 pub use worker_store::audit::{Action, Actor, recent as actions};
+/// The console's pages over the archive: the store's, which owns `dead_letters`.
+pub use worker_store::dead_letters::browse;
+/// Error fingerprints: the store's, beside the row that carries them.
+pub use worker_store::dead_letters::{fingerprint, normalize};

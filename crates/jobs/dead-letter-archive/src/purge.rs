@@ -9,9 +9,9 @@ use worker_core::Failure;
 use worker_store::audit::{self, ActionKind, Actor};
 use worker_store::classify;
 
-use crate::bulk::{Run, beyond_planned_note};
+use crate::bulk::{Run, beyond_planned_note, check, new_action};
 use crate::query::Filter;
-use crate::replay::{check, new_action};
+pub use worker_store::dead_letters::count;
 
 /// Rows per purge transaction.
 const BATCH: u32 = 500;
@@ -30,28 +30,6 @@ pub struct PurgeReport {
     /// Dead letters that matched beyond the count the operator confirmed, left dead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub beyond_planned: Option<u64>,
-}
-
-/// How many dead letters (status `dead`) match `filter`, up to its limit: what a replay or a
-/// purge would act on, for the host's confirmation prompt.
-pub async fn count(pool: &PgPool, filter: &Filter) -> Result<u64, Failure> {
-    filter
-        .validate()
-        .map_err(|e| Failure::permanent("bad-filter", e))?;
-    let mut q =
-        QueryBuilder::new("SELECT count(*) FROM (SELECT 1 FROM dead_letters WHERE status = 'dead'");
-    filter.push_where(&mut q);
-    q.push(crate::store::not_retried_in_outbox_sql());
-    if let Some(limit) = filter.limit {
-        q.push(" LIMIT ").push_bind(i64::from(limit));
-    }
-    q.push(") t");
-    let n: i64 = q
-        .build_query_scalar()
-        .fetch_one(pool)
-        .await
-        .map_err(classify)?;
-    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// `dlq purge --yes`: marks every `dead` row matching `filter` (oldest first, at most

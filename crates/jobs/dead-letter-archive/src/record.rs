@@ -11,9 +11,8 @@
 //! * anything else (published straight to a dead exchange by hand, say): reason `unknown`,
 //!   [`Source::Unknown`]. It is archived all the same: nothing is ever dropped.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use worker_broker::consumer::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,
@@ -22,20 +21,14 @@ use worker_broker::consumer::{
 use worker_broker::topology::ORIGINAL_ROUTING_KEY_HEADER;
 use worker_broker::{Delivery, HeaderValue, Headers, Properties, QueueTopology};
 
-use crate::fingerprint::{fingerprint, hex};
+pub use worker_store::dead_letters::{
+    DELIVERY_LIMIT, NewDeadLetter, OUTBOX_FAILED, OUTBOX_QUEUE, REPLAYED_FROM_HEADER, Source,
+    UNKNOWN,
+};
+use worker_store::dead_letters::{fingerprint, hex};
 
-/// The header a replayed message carries: the id of the archived dead letter it came from.
-pub const REPLAYED_FROM_HEADER: &str = "x-replayed-from";
-
-/// The `queue` of an archived failed outbox row (and the `--queue` that selects them).
-pub const OUTBOX_QUEUE: &str = "outbox";
-
-/// Reason of a broker dead letter caught by the queue's delivery limit.
-pub const DELIVERY_LIMIT: &str = "delivery_limit";
-/// Reason of an archived failed outbox row.
-pub const OUTBOX_FAILED: &str = "outbox-failed";
-/// Reason of a dead letter that says nothing about why it died.
-pub const UNKNOWN: &str = "unknown";
+use crate::headers::{contains_nul, scrub_str};
+pub use crate::headers::{json_to_table, table_to_json};
 
 /// Per-delivery bookkeeping of the broker: differs between two deliveries of one message, so
 /// it is neither stored nor hashed nor replayed.
@@ -60,40 +53,6 @@ impl DeadQueue {
     /// The dead queue of a consumer queue of the topology (`Q.dead` for `Q` by default).
     pub fn of(queue: &QueueTopology) -> Self {
         Self::new(queue.dead_queue.clone(), queue.name.clone())
-    }
-}
-
-/// Who dead-lettered a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    /// The consumer runner, with its `x-dead-*` headers.
-    Runner,
-    /// The broker (`x-death`): the queue's delivery limit, typically.
-    Broker,
-    /// A failed outbox row.
-    Outbox,
-    /// Nobody said.
-    Unknown,
-}
-
-impl Source {
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            Self::Runner => "runner",
-            Self::Broker => "broker",
-            Self::Outbox => "outbox",
-            Self::Unknown => "unknown",
-        }
-    }
-
-    pub fn parse(s: &str) -> Self {
-        match s {
-            "runner" => Self::Runner,
-            "broker" => Self::Broker,
-            "outbox" => Self::Outbox,
-            _ => Self::Unknown,
-        }
     }
 }
 
@@ -170,34 +129,7 @@ impl MessageProperties {
     }
 }
 
-/// One row to archive.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewDeadLetter {
-    pub dedup_key: String,
-    /// The delivery was redelivered by the broker (so it may be archived already).
-    pub redelivered: bool,
-    pub source: Source,
-    pub queue: String,
-    pub dead_queue: Option<String>,
-    pub exchange: Option<String>,
-    pub routing_key: Option<String>,
-    pub message_id: Option<String>,
-    pub message_type: Option<String>,
-    pub reason: String,
-    pub class: Option<String>,
-    pub attempts: Option<i32>,
-    pub last_error: Option<String>,
-    pub error_fingerprint: String,
-    pub error_normalized: String,
-    pub died_at: DateTime<Utc>,
-    pub headers: Value,
-    pub amqp_headers: Option<Value>,
-    pub properties: Value,
-    pub body: Vec<u8>,
-    pub outbox_id: Option<i64>,
-}
-
-/// What [`NewDeadLetter::from_message`] needs of a delivery.
+/// What [`FromMessage::from_message`] needs of a delivery.
 #[derive(Debug, Clone, Copy)]
 pub struct RawMessage<'a> {
     pub routing_key: &'a str,
@@ -217,10 +149,16 @@ impl<'a> From<&'a Delivery> for RawMessage<'a> {
     }
 }
 
-impl NewDeadLetter {
+/// A dead letter read from a broker message: the row's type is the store's, which knows no
+/// broker, so the reading is this trait's.
+pub trait FromMessage {
     /// Reads a message taken from `dead`'s dead queue; `now` is its time of death when the
     /// message does not say.
-    pub fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self {
+    fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self;
+}
+
+impl FromMessage for NewDeadLetter {
+    fn from_message(dead: &DeadQueue, message: RawMessage<'_>, now: DateTime<Utc>) -> Self {
         let mut kept = message.properties.headers.clone();
         for key in DELIVERY_COUNTERS {
             kept.remove(key);
@@ -392,99 +330,10 @@ pub(crate) fn int(v: Option<&HeaderValue>) -> Option<i64> {
     }
 }
 
-/// Headers as an operator reads them: strings as strings, numbers as numbers, byte strings
-/// that are not UTF-8 as `{"hex": "…"}`, timestamps as RFC 3339 strings.
-pub fn table_to_json(table: &Headers) -> Value {
-    Value::Object(
-        table
-            .iter()
-            .map(|(k, v)| (scrub_str(k), value_to_json(v)))
-            .collect(),
-    )
-}
-
-fn value_to_json(v: &HeaderValue) -> Value {
-    match v {
-        HeaderValue::Bool(b) => Value::Bool(*b),
-        HeaderValue::I8(n) => (*n).into(),
-        HeaderValue::U8(n) => (*n).into(),
-        HeaderValue::I16(n) => (*n).into(),
-        HeaderValue::U16(n) => (*n).into(),
-        HeaderValue::I32(n) => (*n).into(),
-        HeaderValue::U32(n) => (*n).into(),
-        HeaderValue::I64(n) => (*n).into(),
-        HeaderValue::F32(f) => serde_json::Number::from_f64(f64::from(*f))
-            .map(Value::Number)
-            .unwrap_or(Value::Null),
-        HeaderValue::F64(f) => serde_json::Number::from_f64(*f)
-            .map(Value::Number)
-            .unwrap_or(Value::Null),
-        HeaderValue::Decimal { scale, value } => {
-            serde_json::json!({"decimal": value, "scale": scale})
-        }
-        HeaderValue::ShortString(s) => Value::String(scrub_str(s)),
-        HeaderValue::LongString(s) => bytes_to_json(s),
-        HeaderValue::Array(a) => Value::Array(a.iter().map(value_to_json).collect()),
-        HeaderValue::Timestamp(t) => i64::try_from(*t)
-            .ok()
-            .and_then(|s| DateTime::from_timestamp(s, 0))
-            .map(|t| Value::String(t.to_rfc3339_opts(SecondsFormat::Secs, true)))
-            .unwrap_or_else(|| (*t).into()),
-        HeaderValue::Table(t) => table_to_json(t),
-        HeaderValue::Bytes(b) => serde_json::json!({"hex": hex(b)}),
-        HeaderValue::Void => Value::Null,
-    }
-}
-
-fn bytes_to_json(bytes: &[u8]) -> Value {
-    match std::str::from_utf8(bytes) {
-        Ok(s) => Value::String(scrub_str(s)),
-        Err(_) => serde_json::json!({"hex": hex(bytes)}),
-    }
-}
-
-/// Readable JSON headers back to AMQP, for a row whose exact headers could not be kept (and
-/// for outbox rows, whose headers are JSON to begin with); see
-/// [`worker_broker::headers_from_json`].
-pub fn json_to_table(headers: &Value) -> Headers {
-    worker_broker::headers_from_json(headers)
-}
-
-/// PostgreSQL text and jsonb cannot hold NUL: it becomes U+FFFD.
-pub(crate) fn scrub_str(s: &str) -> String {
-    if s.contains('\0') {
-        s.replace('\0', "\u{FFFD}")
-    } else {
-        s.to_string()
-    }
-}
-
-/// Whether a JSON value holds a NUL anywhere (jsonb would refuse it).
-pub(crate) fn contains_nul(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(a) => a.iter().any(contains_nul),
-        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
-        _ => false,
-    }
-}
-
-/// A JSON value with every NUL in its strings and keys replaced.
-pub(crate) fn scrub_json(v: Value) -> Value {
-    match v {
-        Value::String(s) => Value::String(scrub_str(&s)),
-        Value::Array(a) => Value::Array(a.into_iter().map(scrub_json).collect()),
-        Value::Object(o) => Value::Object(
-            o.into_iter()
-                .map(|(k, v)| (scrub_str(&k), scrub_json(v)))
-                .collect::<Map<String, Value>>(),
-        ),
-        other => other,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use chrono::SecondsFormat;
+
     use super::*;
 
     fn s(v: &str) -> HeaderValue {
@@ -623,17 +472,6 @@ mod tests {
         assert_eq!(row.last_error.as_deref(), Some("bad\u{FFFD}byte"));
         assert!(!contains_nul(&row.headers));
         assert!(row.amqp_headers.is_some(), "byte strings are kept as bytes");
-    }
-
-    #[test]
-    fn json_headers_back_to_amqp() {
-        let t =
-            json_to_table(&serde_json::json!({"a": "x", "n": 3, "f": 1.5, "b": true, "z": null}));
-        assert_eq!(t.get("a"), Some(&s("x")));
-        assert_eq!(t.get("n"), Some(&HeaderValue::I64(3)));
-        assert_eq!(t.get("f"), Some(&HeaderValue::F64(1.5)));
-        assert_eq!(t.get("b"), Some(&HeaderValue::Bool(true)));
-        assert_eq!(t.get("z"), Some(&HeaderValue::Void));
     }
 
     #[test]

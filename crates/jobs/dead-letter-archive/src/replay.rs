@@ -17,8 +17,6 @@
 //! never deleted. A replay stopped between the confirm and the commit leaves its rows `dead`,
 //! so running it again sends them again: at least once, and consumers dedup on the message id.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, QueryBuilder};
@@ -26,14 +24,15 @@ use tokio::time::Instant;
 use worker_broker::{HeaderValue, Headers, Outgoing, Properties, PublishError, Publisher};
 use worker_core::Failure;
 use worker_store::classify;
+use worker_store::dead_letters::{not_retried_in_outbox_sql, settle_replayed_outbox};
 
-use worker_store::audit::{self, ActionKind, Actor, NewAction};
+use worker_store::audit::{self, ActionKind, Actor};
 
-use crate::bulk::{Control, Run, beyond_planned_note};
+use crate::bulk::{Run, beyond_planned_note, check, new_action};
+use crate::headers::json_to_table;
+use crate::pacer::Pacer;
 use crate::query::Filter;
-use crate::record::{
-    MessageProperties, REPLAYED_FROM_HEADER, Source, is_dead_letter_bookkeeping, json_to_table,
-};
+use crate::record::{MessageProperties, REPLAYED_FROM_HEADER, Source, is_dead_letter_bookkeeping};
 
 /// Rows per replay transaction when no rate is asked for.
 const BATCH: u32 = 100;
@@ -178,7 +177,7 @@ pub async fn replay(
     replay_run(pool, publisher, filter, &run).await
 }
 
-/// [`replay`] with every option of a [`Run`]: what the operator confirmed, and a [`Control`]
+/// [`replay`] with every option of a [`Run`]: what the operator confirmed, and a [`Control`](crate::Control)
 /// seen before each batch and while pacing. A stopped replay ends `Ok`, with why in
 /// [`ReplayReport::stopped`] and its audit row's note; what it had not reached stays dead.
 pub async fn replay_run(
@@ -249,32 +248,6 @@ pub async fn replay_run(
     result.map(|()| report)
 }
 
-/// Checks a bulk action's filter and rate; the message names the flag.
-pub(crate) fn check(filter: &Filter, rate: Option<u32>) -> Result<(), Failure> {
-    filter
-        .validate()
-        .map_err(|e| Failure::permanent("bad-filter", e))?;
-    if rate == Some(0) {
-        return Err(Failure::permanent(
-            "bad-filter",
-            "--rate must be at least 1",
-        ));
-    }
-    Ok(())
-}
-
-/// The audit row of a bulk action over `filter`.
-pub(crate) fn new_action<'a>(kind: ActionKind, filter: &Filter, run: &'a Run) -> NewAction<'a> {
-    NewAction {
-        kind,
-        actor: &run.actor,
-        target: serde_json::to_value(filter).unwrap_or_default(),
-        rate: run.rate,
-        dry_run: run.dry_run,
-        planned: run.planned,
-    }
-}
-
 async fn replay_batches(
     pool: &PgPool,
     publisher: &Publisher,
@@ -286,7 +259,7 @@ async fn replay_batches(
     let dry_run = run.dry_run;
     // A batch holds its rows' locks while it publishes: with a rate, about a second's worth.
     let batch = run.rate.map_or(BATCH, |r| r.clamp(1, BATCH));
-    let mut pacer = Pacer::new(run.rate, run.control.clone());
+    let mut pacer = Pacer::new(run.rate, BATCH, run.control.clone());
     let mut after = 0i64;
     let mut remaining = run.cap(filter.limit);
     loop {
@@ -358,16 +331,7 @@ async fn replay_batches(
         .rows_affected();
         // A replayed outbox row is settled in the same transaction: it was published (by the
         // replay), so `outbox retry --all-failed` must not publish it once more.
-        sqlx::query(
-            "UPDATE outbox SET status = 'processed', processed_at = now() \
-             WHERE status = 'failed' AND id IN ( \
-                 SELECT outbox_id FROM dead_letters \
-                 WHERE id = ANY($1) AND source = 'outbox' AND outbox_id IS NOT NULL)",
-        )
-        .bind(&done)
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?;
+        settle_replayed_outbox(&mut tx, &done).await?;
         audit::progress(&mut tx, action_id, tried, marked, failed).await?;
         tx.commit().await.map_err(classify)?;
         report.replayed += marked;
@@ -401,63 +365,13 @@ async fn select_batch(
     );
     q.push_bind(after);
     filter.push_where(&mut q);
-    q.push(crate::store::not_retried_in_outbox_sql());
+    q.push(not_retried_in_outbox_sql());
     q.push(" ORDER BY id LIMIT ");
     q.push_bind(i64::try_from(take).unwrap_or(i64::MAX));
     if lock {
         q.push(" FOR UPDATE SKIP LOCKED");
     }
     q.build_query_as().fetch_all(tx).await.map_err(classify)
-}
-
-/// Sends at most `rate` messages per second, in slices of a tenth of a second's worth, and
-/// gives up a wait as soon as the run is stopped.
-struct Pacer {
-    rate: Option<u32>,
-    start: Instant,
-    sent: u64,
-    stop: Control,
-}
-
-impl Pacer {
-    fn new(rate: Option<u32>, stop: Control) -> Self {
-        Self {
-            rate,
-            start: Instant::now(),
-            sent: 0,
-            stop,
-        }
-    }
-
-    /// Each message's result, or `None` when the run was stopped before any was sent.
-    /// Stopped between slices, the slices not sent are failed with why.
-    async fn publish(
-        &mut self,
-        publisher: &Publisher,
-        messages: &[Outgoing],
-    ) -> Option<Vec<Result<(), PublishError>>> {
-        let Some(rate) = self.rate else {
-            return Some(publisher.publish_many(messages).await);
-        };
-        let slice = usize::try_from((rate / 10).clamp(1, BATCH)).unwrap_or(1);
-        let mut results = Vec::with_capacity(messages.len());
-        for chunk in messages.chunks(slice) {
-            let due = self.start + Duration::from_secs_f64(self.sent as f64 / f64::from(rate));
-            tokio::select! {
-                () = tokio::time::sleep_until(due) => {}
-                () = self.stop.stopped() => {
-                    if results.is_empty() {
-                        return None;
-                    }
-                    // The part sent so far is kept; the rest is left dead for the next run.
-                    return Some(results);
-                }
-            }
-            results.extend(publisher.publish_many(chunk).await);
-            self.sent += chunk.len() as u64;
-        }
-        Some(results)
-    }
 }
 
 #[cfg(test)]

@@ -49,27 +49,26 @@
 //! The retention sweep of processed rows runs inside ticks, at most once per
 //! `purge_interval`; [`OutboxDrain::purge`] runs it on demand.
 
+mod batch;
 pub mod publish;
 pub mod settings;
 pub mod waker;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
-use worker_broker::{Outgoing, Publisher};
-use worker_core::{Failure, RetryPolicy, TickReport, TimerJob, WorkContext};
-use worker_store::outbox::{self, PublishFailure};
+use worker_broker::Publisher;
+use worker_core::{Failure, TickReport, TimerJob, WorkContext};
+use worker_store::outbox;
 use worker_store::{Tx, classify};
 
+pub use batch::{BatchReport, PublishedBatch};
 pub use publish::Verdict;
-pub use settings::OutboxDrainJobSettings;
+pub use settings::{OutboxDrainJobSettings, OutboxDrainSettings};
 pub use waker::{ListenerSettings, listen};
 
 /// The job's name, in logs, metrics and the attempt log.
@@ -78,139 +77,6 @@ pub const JOB_NAME: &str = "outbox-drain";
 /// What the host needs to know of this job (its name, kind and lease).
 pub const JOB: worker_core::JobSpec =
     worker_core::catalog::JobSpec::timer(JOB_NAME, worker_core::catalog::Lease::EveryReplica);
-
-/// How a batch's transaction begins ([`OutboxDrain::begin`]).
-const BEGIN_BATCH: &str = "BEGIN; SET LOCAL synchronous_commit = off";
-
-/// `[jobs.outbox_drain]`: how the drain claims, publishes, retries and sweeps.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct OutboxDrainSettings {
-    /// Rows claimed and published per batch (one transaction).
-    pub batch_size: u32,
-    /// Batches in flight at once within a tick once the outbox has a backlog.
-    pub batches_in_flight: usize,
-    /// Attempts before a row is marked `failed`.
-    pub max_attempts: u32,
-    /// The delay before a failed row's next attempt: `delay_for(attempts + 1)` of this policy
-    /// (its `max_attempts` is not used).
-    pub backoff: RetryPolicy,
-    /// Processed rows older than this are deleted.
-    #[serde(with = "humantime_serde")]
-    pub retention: Duration,
-    /// The retention sweep runs at most this often, inside a tick.
-    #[serde(with = "humantime_serde")]
-    pub purge_interval: Duration,
-    /// A tick starts no new batch after this long; the batches in flight finish and commit.
-    /// Keep it well below the tick's timeout, which drops a tick (and rolls back the batches
-    /// in flight, to be published again) rather than letting it finish.
-    #[serde(with = "humantime_serde")]
-    pub tick_budget: Duration,
-}
-
-impl Default for OutboxDrainSettings {
-    fn default() -> Self {
-        Self {
-            batch_size: 500,
-            batches_in_flight: 3,
-            max_attempts: 10,
-            backoff: RetryPolicy {
-                max_tries: 10,
-                base_delay: Duration::from_secs(1),
-                factor: 2.0,
-                max_delay: Duration::from_secs(300),
-                jitter: true,
-            },
-            retention: Duration::from_secs(7 * 24 * 3600),
-            purge_interval: Duration::from_secs(600),
-            tick_budget: Duration::from_secs(10),
-        }
-    }
-}
-
-impl OutboxDrainSettings {
-    /// Checks what an operator wrote; the message names the offending key.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.batch_size == 0 {
-            return Err("`batch_size` must be at least 1".into());
-        }
-        if self.batches_in_flight == 0 {
-            return Err("`batches_in_flight` must be at least 1".into());
-        }
-        if self.max_attempts == 0 {
-            return Err("`max_attempts` must be at least 1".into());
-        }
-        self.backoff
-            .validate()
-            .map_err(|e| format!("`backoff`: {e}"))?;
-        if self.retention.is_zero() {
-            return Err("`retention` must be longer than zero".into());
-        }
-        if self.tick_budget.is_zero() {
-            return Err("`tick_budget` must be longer than zero".into());
-        }
-        Ok(())
-    }
-
-    /// The wait before the next attempt of a row that has now failed `attempts` times.
-    fn retry_in(&self, attempts: u32) -> Duration {
-        self.backoff.jittered_delay_for(attempts.saturating_add(1))
-    }
-}
-
-/// What one batch did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BatchReport {
-    pub claimed: u64,
-    pub published: u64,
-    /// Failed this time, pending again after their backoff.
-    pub retrying: u64,
-    /// Failed for the last time: now `failed`.
-    pub failed: u64,
-    /// Not tried to the end (broker away, tick cancelled): left pending as they were.
-    pub untouched: u64,
-    /// The drain stopped on its tick budget while full batches kept coming: more is due.
-    pub more_due: bool,
-}
-
-impl BatchReport {
-    fn add(&mut self, other: &Self) {
-        self.more_due |= other.more_due;
-        self.claimed += other.claimed;
-        self.published += other.published;
-        self.retrying += other.retrying;
-        self.failed += other.failed;
-        self.untouched += other.untouched;
-    }
-}
-
-/// A claimed batch after its publish, before its marks: see [`OutboxDrain::publish_batch`].
-#[derive(Debug)]
-pub struct PublishedBatch {
-    rows: Vec<(i64, i32, String)>,
-    verdicts: Vec<Verdict>,
-}
-
-impl PublishedBatch {
-    /// Rows claimed.
-    pub fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-
-    /// The row ids that were confirmed.
-    pub fn published_ids(&self) -> Vec<i64> {
-        self.rows
-            .iter()
-            .zip(&self.verdicts)
-            .filter(|(_, v)| v.is_published())
-            .map(|((id, _, _), _)| *id)
-            .collect()
-    }
-}
 
 /// The outbox drain timer job. See the crate docs.
 pub struct OutboxDrain {
@@ -361,11 +227,10 @@ impl OutboxDrain {
         }
     }
 
-    /// Begins a batch's transaction, committing without waiting for the WAL flush: losing
-    /// its commit to a PostgreSQL crash only means publishing its rows again, which
-    /// at-least-once allows. The setting goes with the `BEGIN`, in the same round trip.
+    /// Begins a batch's transaction ([`outbox::begin_batch`]: its commit does not wait for the
+    /// WAL flush, which at-least-once allows).
     pub async fn begin(&self) -> Result<Tx, Failure> {
-        self.pool.begin_with(BEGIN_BATCH).await.map_err(classify)
+        outbox::begin_batch(&self.pool).await
     }
 
     /// Begins a transaction, claims a batch and publishes it; `None` when nothing is due.
@@ -403,96 +268,6 @@ impl OutboxDrain {
         }
         tx.commit().await.map_err(classify)?;
         Ok(report)
-    }
-
-    /// Claims a batch inside `tx` and publishes it; the marks are not written. The first half
-    /// of [`drain_batch`](Self::drain_batch), public so that a test can "crash" between the
-    /// publish and the commit by dropping `tx`.
-    pub async fn publish_batch(
-        &self,
-        tx: &mut PgConnection,
-        cancel: &CancellationToken,
-    ) -> Result<PublishedBatch, Failure> {
-        let claimed = outbox::claim(tx, self.settings.batch_size).await?;
-        if claimed.is_empty() {
-            return Ok(PublishedBatch {
-                rows: Vec::new(),
-                verdicts: Vec::new(),
-            });
-        }
-        let mut rows = Vec::with_capacity(claimed.len());
-        let mut messages: Vec<Outgoing> = Vec::with_capacity(claimed.len());
-        let mut spans = Vec::with_capacity(claimed.len());
-        for row in claimed {
-            rows.push((row.id, row.attempts, row.message_id.clone()));
-            let id = row.id;
-            let mut message = publish::to_outgoing(row);
-            // Each row's publish is a span of its own, in the trace of the work that wrote
-            // the row; the message carries it to the consumers.
-            spans.push(publish::publish_span(id, &mut message));
-            messages.push(message);
-        }
-        let span = tracing::debug_span!("outbox publish", rows = rows.len());
-        let verdicts = publish::publish_rows(&self.publisher, &messages, cancel)
-            .instrument(span)
-            .await;
-        for (span, verdict) in spans.iter().zip(&verdicts) {
-            publish::record_verdict(span, verdict);
-        }
-        Ok(PublishedBatch { rows, verdicts })
-    }
-
-    /// Writes the marks of a published batch inside `tx`: processed for the confirmed rows,
-    /// an attempt (or `failed`) for the others, nothing for the untouched ones.
-    pub async fn settle(
-        &self,
-        tx: &mut PgConnection,
-        batch: &PublishedBatch,
-    ) -> Result<BatchReport, Failure> {
-        let mut published = Vec::new();
-        let mut failures = Vec::new();
-        let mut untouched = 0;
-        for ((id, attempts, message_id), verdict) in batch.rows.iter().zip(&batch.verdicts) {
-            match verdict {
-                Verdict::Published => published.push(*id),
-                Verdict::Failed(err) => {
-                    let attempts = u32::try_from(*attempts).unwrap_or(0).saturating_add(1);
-                    let retry_in = self.settings.retry_in(attempts);
-                    tracing::warn!(
-                        job = JOB_NAME,
-                        row = id,
-                        message_id = %message_id,
-                        attempts,
-                        max_attempts = self.settings.max_attempts,
-                        error = %err,
-                        "outbox row not published"
-                    );
-                    failures.push(PublishFailure {
-                        id: *id,
-                        error: err.to_string(),
-                        retry_in,
-                    });
-                }
-                Verdict::Untouched(_) => untouched += 1,
-            }
-        }
-        let marked = outbox::mark_processed(tx, &published).await?;
-        let counts = outbox::record_failures(tx, &failures, self.settings.max_attempts).await?;
-        if counts.failed > 0 {
-            tracing::error!(
-                job = JOB_NAME,
-                rows = counts.failed,
-                "outbox rows gave up after their last attempt; see `worker-host outbox status`"
-            );
-        }
-        Ok(BatchReport {
-            claimed: batch.rows.len() as u64,
-            published: marked,
-            retrying: counts.retrying,
-            failed: counts.failed,
-            untouched,
-            more_due: false,
-        })
     }
 
     /// Deletes processed rows older than the retention window; returns how many went.
@@ -547,48 +322,5 @@ impl TimerJob for OutboxDrain {
             ));
         }
         Ok(tick)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_settings_are_valid_and_checked() {
-        assert!(OutboxDrainSettings::default().validate().is_ok());
-        let bad = OutboxDrainSettings {
-            batch_size: 0,
-            ..OutboxDrainSettings::default()
-        };
-        assert!(bad.validate().unwrap_err().contains("batch_size"));
-    }
-
-    #[test]
-    fn backoff_grows_with_the_attempts_and_is_capped() {
-        let settings = OutboxDrainSettings {
-            backoff: RetryPolicy {
-                max_tries: 1,
-                base_delay: Duration::from_secs(1),
-                factor: 2.0,
-                max_delay: Duration::from_secs(10),
-                jitter: false,
-            },
-            ..OutboxDrainSettings::default()
-        };
-        assert_eq!(settings.retry_in(1), Duration::from_secs(1));
-        assert_eq!(settings.retry_in(2), Duration::from_secs(2));
-        assert_eq!(settings.retry_in(3), Duration::from_secs(4));
-        assert_eq!(settings.retry_in(30), Duration::from_secs(10));
-    }
-
-    #[test]
-    fn settings_read_from_toml_with_defaults() {
-        let s: OutboxDrainSettings =
-            serde_json::from_value(serde_json::json!({"batch_size": 100, "retention": "3days"}))
-                .unwrap();
-        assert_eq!(s.batch_size, 100);
-        assert_eq!(s.retention, Duration::from_secs(3 * 24 * 3600));
-        assert_eq!(s.max_attempts, OutboxDrainSettings::default().max_attempts);
     }
 }

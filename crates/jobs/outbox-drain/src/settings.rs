@@ -5,9 +5,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use worker_core::{Problems, Section, SettingError, TimerSection};
-
-use crate::OutboxDrainSettings;
+use worker_core::{Problems, RetryPolicy, Section, SettingError, TimerSection};
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -54,5 +52,126 @@ impl TimerSection for OutboxDrainJobSettings {
             lanes.saturating_mul(2),
             format!("drain.batches_in_flight {lanes} × 2"),
         )
+    }
+}
+
+/// `[jobs.outbox_drain]`: how the drain claims, publishes, retries and sweeps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxDrainSettings {
+    /// Rows claimed and published per batch (one transaction).
+    pub batch_size: u32,
+    /// Batches in flight at once within a tick once the outbox has a backlog.
+    pub batches_in_flight: usize,
+    /// Attempts before a row is marked `failed`.
+    pub max_attempts: u32,
+    /// The delay before a failed row's next attempt: `delay_for(attempts + 1)` of this policy.
+    /// Its `max_tries` is not used (a row's attempts are `max_attempts`), yet still accepted:
+    /// the settings file of release 0.1.0 sets it, and refusing it would stop such a file from
+    /// starting the host (the host's renames have no kind for a removed key).
+    pub backoff: RetryPolicy,
+    /// Processed rows older than this are deleted.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// The retention sweep runs at most this often, inside a tick.
+    #[serde(with = "humantime_serde")]
+    pub purge_interval: Duration,
+    /// A tick starts no new batch after this long; the batches in flight finish and commit.
+    /// Keep it well below the tick's timeout, which drops a tick (and rolls back the batches
+    /// in flight, to be published again) rather than letting it finish.
+    #[serde(with = "humantime_serde")]
+    pub tick_budget: Duration,
+}
+
+impl Default for OutboxDrainSettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            batches_in_flight: 3,
+            max_attempts: 10,
+            backoff: RetryPolicy {
+                max_tries: 10,
+                base_delay: Duration::from_secs(1),
+                factor: 2.0,
+                max_delay: Duration::from_secs(300),
+                jitter: true,
+            },
+            retention: Duration::from_secs(7 * 24 * 3600),
+            purge_interval: Duration::from_secs(600),
+            tick_budget: Duration::from_secs(10),
+        }
+    }
+}
+
+impl OutboxDrainSettings {
+    /// Checks what an operator wrote; the message names the offending key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.batch_size == 0 {
+            return Err("`batch_size` must be at least 1".into());
+        }
+        if self.batches_in_flight == 0 {
+            return Err("`batches_in_flight` must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return Err("`max_attempts` must be at least 1".into());
+        }
+        self.backoff
+            .validate()
+            .map_err(|e| format!("`backoff`: {e}"))?;
+        if self.retention.is_zero() {
+            return Err("`retention` must be longer than zero".into());
+        }
+        if self.tick_budget.is_zero() {
+            return Err("`tick_budget` must be longer than zero".into());
+        }
+        Ok(())
+    }
+
+    /// The wait before the next attempt of a row that has now failed `attempts` times.
+    pub(crate) fn retry_in(&self, attempts: u32) -> Duration {
+        self.backoff.jittered_delay_for(attempts.saturating_add(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_settings_are_valid_and_checked() {
+        assert!(OutboxDrainSettings::default().validate().is_ok());
+        let bad = OutboxDrainSettings {
+            batch_size: 0,
+            ..OutboxDrainSettings::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("batch_size"));
+    }
+
+    #[test]
+    fn backoff_grows_with_the_attempts_and_is_capped() {
+        let settings = OutboxDrainSettings {
+            backoff: RetryPolicy {
+                max_tries: 1,
+                base_delay: Duration::from_secs(1),
+                factor: 2.0,
+                max_delay: Duration::from_secs(10),
+                jitter: false,
+            },
+            ..OutboxDrainSettings::default()
+        };
+        assert_eq!(settings.retry_in(1), Duration::from_secs(1));
+        assert_eq!(settings.retry_in(2), Duration::from_secs(2));
+        assert_eq!(settings.retry_in(3), Duration::from_secs(4));
+        assert_eq!(settings.retry_in(30), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn settings_read_from_toml_with_defaults() {
+        let s: OutboxDrainSettings =
+            serde_json::from_value(serde_json::json!({"batch_size": 100, "retention": "3days"}))
+                .unwrap();
+        assert_eq!(s.batch_size, 100);
+        assert_eq!(s.retention, Duration::from_secs(3 * 24 * 3600));
+        assert_eq!(s.max_attempts, OutboxDrainSettings::default().max_attempts);
     }
 }

@@ -1,7 +1,7 @@
 //! # job-reconciler: stuck work is seen and healed
 //!
-//! An action execution or an outbound email is finished by a command: an [`ActionCommand`]
-//! on `automation.action`, an [`EmailSendCommand`] on `email.send`. When that command is
+//! An action execution or an outbound email is finished by a command: an [`ActionCommand`](worker_messages::ActionCommand)
+//! on `automation.action`, an [`EmailSendCommand`](worker_messages::EmailSendCommand) on `email.send`. When that command is
 //! gone — given up after its last retry tier, dead-lettered and never replayed, lost with a
 //! failed outbox row, purged from the archive — the row stays unfinished for ever, and
 //! nothing else looks at it. This timer job (under the lease) does.
@@ -81,25 +81,24 @@
 //! # Ok(()) }
 //! ```
 
+mod command;
 pub mod settings;
+mod stuck;
 
-use std::fmt;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use serde_json::json;
-use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool};
 use tokio::time::Instant;
 use uuid::Uuid;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
-use worker_messages::{
-    AUTOMATION_ACTION, ActionCommand, EMAIL_SEND, EmailSendCommand, Message, SCHEMA_VERSION_HEADER,
-};
+use worker_messages::{AUTOMATION_ACTION, EMAIL_SEND};
 use worker_store::classify;
-use worker_store::outbox::{self, OutboxMessage};
+use worker_store::outbox;
 
+use command::{archive, command, why};
 pub use settings::ReconcilerSettings;
+pub use stuck::{StuckCounts, WorkKind, count_stuck};
+use stuck::{StuckRow, table};
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "reconciler";
@@ -113,54 +112,6 @@ pub const REASON: &str = "stuck";
 
 /// The header a re-queued command carries, so that a consumer's log can tell it apart.
 pub const REQUEUED_BY_HEADER: &str = "x-requeued-by";
-
-/// What kind of work a row is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum WorkKind {
-    /// An `action_executions` row.
-    Execution,
-    /// An `outbound_emails` row.
-    Email,
-}
-
-impl WorkKind {
-    pub const ALL: [Self; 2] = [Self::Execution, Self::Email];
-
-    /// `execution` or `email`: the gauge's `kind` label.
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            Self::Execution => "execution",
-            Self::Email => "email",
-        }
-    }
-
-    /// The rows of this kind that are stuck, as `FROM … WHERE …` over alias `w`, with `$1`
-    /// the threshold in seconds.
-    const fn stuck_rows(&self) -> &'static str {
-        match self {
-            Self::Execution => {
-                "FROM action_executions w \
-                 WHERE w.status NOT IN ('succeeded', 'skipped', 'failed') \
-                   AND w.updated_at < now() - make_interval(secs => $1) \
-                   AND NOT EXISTS (SELECT 1 FROM outbox o \
-                                   WHERE o.status = 'pending' AND o.message_id = w.id::text)"
-            }
-            Self::Email => {
-                "FROM outbound_emails w \
-                 WHERE w.status NOT IN ('sent', 'failed') \
-                   AND w.updated_at < now() - make_interval(secs => $1) \
-                   AND NOT EXISTS (SELECT 1 FROM outbox o \
-                                   WHERE o.status = 'pending' AND o.message_id = w.id::text)"
-            }
-        }
-    }
-}
-
-impl fmt::Display for WorkKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// How the reconciler finds stuck rows, what it does with them, and where commands go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,9 +127,9 @@ pub struct ReconcilerConfig {
     pub max_batches_per_tick: u32,
     /// Where commands go: the commands exchange.
     pub commands_exchange: String,
-    /// The routing key of [`ActionCommand`]s.
+    /// The routing key of [`ActionCommand`](worker_messages::ActionCommand)s.
     pub action_routing_key: String,
-    /// The routing key of [`EmailSendCommand`]s.
+    /// The routing key of [`EmailSendCommand`](worker_messages::EmailSendCommand)s.
     pub email_routing_key: String,
 }
 
@@ -194,39 +145,6 @@ impl Default for ReconcilerConfig {
             email_routing_key: EMAIL_SEND.into(),
         }
     }
-}
-
-/// How many rows are stuck now, by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StuckCounts {
-    pub executions: u64,
-    pub emails: u64,
-}
-
-impl StuckCounts {
-    pub fn get(&self, kind: WorkKind) -> u64 {
-        match kind {
-            WorkKind::Execution => self.executions,
-            WorkKind::Email => self.emails,
-        }
-    }
-}
-
-/// Counts the stuck rows of each kind (see the crate docs): what the gauge and the alert read.
-pub async fn count_stuck(pool: &PgPool, stuck_after: Duration) -> Result<StuckCounts, Failure> {
-    let (executions, emails): (i64, i64) = sqlx::query_as(&format!(
-        "SELECT (SELECT count(*) {}), (SELECT count(*) {})",
-        WorkKind::Execution.stuck_rows(),
-        WorkKind::Email.stuck_rows()
-    ))
-    .bind(stuck_after.as_secs_f64())
-    .fetch_one(pool)
-    .await
-    .map_err(classify)?;
-    Ok(StuckCounts {
-        executions: u64::try_from(executions).unwrap_or_default(),
-        emails: u64::try_from(emails).unwrap_or_default(),
-    })
 }
 
 /// What one batch did.
@@ -275,21 +193,6 @@ impl ReconcileReport {
             + self.failed_executions
             + self.failed_emails
     }
-}
-
-/// A stuck row, as a batch reads it.
-#[derive(Debug, Clone, sqlx::FromRow)]
-struct StuckRow {
-    id: Uuid,
-    status: String,
-    attempts: i32,
-    requeues: i32,
-    updated_at: DateTime<Utc>,
-    /// The event the work came from: the command's correlation id.
-    event_id: Option<Uuid>,
-    /// Executions only: the rest of the command.
-    automation_id: Option<Uuid>,
-    action_index: Option<i32>,
 }
 
 /// The reconciler job. See the crate docs.
@@ -475,127 +378,6 @@ impl Reconciler {
             WorkKind::Email => &self.config.email_routing_key,
         }
     }
-}
-
-fn table(kind: WorkKind) -> &'static str {
-    match kind {
-        WorkKind::Execution => "action_executions",
-        WorkKind::Email => "outbound_emails",
-    }
-}
-
-/// The row's command, as its first producer wrote it (same message id, type and correlation).
-fn command(kind: WorkKind, row: &StuckRow) -> Result<OutboxMessage, Failure> {
-    let serialize = |err: serde_json::Error| Failure::permanent("serialize", err);
-    let message = match kind {
-        WorkKind::Execution => {
-            let (Some(automation_id), Some(event_id), Some(index)) =
-                (row.automation_id, row.event_id, row.action_index)
-            else {
-                return Err(Failure::permanent(
-                    "stuck-row",
-                    format!("action execution {} lacks its command's fields", row.id),
-                ));
-            };
-            let action_index = u32::try_from(index).map_err(|_| {
-                Failure::permanent("stuck-row", format!("action index {index} is negative"))
-            })?;
-            let command = ActionCommand {
-                action_execution_id: row.id,
-                automation_id,
-                event_id,
-                action_index,
-            };
-            OutboxMessage::json(row.id.to_string(), AUTOMATION_ACTION, &command)
-                .map_err(serialize)?
-                .with_header(SCHEMA_VERSION_HEADER, ActionCommand::VERSION)
-        }
-        WorkKind::Email => {
-            let command = EmailSendCommand {
-                email_message_id: row.id,
-            };
-            OutboxMessage::json(row.id.to_string(), EMAIL_SEND, &command)
-                .map_err(serialize)?
-                .with_header(SCHEMA_VERSION_HEADER, EmailSendCommand::VERSION)
-        }
-    };
-    Ok(match row.event_id {
-        Some(event_id) => message.with_correlation_id(event_id.to_string()),
-        None => message,
-    })
-}
-
-/// The `last_error` of a row given up on, as an operator should read it.
-fn why(kind: WorkKind, row: &StuckRow, stuck_after: Duration) -> String {
-    let mut text = format!(
-        "stuck: the {kind} stayed `{}` with no command queued for it since {} (over {}s), \
-         and did not finish after {} re-queues by the reconciler; given up",
-        row.status,
-        row.updated_at.to_rfc3339(),
-        stuck_after.as_secs(),
-        row.requeues
-    );
-    if kind == WorkKind::Email && row.status == "unknown" {
-        text.push_str(" (its last send had an unknown outcome: the server may have accepted it)");
-    }
-    text
-}
-
-/// Writes the row's command to the dead-letter archive (the `dead_letters` shape that a failed
-/// outbox row has: source `outbox`, queue `outbox`, replayed to its exchange and routing key).
-async fn archive(
-    tx: &mut PgConnection,
-    kind: WorkKind,
-    row: &StuckRow,
-    message: &OutboxMessage,
-    exchange: &str,
-    routing_key: &str,
-    why: &str,
-) -> Result<(), Failure> {
-    // The cause without what varies between rows (ids, times, counts), for the fingerprint.
-    let normalized = format!(
-        "stuck: the {kind} stayed <str> with no command queued for it since <ts> (over <n>s), \
-         and did not finish after <n> re-queues by the reconciler; given up"
-    );
-    let digest = Sha256::digest(normalized.as_bytes());
-    let fingerprint: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    let properties = json!({
-        "content_type": message.content_type,
-        "correlation_id": message.correlation_id,
-        "message_id": message.message_id,
-        "type": message.message_type,
-        "delivery_mode": 2,
-    });
-    let headers = json!({
-        "x-dead-reason": REASON,
-        "x-dead-error": why,
-        "x-stuck-kind": kind.as_str(),
-        "x-stuck-status": row.status,
-    });
-    sqlx::query(
-        "INSERT INTO dead_letters (dedup_key, source, queue, exchange, routing_key, message_id, \
-             message_type, reason, attempts, last_error, error_fingerprint, error_normalized, \
-             died_at, headers, properties, body) \
-         VALUES ($1, 'outbox', 'outbox', $2, $3, $4, $5, $6, $7, $8, $9, $10, now(), $11, $12, $13)",
-    )
-    // Unique per give-up: a row replayed, stuck and given up on again is archived again.
-    .bind(format!("reconciler:{kind}:{}:{}", row.id, Uuid::new_v4().simple()))
-    .bind(exchange)
-    .bind(routing_key)
-    .bind(&message.message_id)
-    .bind(&message.message_type)
-    .bind(REASON)
-    .bind(row.attempts)
-    .bind(why)
-    .bind(fingerprint)
-    .bind(normalized)
-    .bind(headers)
-    .bind(properties)
-    .bind(&message.body)
-    .execute(tx)
-    .await
-    .map_err(classify)?;
-    Ok(())
 }
 
 impl TimerJob for Reconciler {

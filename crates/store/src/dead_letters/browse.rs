@@ -7,11 +7,13 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgPool, Postgres, QueryBuilder};
 use worker_core::Failure;
-use worker_store::audit::{self, Action};
-use worker_store::classify;
 
-use crate::query::{DeadLetter, DeadLetterSummary, Filter, fetch_summaries, summaries};
-use crate::record::REPLAYED_FROM_HEADER;
+use super::filter::Filter;
+use super::read::{DeadLetterSummary, fetch_summaries, summaries};
+use super::row::REPLAYED_FROM_HEADER;
+use super::show_one::DeadLetter;
+use crate::audit::{self, Action};
+use crate::classify;
 
 /// The most items one page holds.
 pub const PAGE_MAX: u32 = 200;

@@ -1,0 +1,91 @@
+//! What signing in reads: an API token's account, a password's account, an auth proxy's user
+//! (made at its first sign-in when the settings say so).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use worker_core::Failure;
+
+use super::account::{AccountError, Role, check_name, target};
+use crate::audit::{self, ActionKind, Actor, NewAction};
+use crate::classify;
+
+/// The enabled account and role whose token has this SHA-256, its use noted.
+pub async fn by_token(
+    pool: &PgPool,
+    token_sha256: &[u8],
+) -> Result<Option<(String, Role)>, Failure> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "UPDATE operator_tokens t SET last_used_at = now() \
+         FROM operator_accounts a \
+         WHERE t.token_sha256 = $1 AND a.name = t.account AND a.disabled_at IS NULL \
+         RETURNING a.name, a.role",
+    )
+    .bind(token_sha256)
+    .fetch_optional(pool)
+    .await
+    .map_err(classify)?;
+    Ok(row.and_then(|(name, role)| Some((name, role.parse().ok()?))))
+}
+
+/// What signing in as an account checks: its role and its password's argon2id string, for an
+/// enabled account that has a password.
+pub async fn credentials(pool: &PgPool, name: &str) -> Result<Option<(Role, String)>, Failure> {
+    let row: Option<(String, String)> = sqlx::query_as(
+        "SELECT role, password_hash FROM operator_accounts \
+         WHERE name = $1 AND disabled_at IS NULL AND password_hash IS NOT NULL",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await
+    .map_err(classify)?;
+    Ok(row.and_then(|(role, hash)| Some((role.parse().ok()?, hash))))
+}
+
+/// How an auth proxy's user is signed in: the account of that name, if it exists and is
+/// enabled, else one made with `new_role` (origin `proxy`, recorded in the audit trail), else
+/// nobody. A disabled account stays disabled.
+pub async fn from_proxy(
+    pool: &PgPool,
+    name: &str,
+    new_role: Option<Role>,
+    actor: &Actor,
+) -> Result<Option<Role>, AccountError> {
+    check_name(name)?;
+    let row: Option<(String, Option<DateTime<Utc>>)> =
+        sqlx::query_as("SELECT role, disabled_at FROM operator_accounts WHERE name = $1")
+            .bind(name)
+            .fetch_optional(pool)
+            .await
+            .map_err(classify)?;
+    match (row, new_role) {
+        (Some((role, None)), _) => Ok(role.parse().ok()),
+        (Some((_, Some(_))), _) | (None, None) => Ok(None),
+        (None, Some(role)) => {
+            let mut tx = pool.begin().await.map_err(classify)?;
+            let made = sqlx::query(
+                "INSERT INTO operator_accounts (name, role, origin, created_by) \
+                 VALUES ($1, $2, 'proxy', $3) ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(name)
+            .bind(role.as_str())
+            .bind(actor.label())
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+            if made.rows_affected() > 0 {
+                audit::record(
+                    &mut tx,
+                    &NewAction::new(ActionKind::OperatorAdd, actor, target(name)),
+                    1,
+                    0,
+                    Some(format!(
+                        "role {role}, at its first sign-in through the auth proxy"
+                    )),
+                )
+                .await?;
+            }
+            tx.commit().await.map_err(classify)?;
+            Ok(Some(role))
+        }
+    }
+}

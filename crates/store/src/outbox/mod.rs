@@ -1,0 +1,45 @@
+//! The transactional outbox: a message is written into a row inside the caller's
+//! transaction, so that it is published if and only if that transaction commits.
+//!
+//! A job that changes the database and must also publish a message calls [`enqueue`] with the
+//! transaction that makes its change. The row carries the message id, type, content type,
+//! headers (with the W3C trace context of the enqueuing span) and body. The same transaction
+//! sends a `NOTIFY` on [`CHANNEL`]; PostgreSQL delivers notifications only on commit, so the
+//! drain is woken exactly when there is something to publish, and never by a rollback.
+//!
+//! The outbox drain job (crate `job-outbox-drain`) runs the other half, through this module
+//! (`drain.rs`), so that every statement on the outbox is written here:
+//!
+//! 1. [`begin_batch`] begins the batch's transaction, and [`claim`] locks up to `limit` due rows (`status = 'pending'` and
+//!    `next_attempt_at <= now()`) in id order with `FOR UPDATE SKIP LOCKED`, so that replicas
+//!    draining together take disjoint batches without a lease;
+//! 2. it publishes them with confirms;
+//! 3. [`mark_processed`] marks the confirmed ones by id, in one statement, and
+//!    [`record_failures`] adds an attempt to the others with a backoff, or marks them
+//!    `failed` with their last error once they have had their maximum attempts;
+//! 4. it commits. A crash between the publish and the commit leaves the rows pending, so they
+//!    are published again (at least once); consumers dedup on the message id.
+//!
+//! For operators (`operators.rs`): [`status`] (pending, due, failed, age of the oldest pending row),
+//! [`failed`] and [`pending`] (the rows, with their errors), [`retry`], [`retry_failed`] and
+//! [`retry_all_failed`] (make failed rows pending again, with fresh attempts, recorded in the
+//! [`audit`](crate::audit) trail; [`retry_all_failed_dry_run`] counts and lists what a retry of
+//! them all would put back, recorded as a dry run), and [`purge_processed`] (the retention
+//! sweep).
+
+mod drain;
+mod enqueue;
+mod operators;
+
+pub use drain::{
+    FailureCounts, LAST_ERROR_MAX, OutboxRow, PublishFailure, begin_batch, claim, mark_processed,
+    record_failures,
+};
+pub use enqueue::{
+    CHANNEL, OutboxMessage, TRACEPARENT, current_trace_context, enqueue, enqueue_many,
+};
+pub use operators::{
+    FailedRow, OutboxStatus, PendingRow, RETRY_PREVIEW_ROWS, RetryAllReport, RetryResult, failed,
+    pending, purge_processed, retry, retry_all_failed, retry_all_failed_dry_run, retry_failed,
+    status,
+};
