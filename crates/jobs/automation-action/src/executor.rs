@@ -90,7 +90,7 @@ impl ActionExecutor {
     }
 
     /// At most `max` mails from one automation to one address within `window` (by default
-    /// [`DEFAULT_REPLY_LIMIT`] in [`DEFAULT_REPLY_WINDOW`]).
+    /// [`DEFAULT_REPLY_LIMIT`](crate::DEFAULT_REPLY_LIMIT) in [`DEFAULT_REPLY_WINDOW`](crate::DEFAULT_REPLY_WINDOW)).
     #[must_use]
     pub fn with_reply_limit(mut self, max: u32, window: Duration) -> Self {
         self.send_email.reply_limit = ReplyLimit { max, window };
@@ -98,7 +98,7 @@ impl ActionExecutor {
     }
 
     /// At most `max` distinct recipients (`to` and `cc`) in one mail (by default
-    /// [`DEFAULT_RECIPIENTS_MAX`]); a mail with more is not sent, its execution `skipped`.
+    /// [`DEFAULT_RECIPIENTS_MAX`](crate::DEFAULT_RECIPIENTS_MAX)); a mail with more is not sent, its execution `skipped`.
     #[must_use]
     pub fn with_recipients_max(mut self, max: u32) -> Self {
         self.send_email.recipients_max = max;
@@ -106,7 +106,7 @@ impl ActionExecutor {
     }
 
     /// Lets its webhooks reach what `allow` names inside the installation (by default
-    /// nothing: see [`address`]); the host passes `jobs.automation_action.webhook_allow`.
+    /// nothing: see [`address`](crate::address)); the host passes `jobs.automation_action.webhook_allow`.
     pub fn with_webhook_allow(mut self, allow: WebhookAllow) -> Result<Self, BuildError> {
         self.webhooks.client = WebhookClient::with_allow(self.webhooks.client.timeout(), allow)?;
         Ok(self)
@@ -121,7 +121,7 @@ impl ActionExecutor {
     }
 
     /// Takes over another process's `running` claim only once it is older than `after`
-    /// (by default the webhook timeout + [`DEFAULT_RECORD_BUDGET`] + [`STALE_CLAIM_MARGIN`]).
+    /// (by default the webhook timeout + [`DEFAULT_RECORD_BUDGET`](crate::DEFAULT_RECORD_BUDGET) + [`STALE_CLAIM_MARGIN`](crate::STALE_CLAIM_MARGIN)).
     /// It must exceed the longest a live try can hold a claim, or a slow call is doubled.
     #[must_use]
     pub fn with_stale_claim_after(mut self, after: Duration) -> Self {
@@ -130,7 +130,7 @@ impl ActionExecutor {
     }
 
     /// Retries recording a webhook's success on database errors for `budget` (by default
-    /// [`DEFAULT_RECORD_BUDGET`]). The stale limit is not changed.
+    /// [`DEFAULT_RECORD_BUDGET`](crate::DEFAULT_RECORD_BUDGET)). The stale limit is not changed.
     #[must_use]
     pub fn with_record_budget(mut self, budget: Duration) -> Self {
         self.webhooks.record_budget = budget;

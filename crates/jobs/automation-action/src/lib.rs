@@ -1,6 +1,6 @@
 //! # job-automation-action: runs one action of one automation for one event
 //!
-//! A [`ConsumerJob`] on the `automation.action` queue. Its input, an [`ActionCommand`],
+//! A [`ConsumerJob`](worker_core::ConsumerJob) on the `automation.action` queue. Its input, an [`ActionCommand`](worker_messages::ActionCommand),
 //! names an action execution that the trigger consumer wrote; the execution row holds the
 //! action and the event as they were when the event matched. The executor runs the action
 //! and records the execution's outcome.
@@ -11,12 +11,12 @@
 //! [`GUARD_SCOPE`], `automation.action`). The mark is taken in the transaction that records
 //! the success, never before: a duplicate command (a redelivery, or the trigger's deliberately
 //! undeduplicated re-emission) that finds the mark, or finds the execution `succeeded` (the
-//! mark swept by retention), is acknowledged as [`Handled::Duplicate`] without doing anything.
+//! mark swept by retention), is acknowledged as [`Handled::Duplicate`](worker_core::Handled::Duplicate) without doing anything.
 //!
 //! * **`send_email`** touches only the database, so it stays **one transaction**: the guard
 //!   is checked, the execution row locked, the email rendered from the event's fields
 //!   ([`render`]), the `outbound_emails` row (id [`worker_messages::email_message_id`] of the
-//!   execution id) and an outbox row for the [`EmailSendCommand`] (routing key `email.send`)
+//!   execution id) and an outbox row for the [`EmailSendCommand`](worker_messages::EmailSendCommand) (routing key `email.send`)
 //!   written, the mark taken and the row set `succeeded`, all committed together: exactly
 //!   once. A concurrent duplicate waits on the row's lock, then finds it `succeeded`. A
 //!   template that does not render is a permanent failure. Mail that must not be answered
@@ -43,7 +43,7 @@
 //!   Recording a success is retried on any database error for [`DEFAULT_RECORD_BUDGET`]
 //!   ([`ActionExecutor::with_record_budget`]): a receiver that acted is never recorded as
 //!   failed. Should the database stay away longer, the try ends as an unknown outcome
-//!   ([`Failure::unknown`]: parked, not retried in process) and the row stays `running` until
+//!   ([`Failure::unknown`](worker_core::Failure::unknown): parked, not retried in process) and the row stays `running` until
 //!   a later delivery takes the claim over and calls again.
 //!
 //!   The call may not reach inside the installation (loopback, private ranges, link-local

@@ -48,7 +48,7 @@ impl Default for SmtpConfig {
     }
 }
 
-/// Why an [`EmailSender`] could not be built.
+/// Why an [`EmailSender`](crate::EmailSender) could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum SmtpConfigError {
     #[error("smtp: a username needs a password")]

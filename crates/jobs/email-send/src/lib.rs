@@ -1,6 +1,6 @@
 //! # job-email-send: sends the stored outbound emails over SMTP
 //!
-//! A [`ConsumerJob`] on the `email.send` queue. Its input, an [`EmailSendCommand`], names an
+//! A [`ConsumerJob`](worker_core::ConsumerJob) on the `email.send` queue. Its input, an [`EmailSendCommand`](worker_messages::EmailSendCommand), names an
 //! `outbound_emails` row (written by the action executor, or anything else that queues mail);
 //! this job sends it over a small pool of lettre SMTP connections and records the outcome on
 //! the row.
@@ -12,7 +12,7 @@
 //!
 //! 1. **Claim.** Lock the row, read its status and the processed-message guard (scope
 //!    [`GUARD_SCOPE`], `email.send`; read only — it is marked in step 3). `sent`, or a marked
-//!    guard: [`Handled::Duplicate`], nothing is sent. A fresh `sending` claim: another try is
+//!    guard: [`Handled::Duplicate`](worker_core::Handled::Duplicate), nothing is sent. A fresh `sending` claim: another try is
 //!    at it, so this one backs off with a transient failure ("being sent by another
 //!    worker"); the redelivery later finds the row `sent` and is a duplicate. Otherwise
 //!    (`queued`, `unknown`, `failed` — a replayed dead letter — or a stale `sending` claim)
@@ -44,7 +44,7 @@
 //! * The server's answer to the final "." is certain too: `sent`, or released as above.
 //! * **No answer after the final "."** (the send timeout, a broken connection) is an
 //!   unknown outcome: the server may have taken the mail. The row becomes `unknown` with
-//!   `last_error` saying so, the handler returns [`Failure::unknown`] (never tried again in
+//!   `last_error` saying so, the handler returns [`Failure::unknown`](worker_core::Failure::unknown) (never tried again in
 //!   process; the runner parks the message), and the unknown counter goes up
 //!   ([`EmailSender::on_unknown`]; the host's `worker_email_unknown_outcomes_total`). The
 //!   next delivery sends it again: **one possible duplicate per unknown outcome**, visible.
@@ -83,7 +83,7 @@
 //! | a 4xx answer (`451 4.3.0 try later`) | transient | `queued`, `attempts + 1`, `last_error` |
 //! | a 5xx answer (`550 5.1.1 no such user`) | permanent, `smtp-5xx`, detail the answer | `failed`, `last_error` = the answer |
 //! | no connection, a broken one or a timeout before the final ".", another TLS failure | transient | `queued` |
-//! | a timeout or a broken connection after the final "." | unknown ([`Failure::unknown`]) | `unknown` |
+//! | a timeout or a broken connection after the final "." | unknown ([`Failure::unknown`](worker_core::Failure::unknown)) | `unknown` |
 //! | lettre refused to go on (no STARTTLS offered, no usable AUTH mechanism, no SMTPUTF8) | permanent, `smtp-client` | `failed` |
 //! | the server's certificate did not verify (unknown CA, another name, expired) | permanent, `smtp-tls` | `failed` |
 //! | an address in the row that does not parse | permanent, `bad-address` | `failed` |
