@@ -56,18 +56,7 @@ pub(crate) async fn load(
     .fetch_optional(&mut *tx)
     .await
     .map_err(classify)?;
-    let Some(ExecutionRow {
-        automation_id,
-        event_id,
-        action_index,
-        action,
-        event,
-        status,
-        claimed_by,
-        claimed_at,
-        stale,
-    }) = row
-    else {
+    let Some(row) = row else {
         return Err(Failure::permanent(
             "unknown-execution",
             format!(
@@ -76,6 +65,8 @@ pub(crate) async fn load(
             ),
         ));
     };
+    let (automation_id, event_id, action_index) =
+        (row.automation_id, row.event_id, row.action_index);
     if (automation_id, event_id, i64::from(action_index))
         != (
             command.automation_id,
@@ -92,19 +83,19 @@ pub(crate) async fn load(
             ),
         ));
     }
-    let action = serde_json::from_value(action)
+    let action = serde_json::from_value(row.action)
         .map_err(|err| Failure::permanent("bad-action", format!("the stored action: {err}")))?;
-    let event = serde_json::from_value(event)
+    let event = serde_json::from_value(row.event)
         .map_err(|err| Failure::permanent("bad-event", format!("the stored event: {err}")))?;
     Ok(Execution {
         automation_id,
         event_id,
         action,
         event,
-        status,
-        claimed_by,
-        claimed_at,
-        stale,
+        status: row.status,
+        claimed_by: row.claimed_by,
+        claimed_at: row.claimed_at,
+        stale: row.stale,
     })
 }
 
