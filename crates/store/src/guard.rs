@@ -1,20 +1,50 @@
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use sqlx::{PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres};
 use worker_core::{Failure, ProcessedGuard};
 
 use crate::classify;
 
+/// [`ProcessedMessages::is_marked`]'s statement, built once from the one text of the look.
+static IS_MARKED: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {}", ProcessedMessages::marked_sql("$1", "$2")));
+
 /// The one shared processed-message guard, on the `processed_messages` table.
 ///
 /// A mark is written inside the caller's transaction, so that it commits together with the
-/// effect it guards, or not at all.
+/// effect it guards, or not at all. Marks are taken through core's
+/// [`ProcessedGuard`]; looking without marking is this type's own ([`Self::is_marked`],
+/// [`Self::marked_sql`]), since the trait only marks.
 #[derive(Debug, Clone, Default)]
 pub struct ProcessedMessages;
 
 impl ProcessedMessages {
     pub fn new() -> Self {
         Self
+    }
+
+    /// The SQL expression that is true when `(scope, id)` is marked, over the statement's
+    /// placeholders `scope` and `id` (`"$3"`, `"$4"`): for a caller that reads the mark in the
+    /// statement that locks the row it guards, so that the look costs no round trip of its own.
+    pub fn marked_sql(scope: &str, id: &str) -> String {
+        format!("EXISTS (SELECT 1 FROM processed_messages WHERE scope = {scope} AND id = {id})")
+    }
+
+    /// Whether `id` in `scope` is marked, read inside `tx`. Only a look: a caller that marks
+    /// with its effect later looks first to skip the work a duplicate would do.
+    pub async fn is_marked(
+        &self,
+        tx: &mut PgConnection,
+        scope: &str,
+        id: &str,
+    ) -> Result<bool, Failure> {
+        sqlx::query_scalar(IS_MARKED.as_str())
+            .bind(scope)
+            .bind(id)
+            .fetch_one(tx)
+            .await
+            .map_err(classify)
     }
 
     /// Marks `id` in `scope` as processed inside `tx`; `true` when this call made the mark,

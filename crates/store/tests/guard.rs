@@ -62,6 +62,23 @@ async fn scopes_are_independent_and_the_batched_path_reports_each_id() -> anyhow
 }
 
 #[tokio::test]
+async fn a_look_sees_only_committed_or_own_marks_and_marks_nothing() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let guard = ProcessedMessages::new();
+    let mut tx = db.pool.begin().await?;
+    assert!(!guard.is_marked(&mut tx, "scope", "id-1").await?);
+    assert!(
+        !guard.is_marked(&mut tx, "scope", "id-1").await?,
+        "a look takes no mark"
+    );
+    assert!(guard.mark(&mut tx, "scope", "id-1").await?);
+    assert!(guard.is_marked(&mut tx, "scope", "id-1").await?);
+    assert!(!guard.is_marked(&mut tx, "other", "id-1").await?);
+    tx.commit().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_sweep_removes_only_marks_past_their_retention() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let guard = ProcessedMessages::new();

@@ -24,7 +24,7 @@ use lettre::transport::smtp::response::Response;
 use tokio::sync::Semaphore;
 use worker_core::error_chain;
 
-use crate::SendError;
+use crate::error::SendError;
 
 /// An idle connection older than this is closed rather than reused: servers drop idle
 /// clients after a few minutes, and a NOOP on a dead one costs a round trip.

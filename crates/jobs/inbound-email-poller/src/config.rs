@@ -73,7 +73,7 @@ pub struct PollerConfig {
     /// session (SELECT, SEARCH, the size FETCH, LOGOUT).
     pub message_timeout: Duration,
     /// Mail larger than this (RFC822.SIZE, bytes) is recorded as skipped without its body.
-    pub max_message_size: u64,
+    pub max_message_bytes: u64,
     /// The text and the HTML body are each cut at this many characters.
     pub max_body_chars: usize,
     /// Mail past any of these (parts, nesting, header fields, header bytes) is recorded as
@@ -97,7 +97,7 @@ impl Default for PollerConfig {
             accounts: Vec::new(),
             connect_timeout: Duration::from_secs(60),
             message_timeout: Duration::from_secs(30),
-            max_message_size: 25 * 1024 * 1024,
+            max_message_bytes: 25 * 1024 * 1024,
             max_body_chars: 100_000,
             mail_limits: MailLimits::default(),
             max_messages_per_account: 100,
@@ -144,7 +144,7 @@ impl PollerConfig {
             }
         }
         for (field, zero) in [
-            ("max_message_size", self.max_message_size == 0),
+            ("max_message_bytes", self.max_message_bytes == 0),
             ("max_body_chars", self.max_body_chars == 0),
             ("mail_limits.max_parts", self.mail_limits.max_parts == 0),
             ("mail_limits.max_depth", self.mail_limits.max_depth == 0),

@@ -24,7 +24,7 @@
 //! 5. each message, in order, under its own [`PollerConfig::message_timeout`]
 //!    ([`worker_core::run_unit`]): the existence check on (account, mailbox, UIDVALIDITY, UID);
 //!    then
-//!    * over [`PollerConfig::max_message_size`]: only its header (`BODY.PEEK[HEADER]`, at most
+//!    * over [`PollerConfig::max_message_bytes`]: only its header (`BODY.PEEK[HEADER]`, at most
 //!      64 KiB) is fetched, and it is recorded `skipped` with the reason; no event;
 //!    * otherwise `BODY.PEEK[]` (the mail is not marked seen), pre-scanned against
 //!      [`PollerConfig::mail_limits`] (MIME parts, nesting, header fields and bytes; past

@@ -13,7 +13,7 @@
 //! counts as a declared boundary, and every `--<boundary>` as a part. Nesting is followed
 //! through header sections it can see; a nesting it cannot see (hidden behind a delimiter
 //! in the middle of a line) still needs parts, which are counted. The message size limit
-//! ([`crate::PollerConfig::max_message_size`]) stays the last bound.
+//! ([`crate::PollerConfig::max_message_bytes`]) stays the last bound.
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 

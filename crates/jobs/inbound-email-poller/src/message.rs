@@ -167,7 +167,7 @@ impl InboundEmailPoller {
             return Ok(Disposition::GaveUp);
         }
 
-        if u64::from(size) > self.config.max_message_size {
+        if u64::from(size) > self.config.max_message_bytes {
             let query = format!("BODY.PEEK[HEADER]<0.{MAX_HEADER_BYTES}>");
             let header = timed(
                 Stage::Fetch,
@@ -190,7 +190,7 @@ impl InboundEmailPoller {
             }
             let reason = format!(
                 "the message is {size} bytes, over the limit of {} bytes; its body was not fetched",
-                self.config.max_message_size
+                self.config.max_message_bytes
             );
             tracing::warn!(
                 job = JOB_NAME,

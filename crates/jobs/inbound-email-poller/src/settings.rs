@@ -68,7 +68,7 @@ impl Default for InboundEmailPollerSettings {
             timeout: Duration::from_secs(300),
             connect_timeout: config.connect_timeout,
             message_timeout: config.message_timeout,
-            max_message_bytes: config.max_message_size,
+            max_message_bytes: config.max_message_bytes,
             max_body_chars: config.max_body_chars,
             max_mime_parts: config.mail_limits.max_parts,
             max_mime_depth: config.mail_limits.max_depth,
@@ -94,7 +94,7 @@ impl InboundEmailPollerSettings {
             accounts,
             connect_timeout: self.connect_timeout,
             message_timeout: self.message_timeout,
-            max_message_size: self.max_message_bytes,
+            max_message_bytes: self.max_message_bytes,
             max_body_chars: self.max_body_chars,
             mail_limits: MailLimits {
                 max_parts: self.max_mime_parts,

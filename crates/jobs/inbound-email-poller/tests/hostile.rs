@@ -56,7 +56,7 @@ async fn every_hostile_mail_is_recorded_or_set_aside_in_bounded_time_and_memory(
         &db.pool,
         PollerConfig {
             // The default size limit: hostile mail of a few MB gets fetched and parsed.
-            max_message_size: PollerConfig::default().max_message_size,
+            max_message_bytes: PollerConfig::default().max_message_bytes,
             max_body_chars: 100_000,
             ..config(vec![account("hostile", &u, "secret")])
         },

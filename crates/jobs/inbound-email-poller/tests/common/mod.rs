@@ -53,7 +53,7 @@ pub fn config(accounts: Vec<ImapAccount>) -> PollerConfig {
         accounts,
         connect_timeout: Duration::from_secs(10),
         message_timeout: Duration::from_secs(10),
-        max_message_size: 100 * 1024,
+        max_message_bytes: 100 * 1024,
         max_body_chars: 10_000,
         events_exchange: "events".into(),
         ..PollerConfig::default()

@@ -1,0 +1,171 @@
+//! [`SmtpConfig`]: where and how to reach the SMTP server, checked and turned into what the
+//! pool connects with (the TLS parameters, with a private CA's certificates, and the
+//! credentials).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lettre::transport::smtp::authentication::Credentials;
+use lettre::transport::smtp::client::{Certificate, TlsParameters};
+use secrecy::{ExposeSecret, SecretString};
+use worker_core::{TlsMode, error_chain};
+
+use crate::DEFAULT_POOL_SIZE;
+use crate::smtp::{Security, Server};
+
+/// Where and how to reach the SMTP server.
+#[derive(Debug, Clone)]
+pub struct SmtpConfig {
+    pub host: String,
+    pub port: u16,
+    pub security: TlsMode,
+    /// Leave `None` for a server that takes mail without logging in.
+    pub username: Option<String>,
+    /// Required with a username. Redacted in `Debug`.
+    pub password: Option<SecretString>,
+    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
+    /// a private CA. The server's certificate must also name `host`.
+    pub ca_file: Option<PathBuf>,
+    /// Connections open to the server at most (each used by one send at a time).
+    pub pool_size: u32,
+    /// Bounds connecting: TCP, the greeting, STARTTLS and AUTH together.
+    pub connect_timeout: Duration,
+}
+
+impl Default for SmtpConfig {
+    /// The local SMTP sink of `scripts/services.sh`: 127.0.0.1:2525, plain.
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 2525,
+            security: TlsMode::Plain,
+            username: None,
+            password: None,
+            ca_file: None,
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why an [`EmailSender`](crate::EmailSender) could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SmtpConfigError {
+    #[error("smtp: a username needs a password")]
+    MissingPassword,
+    #[error("smtp: `{address}` is not a sender address: {detail}")]
+    BadFrom { address: String, detail: String },
+    #[error("smtp: cannot use host `{host}` with TLS: {detail}")]
+    Tls { host: String, detail: String },
+    #[error("smtp: the CA file {}: {detail}", path.display())]
+    CaFile { path: PathBuf, detail: String },
+    #[error("smtp: pool_size must be at least 1")]
+    EmptyPool,
+}
+
+impl SmtpConfig {
+    /// How many connections the pool may open: `pool_size`, which must be at least 1 (a pool
+    /// of none could never send). The one check of `pool_size` in this crate.
+    pub fn connections(&self) -> Result<usize, SmtpConfigError> {
+        if self.pool_size == 0 {
+            return Err(SmtpConfigError::EmptyPool);
+        }
+        Ok(usize::try_from(self.pool_size).unwrap_or(usize::MAX))
+    }
+
+    /// The server as the pool reaches it: its TLS parameters (read from `ca_file` now, so
+    /// that a bad file stops the start rather than the first send) and its credentials.
+    pub(crate) fn server(&self) -> Result<Server, SmtpConfigError> {
+        let roots = match &self.ca_file {
+            Some(path) => Some(read_ca_file(path)?),
+            None => None,
+        };
+        let tls = || {
+            let mut builder = TlsParameters::builder(self.host.clone());
+            if let Some(roots) = &roots {
+                builder = builder.add_root_certificate(roots.clone());
+            }
+            builder.build().map_err(|err| SmtpConfigError::Tls {
+                host: self.host.clone(),
+                detail: error_chain(&err),
+            })
+        };
+        let security = match self.security {
+            TlsMode::Plain => Security::Plain,
+            TlsMode::Starttls => Security::Starttls(tls()?),
+            TlsMode::Tls => Security::Tls(tls()?),
+        };
+        let credentials = match (&self.username, &self.password) {
+            (Some(user), Some(password)) => Some(Credentials::new(
+                user.clone(),
+                password.expose_secret().to_string(),
+            )),
+            (Some(_), None) => return Err(SmtpConfigError::MissingPassword),
+            (None, _) => None,
+        };
+        Ok(Server {
+            host: self.host.clone(),
+            port: self.port,
+            security,
+            credentials,
+            connect_timeout: self.connect_timeout,
+        })
+    }
+}
+
+/// The CA certificates of a PEM file, refused when it holds none (lettre would take an empty
+/// file as no extra CA at all, and the operator would never learn why the server is refused).
+fn read_ca_file(path: &Path) -> Result<Certificate, SmtpConfigError> {
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    let fail = |detail: String| SmtpConfigError::CaFile {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let pem = std::fs::read(path).map_err(|err| fail(format!("cannot be read: {err}")))?;
+    let count = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| fail(format!("is not PEM: {err}")))?
+        .len();
+    if count == 0 {
+        return Err(fail("holds no PEM certificate".into()));
+    }
+    Certificate::from_pem(&pem).map_err(|err| fail(error_chain(&err)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[test]
+    fn security_reads_from_settings_words() {
+        #[derive(Deserialize)]
+        struct S {
+            security: TlsMode,
+        }
+        let read = |w: &str| {
+            serde_json::from_str::<S>(&format!(r#"{{"security": "{w}"}}"#))
+                .map(|s| s.security)
+                .ok()
+        };
+        assert_eq!(read("plain"), Some(TlsMode::Plain));
+        assert_eq!(read("starttls"), Some(TlsMode::Starttls));
+        assert_eq!(read("tls"), Some(TlsMode::Tls));
+        assert_eq!(read("ssl"), None);
+    }
+
+    #[test]
+    fn a_pool_of_none_is_refused() {
+        let none = SmtpConfig {
+            pool_size: 0,
+            ..SmtpConfig::default()
+        };
+        assert!(matches!(
+            none.connections(),
+            Err(SmtpConfigError::EmptyPool)
+        ));
+        assert_eq!(SmtpConfig::default().connections().ok(), Some(4));
+    }
+}

@@ -1,0 +1,233 @@
+//! [`EmailSender`], the job: claim, send with no database connection held, record (see the
+//! crate docs), and what it counts of unknown outcomes.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lettre::message::Mailbox;
+use sqlx::PgPool;
+use uuid::Uuid;
+use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
+use worker_messages::{EmailSendCommand, Message as _};
+use worker_store::ProcessedMessages;
+
+use crate::config::{SmtpConfig, SmtpConfigError};
+use crate::error::classify;
+use crate::message::{build, response_text};
+use crate::settings::EmailSendSettings;
+use crate::smtp::SmtpPool;
+use crate::store::{Claim, EmailStore};
+use crate::{CLAIM_MARGIN, DEFAULT_RECORD_BUDGET, JOB_NAME};
+
+/// The outbound email consumer. Input: an [`EmailSendCommand`].
+#[derive(Clone)]
+pub struct EmailSender {
+    store: EmailStore,
+    smtp: Arc<SmtpPool>,
+    default_from: Mailbox,
+    send_timeout: Duration,
+    claim_stale_after: Option<Duration>,
+    unknown_outcomes: Arc<AtomicU64>,
+    on_unknown: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl fmt::Debug for EmailSender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmailSender")
+            .field("default_from", &self.default_from.to_string())
+            .field("send_timeout", &self.send_timeout)
+            .field("record_budget", &self.store.record_budget)
+            .field("claim_stale_after", &self.claim_stale_after())
+            .field("instance", &self.store.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmailSender {
+    /// A sender over a pool of `smtp.pool_size` connections to `smtp`, with `default_from`
+    /// as the sender of rows that name none and every send bounded by `send_timeout` (the
+    /// host passes `jobs.email_send.timeout`). Nothing connects until the first send.
+    pub fn new(
+        pool: PgPool,
+        smtp: &SmtpConfig,
+        default_from: &str,
+        send_timeout: Duration,
+    ) -> Result<Self, SmtpConfigError> {
+        let default_from: Mailbox =
+            default_from
+                .parse()
+                .map_err(
+                    |err: lettre::address::AddressError| SmtpConfigError::BadFrom {
+                        address: default_from.to_string(),
+                        detail: err.to_string(),
+                    },
+                )?;
+        let connections = smtp.connections()?;
+        let server = smtp.server()?;
+        Ok(Self {
+            store: EmailStore {
+                pool,
+                guard: ProcessedMessages::new(),
+                instance: Uuid::new_v4(),
+                record_budget: DEFAULT_RECORD_BUDGET,
+            },
+            smtp: Arc::new(SmtpPool::new(server, connections)),
+            default_from,
+            send_timeout,
+            claim_stale_after: None,
+            unknown_outcomes: Arc::new(AtomicU64::new(0)),
+            on_unknown: None,
+        })
+    }
+
+    /// A sender as its section describes it: each send bounded by `timeout`, and the stale
+    /// claim age when the section sets one.
+    pub fn from_settings(
+        pool: PgPool,
+        smtp: &SmtpConfig,
+        default_from: &str,
+        settings: &EmailSendSettings,
+    ) -> Result<Self, SmtpConfigError> {
+        let sender = Self::new(pool, smtp, default_from, settings.send.timeout)?;
+        Ok(match settings.claim_stale_after {
+            Some(age) => sender.with_claim_stale_after(age),
+            None => sender,
+        })
+    }
+
+    /// How long recording a try's outcome is retried on database errors (default
+    /// [`DEFAULT_RECORD_BUDGET`]).
+    #[must_use]
+    pub fn with_record_budget(mut self, budget: Duration) -> Self {
+        self.store.record_budget = budget;
+        self
+    }
+
+    /// The age after which another try may take over a `sending` claim (default: the send
+    /// timeout plus the record budget plus [`CLAIM_MARGIN`]). It must exceed the longest a
+    /// try can still be sending or recording, or two tries could send at once.
+    #[must_use]
+    pub fn with_claim_stale_after(mut self, age: Duration) -> Self {
+        self.claim_stale_after = Some(age);
+        self
+    }
+
+    /// Called once for each unknown outcome: a send whose answer to the end of DATA was
+    /// lost, or a stale claim taken over. The host counts them in
+    /// `worker_email_unknown_outcomes_total`.
+    #[must_use]
+    pub fn on_unknown(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_unknown = Some(Arc::new(hook));
+        self
+    }
+
+    /// Unknown outcomes met by this sender (and its clones) so far.
+    pub fn unknown_outcomes(&self) -> u64 {
+        self.unknown_outcomes.load(Ordering::Relaxed)
+    }
+
+    /// This process's claim owner, written in `claimed_by`.
+    pub fn instance(&self) -> Uuid {
+        self.store.instance
+    }
+
+    /// The age after which a `sending` claim is stale.
+    pub fn claim_stale_after(&self) -> Duration {
+        self.claim_stale_after
+            .unwrap_or(self.send_timeout + self.store.record_budget + CLAIM_MARGIN)
+    }
+
+    fn count_unknown(&self) {
+        self.unknown_outcomes.fetch_add(1, Ordering::Relaxed);
+        if let Some(hook) = &self.on_unknown {
+            hook();
+        }
+    }
+
+    /// Claim, send with no database connection held, record.
+    async fn run(&self, id: Uuid) -> Result<Handled, Failure> {
+        let (email, claimed_at) = match self.store.claim(id, self.claim_stale_after()).await? {
+            Claim::Duplicate(why) => {
+                tracing::info!("duplicate command: {why}");
+                return Ok(Handled::Duplicate);
+            }
+            Claim::Busy { owner, since } => {
+                let owner = owner.map(|o| o.to_string()).unwrap_or_default();
+                let since = since.map(|s| s.to_rfc3339()).unwrap_or_default();
+                return Err(Failure::transient(format!(
+                    "outbound email {id} is being sent by another worker ({owner}, since {since}); backing off"
+                )));
+            }
+            Claim::Mine {
+                email,
+                claimed_at,
+                took_over,
+            } => {
+                if let Some((owner, since)) = took_over {
+                    // The earlier try died between its claim and its record: it may have sent.
+                    self.count_unknown();
+                    tracing::warn!(
+                        previous_owner = ?owner,
+                        claimed_at = ?since,
+                        "took over a stale claim: the mail may have gone out already and is sent again"
+                    );
+                }
+                (email, claimed_at)
+            }
+        };
+        let message = match build(&email, &self.default_from) {
+            Ok(message) => message,
+            Err(failure) => {
+                self.store.release(id, claimed_at, &failure).await;
+                return Err(failure);
+            }
+        };
+        match self.smtp.send(&message, self.send_timeout).await {
+            Ok(response) => {
+                let answer = response_text(&response);
+                self.store.record_sent(id, claimed_at, &answer).await?;
+                tracing::info!(smtp_response = %answer, to = ?email.to_addresses, "email sent");
+                Ok(Handled::Done)
+            }
+            Err(err) => {
+                let failure = classify(&err);
+                if failure.is_unknown() {
+                    self.count_unknown();
+                    tracing::error!(
+                        error = %failure,
+                        "the outcome of the send is unknown: the row is marked `unknown` and not sent again in process"
+                    );
+                }
+                self.store.release(id, claimed_at, &failure).await;
+                Err(failure)
+            }
+        }
+    }
+}
+
+impl ConsumerJob for EmailSender {
+    type Input = EmailSendCommand;
+
+    fn name(&self) -> &str {
+        JOB_NAME
+    }
+
+    fn reads_version(&self, _message_type: &str) -> u32 {
+        EmailSendCommand::VERSION
+    }
+
+    #[tracing::instrument(
+        name = "email_send",
+        skip_all,
+        fields(email_id = %command.email_message_id, attempt = ctx.attempt)
+    )]
+    async fn handle(
+        &self,
+        ctx: &WorkContext,
+        command: &EmailSendCommand,
+    ) -> Result<Handled, Failure> {
+        self.run(command.email_message_id).await
+    }
+}
