@@ -112,12 +112,15 @@ pub trait TimerSection: Section {
     }
 }
 
-/// Connections a job may hold of the shared pool at once, and why (`account_concurrency 4 + 1
-/// for its idle lease`), relative to its section.
+/// Connections a job may hold of the shared pool at once, and why: either keys of its section
+/// (`account_concurrency 4 + 1 for its idle lease`, which the host puts under the section's
+/// path) or words alone (`1 for the tick's work`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolNeed {
     pub connections: u32,
     pub why: String,
+    /// Whether `why` begins with a key of the section.
+    pub keyed: bool,
 }
 
 impl PoolNeed {
@@ -125,6 +128,15 @@ impl PoolNeed {
         Self {
             connections,
             why: why.into(),
+            keyed: false,
+        }
+    }
+
+    /// A need that `why`'s leading key of the section sets.
+    pub fn keyed(connections: u32, why: impl Into<String>) -> Self {
+        Self {
+            keyed: true,
+            ..Self::new(connections, why)
         }
     }
 }

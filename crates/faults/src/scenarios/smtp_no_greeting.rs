@@ -11,7 +11,7 @@ use super::{Fault, Load, Scenario};
 use crate::run::{Run, Setup};
 
 /// How long the server stays silent: longer than the host's SMTP connect timeout (10 s,
-/// `job_email_send::SmtpConfig`'s default, which bounds the TCP connect and the greeting
+/// `job_email_send::SmtpSettings`'s default, which bounds the TCP connect and the greeting
 /// together) and its send timeout (`jobs.email_send.timeout`, 10 s here).
 const SILENCE: Duration = Duration::from_secs(15);
 

@@ -83,7 +83,7 @@ fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError
     let settings = &ctx.settings;
     let sender = job_email_send::EmailSender::from_settings(
         ctx.pool.clone(),
-        &smtp_config(settings),
+        &settings.smtp,
         &settings.smtp.from,
         &settings.jobs.email_send,
     )
@@ -227,24 +227,6 @@ impl job_dead_letter_archive::ArchiveEvents for ArchiveCounter {
 pub fn reconciler_config(settings: &Settings) -> job_reconciler::ReconcilerConfig {
     let commands = &settings.broker.topology.commands_exchange;
     settings.jobs.reconciler.job.config(commands)
-}
-
-/// The SMTP connection the settings describe.
-pub fn smtp_config(settings: &Settings) -> job_email_send::SmtpConfig {
-    let smtp = &settings.smtp;
-    job_email_send::SmtpConfig {
-        host: smtp.host.clone(),
-        port: smtp.port,
-        security: smtp.security,
-        username: smtp.username.clone(),
-        password: smtp
-            .password
-            .as_ref()
-            .map(|p| secrecy::SecretString::from(p.expose().to_string())),
-        ca_file: smtp.ca_file.clone(),
-        pool_size: smtp.pool_size,
-        ..job_email_send::SmtpConfig::default()
-    }
 }
 
 /// The poller's accounts and limits as the settings describe them.

@@ -23,7 +23,7 @@ mod build;
 mod list;
 mod run;
 
-pub use build::{Built, poller_config, reconciler_config, smtp_config, start_all};
+pub use build::{Built, poller_config, reconciler_config, start_all};
 pub use list::{all, find, pausable, pause_of, timer_names};
 pub use run::consumer;
 

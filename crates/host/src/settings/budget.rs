@@ -47,14 +47,15 @@ impl Settings {
             if own.connections + lease == 0 {
                 continue;
             }
-            let why = match lease {
-                0 => own.why,
-                _ => format!("{} + 1 for its lease", own.why),
+            let leased = match lease {
+                0 => "",
+                _ => " + 1 for its lease",
             };
-            need(
-                format!("jobs.{}: {why}", spec.section()),
-                own.connections.saturating_add(lease),
-            );
+            let why = match own.keyed {
+                true => format!("jobs.{}.{}{leased}", spec.section(), own.why),
+                false => format!("jobs.{} ({}{leased})", spec.section(), own.why),
+            };
+            need(why, own.connections.saturating_add(lease));
         }
         let dead_queues = self.jobs.consumers().len() as u32;
         need(

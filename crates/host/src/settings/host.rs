@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use worker_broker::{AddressError, BrokerAddress};
-use worker_core::{RetryPolicy, TlsMode};
+use worker_core::RetryPolicy;
 
 use super::SettingsError;
 use crate::secret::Secret;
@@ -190,44 +190,8 @@ impl BrokerSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SmtpSettings {
-    pub host: String,
-    pub port: u16,
-    pub security: TlsMode,
-    /// Leave empty for a server that takes mail without logging in.
-    pub username: Option<String>,
-    pub password: Option<Secret>,
-    pub password_file: Option<PathBuf>,
-    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
-    /// public web PKI's roots. The certificate must name `host`.
-    pub ca_file: Option<PathBuf>,
-    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
-    /// otherwise.
-    pub allow_plaintext: bool,
-    /// The sender of mail that does not name one.
-    pub from: String,
-    /// Connections kept open to the server.
-    pub pool_size: u32,
-}
-
-impl Default for SmtpSettings {
-    fn default() -> Self {
-        Self {
-            host: "127.0.0.1".into(),
-            port: 2525,
-            security: TlsMode::Plain,
-            username: None,
-            password: None,
-            password_file: None,
-            ca_file: None,
-            allow_plaintext: false,
-            from: "worker-host@localhost".into(),
-            pool_size: 4,
-        }
-    }
-}
+/// `[smtp]`: the sender's own section, which it runs as the settings give it.
+pub use job_email_send::SmtpSettings;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]

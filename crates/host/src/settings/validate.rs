@@ -47,7 +47,6 @@ impl Settings {
         for (key, port) in [
             ("database.port", self.database.port),
             ("broker.port", self.broker.port),
-            ("smtp.port", self.smtp.port),
         ] {
             if port == 0 {
                 fail(
@@ -60,7 +59,6 @@ impl Settings {
             ("database.max_connections", self.database.max_connections),
             ("database.connect_attempts", self.database.connect_attempts),
             ("broker.connect_attempts", self.broker.connect_attempts),
-            ("smtp.pool_size", self.smtp.pool_size),
         ] {
             if value == 0 {
                 fail(key, "expected a positive number, found 0".into());
@@ -157,6 +155,9 @@ impl Settings {
                 _ => "broker.topology".to_string(),
             };
             fail(&key, e.to_string());
+        }
+        for problem in worker_core::Section::validate(&self.smtp) {
+            fail(&format!("smtp.{}", problem.key), problem.problem);
         }
         for problem in self.jobs.validate() {
             fail(&format!("jobs.{}", problem.key), problem.problem);

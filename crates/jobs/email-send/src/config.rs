@@ -1,4 +1,4 @@
-//! [`SmtpConfig`]: where and how to reach the SMTP server, checked and turned into what the
+//! [`SmtpSettings`] (`[smtp]`): where and how to reach the SMTP server, checked and turned into what the
 //! pool connects with (the TLS parameters, with a private CA's certificates, and the
 //! credentials).
 
@@ -7,32 +7,41 @@ use std::time::Duration;
 
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, TlsParameters};
-use secrecy::{ExposeSecret, SecretString};
-use worker_core::{TlsMode, error_chain};
+use serde::{Deserialize, Serialize};
+use worker_core::{Problems, Secret, Section, SettingError, TlsMode, error_chain};
 
 use crate::DEFAULT_POOL_SIZE;
 use crate::smtp::{Security, Server};
 
-/// Where and how to reach the SMTP server.
-#[derive(Debug, Clone)]
-pub struct SmtpConfig {
+/// `[smtp]`: where and how to reach the SMTP server, as the settings give it and the sender
+/// uses it (the host resolves `password_file` into `password` at load).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpSettings {
     pub host: String,
     pub port: u16,
     pub security: TlsMode,
-    /// Leave `None` for a server that takes mail without logging in.
+    /// Leave unset for a server that takes mail without logging in.
     pub username: Option<String>,
-    /// Required with a username. Redacted in `Debug`.
-    pub password: Option<SecretString>,
-    /// CA certificates (PEM) trusted for STARTTLS and TLS besides the public web PKI's roots:
-    /// a private CA. The server's certificate must also name `host`.
+    /// Required with a username; never printed.
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
+    /// public web PKI's roots. The certificate must name `host`.
     pub ca_file: Option<PathBuf>,
+    /// Lets the login go to a host that is not loopback with `security = "plain"`; refused
+    /// otherwise.
+    pub allow_plaintext: bool,
+    /// The sender of mail that does not name one.
+    pub from: String,
     /// Connections open to the server at most (each used by one send at a time).
     pub pool_size: u32,
     /// Bounds connecting: TCP, the greeting, STARTTLS and AUTH together.
+    #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
 }
 
-impl Default for SmtpConfig {
+impl Default for SmtpSettings {
     /// The local SMTP sink of `scripts/services.sh`: 127.0.0.1:2525, plain.
     fn default() -> Self {
         Self {
@@ -41,10 +50,25 @@ impl Default for SmtpConfig {
             security: TlsMode::Plain,
             username: None,
             password: None,
+            password_file: None,
             ca_file: None,
+            allow_plaintext: false,
+            from: "worker-host@localhost".into(),
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: Duration::from_secs(10),
         }
+    }
+}
+
+impl Section for SmtpSettings {
+    /// The section's own checks; whether a login may go in plain text and whether the CA file
+    /// reads are the host's, which checks every mail connection alike.
+    fn validate(&self) -> Vec<SettingError> {
+        let mut problems = Problems::new();
+        problems.positive("port", u64::from(self.port));
+        problems.positive("pool_size", u64::from(self.pool_size));
+        problems.nonzero("connect_timeout", self.connect_timeout);
+        problems.into_vec()
     }
 }
 
@@ -63,7 +87,7 @@ pub enum SmtpConfigError {
     EmptyPool,
 }
 
-impl SmtpConfig {
+impl SmtpSettings {
     /// How many connections the pool may open: `pool_size`, which must be at least 1 (a pool
     /// of none could never send). The one check of `pool_size` in this crate.
     pub fn connections(&self) -> Result<usize, SmtpConfigError> {
@@ -98,7 +122,7 @@ impl SmtpConfig {
         let credentials = match (&self.username, &self.password) {
             (Some(user), Some(password)) => Some(Credentials::new(
                 user.clone(),
-                password.expose_secret().to_string(),
+                password.expose().to_string(),
             )),
             (Some(_), None) => return Err(SmtpConfigError::MissingPassword),
             (None, _) => None,
@@ -158,14 +182,14 @@ mod tests {
 
     #[test]
     fn a_pool_of_none_is_refused() {
-        let none = SmtpConfig {
+        let none = SmtpSettings {
             pool_size: 0,
-            ..SmtpConfig::default()
+            ..SmtpSettings::default()
         };
         assert!(matches!(
             none.connections(),
             Err(SmtpConfigError::EmptyPool)
         ));
-        assert_eq!(SmtpConfig::default().connections().ok(), Some(4));
+        assert_eq!(SmtpSettings::default().connections().ok(), Some(4));
     }
 }

@@ -71,7 +71,7 @@
 //!
 //! | bound | covers |
 //! |---|---|
-//! | `connect_timeout` ([`SmtpConfig`]) | TCP connect, greeting, STARTTLS and AUTH together; the NOOP on an idle connection |
+//! | `smtp.connect_timeout` ([`SmtpSettings`]) | TCP connect, greeting, STARTTLS and AUTH together; the NOOP on an idle connection |
 //! | `send_timeout` (a constructor parameter, `jobs.email_send.timeout`) | the whole send: waiting for a connection, connecting, MAIL, RCPT, DATA and the answer to the final "." |
 //! | the record budget | recording the outcome, retried on database errors |
 //!
@@ -111,7 +111,7 @@ mod store;
 
 use std::time::Duration;
 
-pub use config::{SmtpConfig, SmtpConfigError};
+pub use config::{SmtpConfigError, SmtpSettings};
 pub use error::{SendError, classify, server_answer};
 pub use sender::EmailSender;
 pub use settings::{EmailSendSettings, runner_timeout};

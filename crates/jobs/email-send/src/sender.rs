@@ -13,7 +13,7 @@ use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
 use worker_messages::{EmailSendCommand, Message as _};
 use worker_store::ProcessedMessages;
 
-use crate::config::{SmtpConfig, SmtpConfigError};
+use crate::config::{SmtpConfigError, SmtpSettings};
 use crate::error::classify;
 use crate::message::{build, response_text};
 use crate::settings::EmailSendSettings;
@@ -51,7 +51,7 @@ impl EmailSender {
     /// host passes `jobs.email_send.timeout`). Nothing connects until the first send.
     pub fn new(
         pool: PgPool,
-        smtp: &SmtpConfig,
+        smtp: &SmtpSettings,
         default_from: &str,
         send_timeout: Duration,
     ) -> Result<Self, SmtpConfigError> {
@@ -86,7 +86,7 @@ impl EmailSender {
     /// claim age when the section sets one.
     pub fn from_settings(
         pool: PgPool,
-        smtp: &SmtpConfig,
+        smtp: &SmtpSettings,
         default_from: &str,
         settings: &EmailSendSettings,
     ) -> Result<Self, SmtpConfigError> {

@@ -13,21 +13,21 @@ use worker_core::{ConsumerJob, FailureClass, Handled, WorkContext, execute_once}
 use worker_messages::EmailSendCommand;
 use worker_testkit::TestDb;
 
-use job_email_send::{EmailSender, GUARD_SCOPE, JOB_NAME, SmtpConfig};
+use job_email_send::{EmailSender, GUARD_SCOPE, JOB_NAME, SmtpSettings};
 
 fn ctx() -> WorkContext {
     WorkContext::new(JOB_NAME, CancellationToken::new())
 }
 
-fn smtp() -> SmtpConfig {
+fn smtp() -> SmtpSettings {
     let addr = worker_testkit::smtp_addr();
     let (host, port) = addr.rsplit_once(':').unwrap();
-    SmtpConfig {
+    SmtpSettings {
         host: host.into(),
         port: port.parse().unwrap(),
         security: worker_core::TlsMode::Plain,
         pool_size: 2,
-        ..SmtpConfig::default()
+        ..SmtpSettings::default()
     }
 }
 
@@ -333,7 +333,7 @@ async fn no_server_is_transient() -> anyhow::Result<()> {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await?
         .local_addr()?;
-    let config = SmtpConfig {
+    let config = SmtpSettings {
         port: closed.port(),
         ..smtp()
     };
@@ -370,7 +370,7 @@ async fn a_server_that_never_answers_is_cut_off_by_the_send_timeout() -> anyhow:
             held.push(socket);
         }
     });
-    let config = SmtpConfig {
+    let config = SmtpSettings {
         port,
         connect_timeout: Duration::from_secs(60),
         ..smtp()
@@ -443,12 +443,12 @@ async fn bad_settings_are_refused_at_construction() {
     let err =
         EmailSender::new(pool.clone(), &smtp(), "no at sign", Duration::from_secs(1)).unwrap_err();
     assert!(err.to_string().contains("not a sender address"), "{err}");
-    let no_password = SmtpConfig {
+    let no_password = SmtpSettings {
         username: Some("u".into()),
         ..smtp()
     };
     assert!(EmailSender::new(pool.clone(), &no_password, "a@b", Duration::from_secs(1)).is_err());
-    let empty = SmtpConfig {
+    let empty = SmtpSettings {
         pool_size: 0,
         ..smtp()
     };
@@ -460,7 +460,7 @@ async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<
     // The local sink speaks plain SMTP, offers no STARTTLS and no AUTH without TLS: each mode
     // fails the way its handshake does, which shows the connection went through it.
     let db = TestDb::create().await?;
-    let attempt = |config: SmtpConfig| {
+    let attempt = |config: SmtpSettings| {
         let pool = db.pool.clone();
         async move {
             let (id, _) = queue(&pool, "alice@localhost", "tls").await;
@@ -484,7 +484,7 @@ async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<
         }
     };
 
-    let (err, status) = attempt(SmtpConfig {
+    let (err, status) = attempt(SmtpSettings {
         security: worker_core::TlsMode::Starttls,
         ..smtp()
     })
@@ -493,9 +493,9 @@ async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<
     assert!(err.detail().contains("STARTTLS"), "{err}");
     assert_eq!(status, "failed");
 
-    let (err, status) = attempt(SmtpConfig {
+    let (err, status) = attempt(SmtpSettings {
         username: Some("wh".into()),
-        password: Some("secret".to_string().into()),
+        password: Some(worker_core::Secret::new("secret")),
         ..smtp()
     })
     .await;
@@ -503,7 +503,7 @@ async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<
     assert!(err.detail().contains("authentication"), "{err}");
     assert_eq!(status, "failed");
 
-    let (err, status) = attempt(SmtpConfig {
+    let (err, status) = attempt(SmtpSettings {
         security: worker_core::TlsMode::Tls,
         ..smtp()
     })

@@ -8,14 +8,14 @@ mod common;
 
 use std::time::Duration;
 
-use job_email_send::{EmailSender, SmtpConfig};
+use job_email_send::{EmailSender, SmtpSettings};
 use worker_core::{ConsumerJob, FailureClass};
 use worker_testkit::{SmtpSink, TestCa, TestDb};
 
 use common::{command, ctx, queue, row, smtp_for};
 
-fn starttls(sink: &SmtpSink, ca: &TestCa) -> SmtpConfig {
-    SmtpConfig {
+fn starttls(sink: &SmtpSink, ca: &TestCa) -> SmtpSettings {
+    SmtpSettings {
         // The certificate names localhost and 127.0.0.1; the name is checked too.
         host: "localhost".into(),
         security: worker_core::TlsMode::Starttls,
@@ -75,10 +75,10 @@ async fn a_ca_file_that_holds_no_certificate_is_refused_at_construction() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ca.pem");
     std::fs::write(&path, "not a certificate\n").unwrap();
-    let config = SmtpConfig {
+    let config = SmtpSettings {
         security: worker_core::TlsMode::Starttls,
         ca_file: Some(path.clone()),
-        ..SmtpConfig::default()
+        ..SmtpSettings::default()
     };
     let pool = sqlx::PgPool::connect_lazy("postgres://x@127.0.0.1/x").unwrap();
     let err = EmailSender::new(pool, &config, "a@b.c", Duration::from_secs(1)).unwrap_err();

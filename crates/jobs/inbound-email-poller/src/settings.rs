@@ -182,7 +182,7 @@ impl TimerSection for InboundEmailPollerSettings {
         let accounts = u32::try_from(self.account_concurrency)
             .unwrap_or(u32::MAX)
             .max(1);
-        worker_core::PoolNeed::new(
+        worker_core::PoolNeed::keyed(
             accounts.saturating_add(1),
             format!("account_concurrency {accounts} + 1 for its idle lease"),
         )

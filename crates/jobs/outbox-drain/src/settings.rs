@@ -48,7 +48,7 @@ impl TimerSection for OutboxDrainJobSettings {
         let lanes = u32::try_from(self.drain.batches_in_flight)
             .unwrap_or(u32::MAX)
             .max(1);
-        worker_core::PoolNeed::new(
+        worker_core::PoolNeed::keyed(
             lanes.saturating_mul(2),
             format!("drain.batches_in_flight {lanes} × 2"),
         )

@@ -12,7 +12,7 @@ use worker_core::WorkContext;
 use worker_messages::EmailSendCommand;
 use worker_testkit::SmtpSink;
 
-use job_email_send::{EmailSender, JOB_NAME, SmtpConfig};
+use job_email_send::{EmailSender, JOB_NAME, SmtpSettings};
 
 pub fn ctx() -> WorkContext {
     WorkContext::new(JOB_NAME, CancellationToken::new())
@@ -25,14 +25,14 @@ pub fn command(id: Uuid) -> EmailSendCommand {
 }
 
 /// SMTP settings for a private sink, with `pool_size` connections.
-pub fn smtp_for(sink: &SmtpSink, pool_size: u32) -> SmtpConfig {
-    SmtpConfig {
+pub fn smtp_for(sink: &SmtpSink, pool_size: u32) -> SmtpSettings {
+    SmtpSettings {
         host: "127.0.0.1".into(),
         port: sink.port,
         security: worker_core::TlsMode::Plain,
         pool_size,
         connect_timeout: Duration::from_secs(5),
-        ..SmtpConfig::default()
+        ..SmtpSettings::default()
     }
 }
 
