@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Command;
 
 /// A workspace crate and what it depends on outside dev-dependencies.
@@ -133,4 +134,114 @@ fn core_knows_no_service() {
         .filter(|d| clients.contains(&d.as_str()))
         .collect();
     assert!(known.is_empty(), "worker-core depends on {known:?}");
+}
+
+/// The tables of `migrations/`, by name.
+fn tables() -> Vec<String> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    let mut tables = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let sql = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for part in sql.split("CREATE TABLE ").skip(1) {
+            let name = part.trim_start_matches("IF NOT EXISTS ");
+            let name: String = name
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            tables.push(name);
+        }
+    }
+    tables
+}
+
+/// ARCHITECTURE.md's "Who owns each table": each table with the crates that may write
+/// statements on it.
+fn owners(tables: &[String]) -> BTreeMap<String, Vec<String>> {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ARCHITECTURE.md"),
+    )
+    .unwrap();
+    let list = doc
+        .split("**Who owns each table**")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("ARCHITECTURE.md lists who owns each table");
+    let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for item in list.split("\n- ").skip(1) {
+        let names: Vec<&str> = item.split('`').skip(1).step_by(2).collect();
+        let owner = names[0];
+        for table in names[1..].iter().filter(|n| tables.iter().any(|t| t == *n)) {
+            owners
+                .entry(table.to_string())
+                .or_default()
+                .push(owner.to_string());
+        }
+    }
+    owners
+}
+
+/// Every source file of a layered crate, its tests cut off, with the crate's name.
+fn sources() -> Vec<(String, PathBuf, String)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut found = Vec::new();
+    for krate in workspace().into_iter().filter(|c| layer(&c.name).is_some()) {
+        let dir = crate_dir(&root, &krate.name).join("src");
+        let mut stack = vec![dir];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("tests.rs")
+                {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    let code = text.split("\n#[cfg(test)]").next().unwrap().to_string();
+                    found.push((krate.name.clone(), path, code));
+                }
+            }
+        }
+    }
+    found
+}
+
+fn crate_dir(root: &std::path::Path, name: &str) -> PathBuf {
+    match name.strip_prefix("job-") {
+        Some(job) => root.join("crates/jobs").join(job),
+        None => root.join("crates").join(name.trim_start_matches("worker-")),
+    }
+}
+
+#[test]
+fn every_table_has_an_owner_and_only_its_owners_write_statements_on_it() {
+    let tables = tables();
+    let owners = owners(&tables);
+    let unowned: Vec<&String> = tables.iter().filter(|t| !owners.contains_key(*t)).collect();
+    assert!(
+        unowned.is_empty(),
+        "tables without an owner in ARCHITECTURE.md: {unowned:?}"
+    );
+    let mut wrong = Vec::new();
+    for (krate, path, code) in sources() {
+        let words: Vec<&str> = code
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        for pair in words.windows(2) {
+            let [keyword, table] = pair else { continue };
+            let keyword = keyword.to_ascii_uppercase();
+            if !["FROM", "INTO", "UPDATE", "JOIN"].contains(&keyword.as_str())
+                || !tables.iter().any(|t| t == table)
+            {
+                continue;
+            }
+            if !owners[*table].contains(&krate) {
+                wrong.push(format!("{} ({krate}): {table}", path.display()));
+            }
+        }
+    }
+    wrong.dedup();
+    assert!(
+        wrong.is_empty(),
+        "statements outside the table's owners: {wrong:#?}"
+    );
 }

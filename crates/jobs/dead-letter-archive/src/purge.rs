@@ -3,11 +3,11 @@
 //! each record their count in the audit trail, at a rate if asked, until stopped.
 
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, QueryBuilder};
+use sqlx::PgPool;
 use tokio::time::Instant;
 use worker_core::Failure;
 use worker_store::audit::{self, ActionKind, Actor};
-use worker_store::classify;
+use worker_store::{classify, dead_letters};
 
 use crate::bulk::{Run, beyond_planned_note, check, new_action};
 use crate::query::Filter;
@@ -128,21 +128,7 @@ async fn purge_batches(
             }
         }
         let mut tx = pool.begin().await.map_err(classify)?;
-        let mut q = QueryBuilder::new(
-            "UPDATE dead_letters SET status = 'purged', purged_at = now(), action_id = ",
-        );
-        q.push_bind(report.action_id);
-        q.push(" WHERE id IN (SELECT id FROM dead_letters WHERE status = 'dead'");
-        filter.push_where(&mut q);
-        q.push(" ORDER BY id LIMIT ")
-            .push_bind(i64::try_from(take).unwrap_or(i64::MAX));
-        q.push(" FOR UPDATE SKIP LOCKED)");
-        let purged = q
-            .build()
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?
-            .rows_affected();
+        let purged = dead_letters::mark_purged(&mut tx, report.action_id, filter, take).await?;
         audit::progress(&mut tx, report.action_id, purged, purged, 0).await?;
         tx.commit().await.map_err(classify)?;
         report.purged += purged;

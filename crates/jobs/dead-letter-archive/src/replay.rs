@@ -18,13 +18,14 @@
 //! so running it again sends them again: at least once, and consumers dedup on the message id.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use sqlx::{PgConnection, PgPool, QueryBuilder};
+use sqlx::PgPool;
 use tokio::time::Instant;
 use worker_broker::{HeaderValue, Headers, Outgoing, Properties, PublishError, Publisher};
 use worker_core::Failure;
 use worker_store::classify;
-use worker_store::dead_letters::{not_retried_in_outbox_sql, settle_replayed_outbox};
+use worker_store::dead_letters::{
+    Replayable, mark_replayed, replayable_batch, settle_replayed_outbox,
+};
 
 use worker_store::audit::{self, ActionKind, Actor};
 
@@ -91,23 +92,14 @@ pub struct ReplayReport {
     pub elapsed_ms: u64,
 }
 
-#[derive(Debug, sqlx::FromRow)]
-struct ReplayRow {
-    id: i64,
-    source: String,
-    queue: String,
-    exchange: Option<String>,
-    routing_key: Option<String>,
-    message_id: Option<String>,
-    reason: String,
-    error_fingerprint: String,
-    properties: Value,
-    amqp_headers: Option<Value>,
-    headers: Value,
-    body: Vec<u8>,
+/// How a replay takes a dead letter: where it goes, what it reports, what it publishes.
+trait ReplayRow {
+    fn target(&self) -> (String, String);
+    fn item(&self, outcome: ItemOutcome, error: Option<String>) -> ReplayItem;
+    fn outgoing(&self) -> Outgoing;
 }
 
-impl ReplayRow {
+impl ReplayRow for Replayable {
     /// Where the copy goes: an outbox row to its exchange and routing key, anything else to
     /// its queue through the default exchange.
     fn target(&self) -> (String, String) {
@@ -272,7 +264,7 @@ async fn replay_batches(
             return Ok(());
         }
         let mut tx = pool.begin().await.map_err(classify)?;
-        let rows = select_batch(&mut tx, filter, after, take, !dry_run).await?;
+        let rows = replayable_batch(&mut tx, filter, after, take, !dry_run).await?;
         let Some(last) = rows.last() else {
             return Ok(());
         };
@@ -286,7 +278,7 @@ async fn replay_batches(
             }
             continue;
         }
-        let messages: Vec<Outgoing> = rows.iter().map(ReplayRow::outgoing).collect();
+        let messages: Vec<Outgoing> = rows.iter().map(Replayable::outgoing).collect();
         let Some(results) = pacer.publish(publisher, &messages).await else {
             // Stopped while pacing: the batch's rows were not sent, and stay dead.
             drop(tx);
@@ -319,16 +311,7 @@ async fn replay_batches(
                 }
             }
         }
-        let marked = sqlx::query(
-            "UPDATE dead_letters SET status = 'replayed', replayed_at = now(), action_id = $1 \
-             WHERE id = ANY($2) AND status = 'dead'",
-        )
-        .bind(action_id)
-        .bind(&done)
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?
-        .rows_affected();
+        let marked = mark_replayed(&mut tx, action_id, &done).await?;
         // A replayed outbox row is settled in the same transaction: it was published (by the
         // replay), so `outbox retry --all-failed` must not publish it once more.
         settle_replayed_outbox(&mut tx, &done).await?;
@@ -351,40 +334,17 @@ fn push_item(report: &mut ReplayReport, item: ReplayItem) {
     }
 }
 
-async fn select_batch(
-    tx: &mut PgConnection,
-    filter: &Filter,
-    after: i64,
-    take: u64,
-    lock: bool,
-) -> Result<Vec<ReplayRow>, Failure> {
-    let mut q = QueryBuilder::new(
-        "SELECT id, source, queue, exchange, routing_key, message_id, reason, error_fingerprint, \
-                properties, amqp_headers, headers, body \
-         FROM dead_letters WHERE status = 'dead' AND id > ",
-    );
-    q.push_bind(after);
-    filter.push_where(&mut q);
-    q.push(not_retried_in_outbox_sql());
-    q.push(" ORDER BY id LIMIT ");
-    q.push_bind(i64::try_from(take).unwrap_or(i64::MAX));
-    if lock {
-        q.push(" FOR UPDATE SKIP LOCKED");
-    }
-    q.build_query_as().fetch_all(tx).await.map_err(classify)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(source: &str) -> ReplayRow {
+    fn row(source: &str) -> Replayable {
         let mut table = Headers::new();
         table.insert("traceparent", "00-a-b-01");
         table.insert("x-attempt", HeaderValue::I64(4));
         table.insert("x-dead-reason", "gave-up");
         table.insert("x-tenant", HeaderValue::I32(7));
-        ReplayRow {
+        Replayable {
             id: 42,
             source: source.into(),
             queue: "email.send".into(),

@@ -31,24 +31,20 @@ impl WorkKind {
     }
 
     /// The rows of this kind that are stuck, as `FROM … WHERE …` over alias `w`, with `$1`
-    /// the threshold in seconds.
-    pub(crate) const fn stuck_rows(&self) -> &'static str {
-        match self {
-            Self::Execution => {
-                "FROM action_executions w \
-                 WHERE w.status NOT IN ('succeeded', 'skipped', 'failed') \
-                   AND w.updated_at < now() - make_interval(secs => $1) \
-                   AND NOT EXISTS (SELECT 1 FROM outbox o \
-                                   WHERE o.status = 'pending' AND o.message_id = w.id::text)"
-            }
-            Self::Email => {
-                "FROM outbound_emails w \
-                 WHERE w.status NOT IN ('sent', 'failed') \
-                   AND w.updated_at < now() - make_interval(secs => $1) \
-                   AND NOT EXISTS (SELECT 1 FROM outbox o \
-                                   WHERE o.status = 'pending' AND o.message_id = w.id::text)"
-            }
-        }
+    /// the threshold in seconds: unfinished, unchanged that long, and with no command of
+    /// theirs waiting in the outbox.
+    pub(crate) fn stuck_rows(&self) -> String {
+        let (table, finished) = match self {
+            Self::Execution => ("action_executions", "'succeeded', 'skipped', 'failed'"),
+            Self::Email => ("outbound_emails", "'sent', 'failed'"),
+        };
+        format!(
+            "FROM {table} w \
+             WHERE w.status NOT IN ({finished}) \
+               AND w.updated_at < now() - make_interval(secs => $1) \
+               AND NOT {}",
+            worker_store::outbox::pending_command_sql("w.id::text")
+        )
     }
 }
 

@@ -16,6 +16,7 @@ mod outbox_rows;
 mod read;
 mod row;
 mod show_one;
+mod status;
 
 pub use browse::{
     Group, History, PAGE_MAX, Page, Related, dead_letters, error_chain, groups, history,
@@ -38,3 +39,4 @@ pub use row::{
     Status, UNKNOWN,
 };
 pub use show_one::{DeadLetter, show_one};
+pub use status::{Replayable, mark_purged, mark_replayed, replayable_batch};

@@ -43,3 +43,11 @@ pub use operators::{
     pending, purge_processed, retry, retry_all_failed, retry_all_failed_dry_run, retry_failed,
     status,
 };
+
+/// A condition, for another crate's statement, that a command whose message id is the SQL
+/// expression `message_id` still waits in the outbox to be published.
+pub fn pending_command_sql(message_id: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM outbox o WHERE o.status = 'pending' AND o.message_id = {message_id})"
+    )
+}
