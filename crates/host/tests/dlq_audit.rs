@@ -8,8 +8,8 @@
 
 mod support;
 
-use support::{base_settings, free_port, host_command};
-use worker_testkit::{TestDb, TestVhost};
+use support::{Installation, host_command};
+use worker_testkit::TestDb;
 
 fn dlq(config: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut command = host_command(config);
@@ -30,14 +30,12 @@ fn dlq(config: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (i32, S
 
 #[tokio::test]
 async fn a_purge_records_the_os_user_the_given_actor_and_its_dry_run() -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("worker-host.toml");
-    std::fs::write(
-        &config,
-        base_settings("audit-test", "[]", &db, &vhost, free_port()),
-    )?;
+    let Installation {
+        db,
+        vhost: _,
+        config,
+        dir: _dir,
+    } = Installation::new("audit-test").await?;
     // Whoever runs this, `$USER` lies about it.
     let spoofed = [("USER", "mallory"), ("LOGNAME", "mallory")];
 
@@ -82,14 +80,12 @@ async fn a_purge_records_the_os_user_the_given_actor_and_its_dry_run() -> anyhow
 
 #[tokio::test]
 async fn an_age_too_far_back_is_a_usage_error_naming_the_flag() -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("worker-host.toml");
-    std::fs::write(
-        &config,
-        base_settings("since-test", "[]", &db, &vhost, free_port()),
-    )?;
+    let Installation {
+        db: _,
+        vhost: _,
+        config,
+        dir: _dir,
+    } = Installation::new("since-test").await?;
     for args in [
         &["dlq", "show", "--since", "300000y"][..],
         &["dlq", "replay", "--dry-run", "--until", "300000y"][..],
@@ -108,14 +104,12 @@ async fn an_age_too_far_back_is_a_usage_error_naming_the_flag() -> anyhow::Resul
 async fn a_purge_with_planned_marks_at_most_that_many_and_says_how_many_more_match()
 -> anyhow::Result<()> {
     use job_dead_letter_archive::{Archiver, ArchiverSettings, DeadQueue, RawMessage};
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("worker-host.toml");
-    std::fs::write(
-        &config,
-        base_settings("planned-test", "[]", &db, &vhost, free_port()),
-    )?;
+    let Installation {
+        db,
+        vhost: _,
+        config,
+        dir: _dir,
+    } = Installation::new("planned-test").await?;
     let properties: Vec<worker_broker::Properties> = (0..5)
         .map(|i| worker_broker::Properties {
             message_id: Some(format!("m-{i}")),
@@ -174,14 +168,12 @@ async fn failed_outbox_rows(db: &TestDb, from: usize, n: usize) -> anyhow::Resul
 #[tokio::test]
 async fn outbox_retry_all_failed_has_a_recorded_dry_run_and_keeps_to_the_planned_count()
 -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("worker-host.toml");
-    std::fs::write(
-        &config,
-        base_settings("outbox-test", "[]", &db, &vhost, free_port()),
-    )?;
+    let Installation {
+        db,
+        vhost: _,
+        config,
+        dir: _dir,
+    } = Installation::new("outbox-test").await?;
     failed_outbox_rows(&db, 0, 3).await?;
 
     let (code, out) = dlq(

@@ -9,8 +9,8 @@ mod support;
 
 use std::process::Output;
 
-use support::{base_settings, free_port, host_command, publish_confirmed};
-use worker_testkit::{TestDb, TestVhost};
+use support::{Installation, host_command, publish_confirmed};
+use worker_testkit::TestDb;
 
 fn check(config: &std::path::Path) -> (Output, serde_json::Value) {
     let output = host_command(config)
@@ -30,23 +30,19 @@ fn check(config: &std::path::Path) -> (Output, serde_json::Value) {
 #[tokio::test]
 async fn the_check_reports_old_keys_pending_migrations_other_releases_and_queue_depths()
 -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("worker-host.toml");
-    let settings = base_settings("upgrade-test", "[]", &db, &vhost, free_port());
+    let site = Installation::new("upgrade-test").await?;
+    let settings = std::fs::read_to_string(&site.config)?;
     std::fs::write(
-        &config,
+        &site.config,
         format!("{settings}\n[workers.timeouts]\nemail_send = \"45s\"\n"),
     )?;
-    let declared = host_command(&config)
-        .args(["topology", "declare"])
-        .output()?;
-    assert!(
-        declared.status.success(),
-        "{}",
-        String::from_utf8_lossy(&declared.stderr)
-    );
+    site.declare_topology();
+    let Installation {
+        db,
+        vhost,
+        config,
+        dir: _dir,
+    } = site;
     let bodies: Vec<(lapin::BasicProperties, &[u8])> = (0..3)
         .map(|_| {
             (
@@ -147,21 +143,14 @@ async fn dead_letter(db: &TestDb, key: &str, message_type: &str, headers: serde_
 #[tokio::test]
 async fn dead_letters_of_a_schema_version_this_release_does_not_read_hold_the_upgrade()
 -> anyhow::Result<()> {
-    let db = TestDb::create().await?;
-    let vhost = TestVhost::create().await?;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("worker-host.toml");
-    std::fs::write(
-        &config,
-        base_settings("upgrade-test", "[]", &db, &vhost, free_port()),
-    )?;
-    assert!(
-        host_command(&config)
-            .args(["topology", "declare"])
-            .output()?
-            .status
-            .success()
-    );
+    let site = Installation::new("upgrade-test").await?;
+    site.declare_topology();
+    let Installation {
+        db,
+        vhost: _,
+        config,
+        dir: _dir,
+    } = site;
     // Two from before versions were written (none is version 1), one of today's, and one
     // that a newer release wrote.
     dead_letter(&db, "a", "email.send", serde_json::json!({})).await;

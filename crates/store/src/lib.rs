@@ -5,8 +5,10 @@
 //! operators' accounts and console sessions; and the schema's contract ([`schema`]): which
 //! release migrated the database, and whether this binary may run on it.
 //!
-//! Everything that knows sqlx lives here; the jobs see the core traits
-//! ([`worker_core::ProcessedGuard`], [`worker_core::SingletonLease`]) and this crate's
+//! The statements on the tables shared by several crates live here (ARCHITECTURE.md, "Who
+//! owns each table"); a job crate writes statements only on the tables of its own job, and
+//! takes a pool or a transaction (sqlx's types) to call this crate with. The jobs see the core
+//! traits ([`worker_core::ProcessedGuard`], [`worker_core::SingletonLease`]) and this crate's
 //! concrete types. Database errors are classified once, in [`classify`], into the core's
 //! transient or permanent failures.
 

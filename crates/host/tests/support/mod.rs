@@ -154,6 +154,45 @@ pub struct Host {
     _dir: tempfile::TempDir,
 }
 
+/// A database, a vhost and a settings file of the test's own naming them: what a
+/// command-line test runs the binary against. The folder of the file lives as long as this.
+pub struct Installation {
+    pub db: TestDb,
+    pub vhost: TestVhost,
+    pub config: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Installation {
+    /// `installation = name`, with the base settings.
+    pub async fn new(name: &str) -> anyhow::Result<Self> {
+        let db = TestDb::create().await?;
+        let vhost = TestVhost::create().await?;
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("worker-host.toml");
+        std::fs::write(&config, base_settings(name, "[]", &db, &vhost, free_port()))?;
+        Ok(Self {
+            db,
+            vhost,
+            config,
+            dir,
+        })
+    }
+
+    /// `worker-host topology declare` on its vhost, which must succeed.
+    pub fn declare_topology(&self) {
+        let declared = host_command(&self.config)
+            .args(["topology", "declare"])
+            .output()
+            .expect("the binary runs");
+        assert!(
+            declared.status.success(),
+            "{}",
+            String::from_utf8_lossy(&declared.stderr)
+        );
+    }
+}
+
 /// A `worker-host` command with only this test's settings file in effect.
 pub fn host_command(config: &Path) -> Command {
     host_command_for(Path::new(env!("CARGO_BIN_EXE_worker-host")), config)
