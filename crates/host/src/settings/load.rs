@@ -63,17 +63,15 @@ impl Settings {
         let mut deprecations = Vec::new();
         let mut file_text = None;
         if source.path.exists() {
-            if let Err(e) = std::fs::read_to_string(&source.path) {
-                return Err(vec![SettingsError {
-                    source: Some(path_text),
+            // Read once: parsed here, and kept to name the line of a later error.
+            let read = std::fs::read_to_string(&source.path).map_err(|e| {
+                vec![SettingsError {
+                    source: Some(path_text.clone()),
                     key: String::new(),
                     problem: format!("cannot be read: {e}"),
-                }]);
-            }
-            let mut table = match read_table(&source.path, &path_text) {
-                Ok(table) => table,
-                Err(error) => return Err(vec![error]),
-            };
+                }]
+            })?;
+            let mut table = parse_table(&read, &path_text).map_err(|error| vec![error])?;
             match renames::apply(&mut table, &path_text) {
                 Ok(moved) => deprecations.extend(moved),
                 Err(both) => return Err(set_both_ways(&path_text, both)),
@@ -85,7 +83,7 @@ impl Settings {
                     problem: format!("cannot be read again after renaming its old keys: {e}"),
                 }]
             })?;
-            file_text = std::fs::read_to_string(&source.path).ok();
+            file_text = Some(read);
             figment = figment.merge(Toml::string(&text));
         } else if source.explicit {
             return Err(vec![SettingsError {
@@ -178,21 +176,6 @@ fn set_both_ways(file: &str, both: Vec<(String, String)>) -> Vec<SettingsError> 
         .collect()
 }
 
-/// The file as a TOML table, checked for its syntax first.
-fn read_table(path: &Path, path_text: &str) -> Result<toml::Table, SettingsError> {
-    check_toml_syntax(path, path_text)?;
-    let text = std::fs::read_to_string(path).map_err(|e| SettingsError {
-        source: Some(path_text.to_string()),
-        key: String::new(),
-        problem: format!("cannot be read: {e}"),
-    })?;
-    toml::from_str(&text).map_err(|e| SettingsError {
-        source: Some(path_text.to_string()),
-        key: String::new(),
-        problem: format!("not valid TOML: {}", e.message()),
-    })
-}
-
 /// The dotted key a figment error is about: its path, which for an unknown table already
 /// ends in the table's own name (`workers.timeouts`), else with the unknown field added.
 fn error_key(path: &str, kind: &figment::error::Kind) -> String {
@@ -282,23 +265,19 @@ fn describe_secret_kind(kind: &figment::error::Kind) -> String {
     }
 }
 
-/// Parses the file as TOML before figment does, to report a syntax error by file, line and
-/// key. The parser's own report quotes the offending line, which may hold a password: only
-/// its message (what was expected) is kept, never the line's text.
-fn check_toml_syntax(path: &Path, path_text: &str) -> Result<(), SettingsError> {
-    let text = std::fs::read_to_string(path).map_err(|e| SettingsError {
-        source: Some(path_text.to_string()),
-        key: String::new(),
-        problem: format!("cannot be read: {e}"),
-    })?;
-    let Err(error) = toml::from_str::<toml::Table>(&text) else {
-        return Ok(());
+/// The file's text as a TOML table, parsed before figment does, to report a syntax error by
+/// file, line and key. The parser's own report quotes the offending line, which may hold a
+/// password: only its message (what was expected) is kept, never the line's text.
+fn parse_table(text: &str, path_text: &str) -> Result<toml::Table, SettingsError> {
+    let error = match toml::from_str::<toml::Table>(text) {
+        Ok(table) => return Ok(table),
+        Err(error) => error,
     };
     let offset = error.span().map_or(text.len(), |span| span.start);
-    let before = text.get(..offset).unwrap_or(&text);
+    let before = text.get(..offset).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    let key = key_at_line(&text, line);
+    let key = key_at_line(text, line);
     let message = error.message().trim().replace('\n', "; ");
     Err(SettingsError {
         source: Some(path_text.to_string()),
