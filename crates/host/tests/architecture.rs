@@ -1,6 +1,8 @@
 //! ARCHITECTURE.md's rules about the crates, checked on the workspace's own manifests
-//! (`cargo metadata`): dependencies point one way, host → jobs → adapters → core, and the
-//! client libraries of the services stay in the crates that adapt them.
+//! (`cargo metadata`) and sources: dependencies point one way, host → jobs → adapters → core;
+//! the client libraries of the services stay in the crates that adapt them; every table's
+//! statements are written by its owners; and no two files of a crate import each other round
+//! a circle.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -243,5 +245,116 @@ fn every_table_has_an_owner_and_only_its_owners_write_statements_on_it() {
     assert!(
         wrong.is_empty(),
         "statements outside the table's owners: {wrong:#?}"
+    );
+}
+
+/// The module a `use` path names, as a file of the crate: the longest prefix of the path that
+/// is a module file (`a/b.rs` or `a/b/mod.rs`).
+fn module_file(src: &std::path::Path, segments: &[&str]) -> Option<PathBuf> {
+    (1..=segments.len()).rev().find_map(|n| {
+        let rel: PathBuf = segments[..n].iter().collect();
+        [
+            src.join(&rel).with_extension("rs"),
+            src.join(&rel).join("mod.rs"),
+        ]
+        .into_iter()
+        .find(|p| p.is_file())
+    })
+}
+
+/// A file's module path from its crate's `src`: `a/b.rs` and `a/b/mod.rs` are `[a, b]`.
+fn module_path(src: &std::path::Path, file: &std::path::Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut path: Vec<String> = rel
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    if path
+        .last()
+        .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
+    {
+        path.pop();
+    }
+    path
+}
+
+/// The files of a crate that `file` takes names from through `use crate::…` or `use super::…`.
+fn imports(src: &std::path::Path, file: &std::path::Path, code: &str) -> Vec<PathBuf> {
+    let here = module_path(src, file);
+    let mut found = Vec::new();
+    for statement in code.split(';') {
+        let Some(rest) = statement.trim().strip_prefix("use ").or_else(|| {
+            statement
+                .trim()
+                .strip_prefix("pub use ")
+                .or_else(|| statement.trim().strip_prefix("pub(crate) use "))
+        }) else {
+            continue;
+        };
+        let head: Vec<&str> = rest
+            .split("::")
+            .map(str::trim)
+            .take_while(|s| !s.starts_with('{'))
+            .collect();
+        let segments: Vec<String> = match head.first() {
+            Some(&"crate") => head[1..].iter().map(|s| s.to_string()).collect(),
+            Some(&"super") => {
+                // `a/b.rs` and `a/b/mod.rs` are both module `a::b`, whose `super` is `a`.
+                let mut base = here.clone();
+                let ups = head.iter().take_while(|s| **s == "super").count();
+                for _ in 0..ups {
+                    base.pop();
+                }
+                base.extend(head[ups..].iter().map(|s| s.to_string()));
+                base
+            }
+            _ => continue,
+        };
+        let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+        if let Some(target) = module_file(src, &segments)
+            && target != file
+            && !target.ends_with("lib.rs")
+            && !target.ends_with("main.rs")
+        {
+            found.push(target);
+        }
+    }
+    found
+}
+
+#[test]
+fn no_two_files_of_a_crate_import_each_other_round_a_circle() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut circles = Vec::new();
+    for krate in workspace().into_iter().filter(|c| layer(&c.name).is_some()) {
+        let src = crate_dir(&root, &krate.name).join("src");
+        let files: Vec<(PathBuf, String)> = sources()
+            .into_iter()
+            .filter(|(name, _, _)| *name == krate.name)
+            .map(|(_, path, code)| (path, code))
+            .collect();
+        let edges: BTreeMap<PathBuf, Vec<PathBuf>> = files
+            .iter()
+            .map(|(path, code)| (path.clone(), imports(&src, path, code)))
+            .collect();
+        // A circle: a file reached again from itself.
+        for start in edges.keys() {
+            let mut seen = vec![start.clone()];
+            let mut stack = edges[start].clone();
+            while let Some(next) = stack.pop() {
+                if next == *start {
+                    circles.push(format!("{} ({})", start.display(), krate.name));
+                    break;
+                }
+                if !seen.contains(&next) {
+                    seen.push(next.clone());
+                    stack.extend(edges.get(&next).cloned().unwrap_or_default());
+                }
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files on an import circle: {circles:#?}"
     );
 }

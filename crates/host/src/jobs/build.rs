@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use worker_store::AdvisoryLease;
 
-use super::run::{consumer, timer};
+use super::run::{Built, consumer, timer};
 use super::{JobError, JobsContext, Started, job_error};
 use crate::settings::{ListedJob, Settings};
 use crate::status::JobEntry;
@@ -48,19 +48,6 @@ fn start(
         other => return Err(job_error(other, "the host has no builder for this job")),
     };
     Ok(entry)
-}
-
-/// A timer job as built, with what wakes it between ticks, if anything.
-#[derive(Debug)]
-pub struct Built<J> {
-    pub job: J,
-    pub wake: Option<Arc<Notify>>,
-}
-
-impl<J> From<J> for Built<J> {
-    fn from(job: J) -> Self {
-        Self { job, wake: None }
-    }
 }
 
 fn automation_trigger(ctx: &JobsContext) -> job_automation_trigger::AutomationTrigger {

@@ -1,30 +1,9 @@
 //! The jobs by name, as an operator names them: which are timers, which may be paused, and
 //! which job an older name (a pause row, an attempt-log row) belongs to.
 
-use std::sync::LazyLock;
-
 use worker_core::JobSpec;
 
-use crate::settings::JobsSettings;
-
-/// The list's jobs, read once: metrics look a job up per message.
-static ALL: LazyLock<Vec<&'static JobSpec>> = LazyLock::new(|| {
-    JobsSettings::default()
-        .jobs()
-        .into_iter()
-        .map(|job| job.spec)
-        .collect()
-});
-
-/// Every job of the list, in its order.
-pub fn all() -> Vec<&'static JobSpec> {
-    ALL.clone()
-}
-
-/// The job called `name`, now or in an earlier release.
-pub fn find(name: &str) -> Option<&'static JobSpec> {
-    ALL.iter().copied().find(|spec| spec.answers_to(name))
-}
+pub use crate::settings::{all, find};
 
 /// The timer jobs, by name, in the list's order: what `jobs pause` and the console take.
 pub fn timer_names() -> Vec<&'static str> {

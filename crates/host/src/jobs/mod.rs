@@ -23,8 +23,9 @@ mod build;
 mod list;
 mod run;
 
-pub use build::{Built, poller_config, reconciler_config, start_all};
+pub use build::{poller_config, reconciler_config, start_all};
 pub use list::{all, find, pausable, pause_of, timer_names};
+pub use run::Built;
 pub use run::consumer;
 
 /// What every job is built from.

@@ -4,15 +4,29 @@
 
 use std::sync::Arc;
 
+use tokio::sync::Notify;
+
 use worker_core::JobSpec;
 use worker_core::lease::Keyed;
 
-use super::build::Built;
 use super::{JobError, JobsContext, job_error};
 use crate::observe::ConsumerObserver;
 use crate::scheduler::{TimerHandle, TimerTask};
 use crate::settings::{JobSection, ListedJob};
 use crate::status::{JobEntry, JobStats, TimerStats};
+
+/// A timer job as built, with what wakes it between ticks, if anything.
+#[derive(Debug)]
+pub struct Built<J> {
+    pub job: J,
+    pub wake: Option<Arc<Notify>>,
+}
+
+impl<J> From<J> for Built<J> {
+    fn from(job: J) -> Self {
+        Self { job, wake: None }
+    }
+}
 
 /// Runs a timer job on its section's schedule, under the busy guard, the lease (when its job
 /// takes one, under its lease key) and its section's timeout.

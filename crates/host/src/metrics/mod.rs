@@ -20,7 +20,7 @@ pub use exposition::PrometheusReader;
 pub fn job_labels(job: &str) -> [KeyValue; 2] {
     // The deprecated label keeps the series it had: a job renamed in this release keeps its
     // earlier name there, so that a query on the old label and value still finds it.
-    let before = crate::jobs::find(job)
+    let before = crate::settings::find(job)
         .and_then(|spec| spec.formerly.last().copied())
         .unwrap_or(job);
     [

@@ -80,7 +80,7 @@ impl PauseCheck for DatabasePauses {
                 .map_err(|e| e.to_string())?
                 .into_iter()
                 // A pause under a job's earlier name is its pause.
-                .map(|p| crate::jobs::find(&p.job).map_or(p.job, |spec| spec.name.to_string()))
+                .map(|p| crate::settings::find(&p.job).map_or(p.job, |spec| spec.name.to_string()))
                 .collect();
             let answer = paused.contains(job);
             *read = Some((tokio::time::Instant::now(), paused));

@@ -7,6 +7,7 @@
 //! pool budget, the scheduler's list, `/status`, the console and the command line take their
 //! jobs), and the check that the field's name is the job's section name.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use figment::Figment;
@@ -90,6 +91,25 @@ impl<S: TimerSection> Timer<S> {
     pub fn timeout(&self) -> Duration {
         self.job.timeout()
     }
+}
+
+/// The list's jobs, read once: metrics look a job up per message.
+static ALL: LazyLock<Vec<&'static JobSpec>> = LazyLock::new(|| {
+    JobsSettings::default()
+        .jobs()
+        .into_iter()
+        .map(|job| job.spec)
+        .collect()
+});
+
+/// Every job of the list, in its order.
+pub fn all() -> Vec<&'static JobSpec> {
+    ALL.clone()
+}
+
+/// The job called `name`, now or in an earlier release.
+pub fn find(name: &str) -> Option<&'static JobSpec> {
+    ALL.iter().copied().find(|spec| spec.answers_to(name))
 }
 
 /// One job of the list, with its section.

@@ -29,7 +29,9 @@ pub use host::{
     AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings, LogFormat,
     SmtpSettings, SslMode, TelemetrySettings, WorkersSettings,
 };
-pub use job_sections::{ConsumerEntry, JobSection, JobsSettings, ListedJob, Timer, TimerEntry};
+pub use job_sections::{
+    ConsumerEntry, JobSection, JobsSettings, ListedJob, Timer, TimerEntry, all, find,
+};
 pub use load::{DEFAULT_PATH, ENV_PREFIX, SettingsError, SettingsSource, source_from};
 
 mod admin;
