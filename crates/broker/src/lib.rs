@@ -122,7 +122,7 @@
 //!   a longer `retry_after` parks the message at once.
 //! * **Shutdown finishes what was delivered**: consumers `basic.cancel` first, then work
 //!   through every delivery they hold (prefetched ones too), acking as they go, until the
-//!   drain deadline; only what is left then is cancelled and returned to the queue (each
+//!   settle deadline; only what is left then is cancelled and returned to the queue (each
 //!   return counts against the quorum delivery limit). The supervisor keeps the connection
 //!   up until they let go.
 //! * **A lost channel does not cut a handler short**: it finishes within its timeout and

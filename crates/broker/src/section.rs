@@ -16,7 +16,7 @@ pub trait ConsumerSection: Section + std::fmt::Debug {
     fn queue(&self) -> &QueueSettings;
 
     /// What the runner applies. Its `timeout` bounds one handler try; the host fills `retry`
-    /// (when unset) and `drain_deadline` from its shared settings.
+    /// (when unset) and `settle_deadline` from its shared settings.
     fn runner(&self) -> ConsumerSettings;
 }
 

@@ -252,7 +252,7 @@ async fn a_handler_in_flight_outlives_a_lost_connection() -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Shutdown within the drain deadline: every delivery the consumer held, started or only
+/// Shutdown within the settle deadline: every delivery the consumer held, started or only
 /// prefetched, is finished and acked; the rest of the backlog was never delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_the_prefetched_deliveries_and_returns_none() -> anyhow::Result<()> {
@@ -511,15 +511,15 @@ async fn a_park_whose_confirm_is_lost_leaves_a_second_copy_that_the_guard_absorb
     Ok(())
 }
 
-/// Shutdown with handlers that outlast the drain deadline: what finished is acked, the
+/// Shutdown with handlers that outlast the settle deadline: what finished is acked, the
 /// handlers still running are cancelled at the deadline, and only they and the deliveries
 /// never started go back to the queue; the runner stops soon after the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_the_drain_deadline_only_the_unfinished_go_back() -> anyhow::Result<()> {
+async fn at_the_settle_deadline_only_the_unfinished_go_back() -> anyhow::Result<()> {
     let settings = worker_broker::ConsumerSettings {
         prefetch: 10,
         concurrency: 2,
-        drain_deadline: Duration::from_secs(1),
+        settle_deadline: Duration::from_secs(1),
         ..consumer_settings(5)
     };
     let mut h = Harness::start(queue_settings(&[200], 5), settings).await?;

@@ -152,7 +152,7 @@ async fn ten_thousand_messages_through_closed_connections_and_a_broker_restart()
             max_delay: ms(500),
             jitter: true,
         }),
-        drain_deadline: Duration::from_secs(5),
+        settle_deadline: Duration::from_secs(5),
         in_process_wait: Duration::from_secs(30),
         ack_interval: ms(10),
         publish_timeout: Duration::from_secs(5),

@@ -115,7 +115,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
     let grace = settings.workers.shutdown_grace;
     tracing::info!(?grace, "shutting down");
     notifier.stopping(&format!(
-        "stopping: draining within {}",
+        "stopping: settling within {}",
         humantime::format_duration(grace)
     ));
     shutdown.cancel();

@@ -185,7 +185,7 @@ async fn ready_comes_once_the_host_can_work_then_the_watchdog_is_fed_and_stoppin
         heard
             .statuses()
             .iter()
-            .any(|s| s.starts_with("stopping: draining within")),
+            .any(|s| s.starts_with("stopping: settling within")),
         "{:?}",
         heard.statuses()
     );

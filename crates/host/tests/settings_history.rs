@@ -47,6 +47,9 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// Retention deletes are sweeps now; 0.1.0's example set the outbox's interval.
+const PURGE_INTERVAL: &str = "jobs.outbox_drain.drain.purge_interval";
+
 const TIMEOUTS: [&str; 8] = [
     "workers.timeouts.automation",
     "workers.timeouts.webhook",
@@ -59,10 +62,10 @@ const TIMEOUTS: [&str; 8] = [
 ];
 
 #[test]
-fn the_settings_of_0_1_0_are_accepted_without_a_warning() {
+fn the_settings_of_0_1_0_are_accepted_with_a_warning_for_the_outbox_sweep() {
     let output = check("0.1.0.toml", &[]);
     assert!(output.status.success(), "{}", stderr(&output));
-    assert_eq!(renamed(&output), Vec::<String>::new());
+    assert_eq!(renamed(&output), [PURGE_INTERVAL]);
 }
 
 #[test]
@@ -76,6 +79,7 @@ fn the_settings_from_before_job_sections_are_accepted_with_a_warning_per_moved_k
         "auto_replies.per_recipient",
         "auto_replies.window",
         "jobs.dead_letter_archive.maintenance_schedule",
+        PURGE_INTERVAL,
     ]);
     assert_eq!(renamed(&output), expected);
     let effective = String::from_utf8_lossy(&output.stdout);
@@ -129,7 +133,10 @@ fn an_old_key_in_the_environment_is_read_under_its_new_name_too() {
         &[("WORKER_HOST__WORKERS__TIMEOUTS__EMAIL_SEND", "77s")],
     );
     assert!(output.status.success(), "{}", stderr(&output));
-    assert_eq!(renamed(&output), ["workers.timeouts.email_send"]);
+    assert_eq!(
+        renamed(&output),
+        [PURGE_INTERVAL, "workers.timeouts.email_send"]
+    );
     assert!(
         stderr(&output).contains("environment variable WORKER_HOST__WORKERS__TIMEOUTS__EMAIL_SEND")
     );

@@ -247,7 +247,7 @@ async fn retention_deletes_old_rows() -> anyhow::Result<()> {
     }
     attempt_log::record(&mut conn, &recent).await?;
     drop(conn);
-    let gone = attempt_log::purge(&db.pool, Duration::from_secs(14 * 24 * 3600), 3).await?;
+    let gone = attempt_log::sweep(&db.pool, Duration::from_secs(14 * 24 * 3600), 3).await?;
     assert_eq!(gone, 7);
     assert_eq!(rows(&db).await?, 1);
     Ok(())

@@ -349,7 +349,7 @@ async fn retention_deletes_old_processed_rows_only() -> anyhow::Result<()> {
         .bind(&ids[20..])
         .execute(&db.pool)
         .await?;
-    let gone = outbox::purge_processed(&db.pool, Duration::from_secs(24 * 3600), 5).await?;
+    let gone = outbox::sweep_processed(&db.pool, Duration::from_secs(24 * 3600), 5).await?;
     assert_eq!(gone, 12);
     assert_eq!(count(&db, "processed").await?, 8);
     assert_eq!(count(&db, "pending").await?, 5);

@@ -39,7 +39,7 @@ pub enum Outcome {
     },
     /// Returned to the queue: neither park nor dead letter could be published.
     Requeued,
-    /// Returned to the queue: the handler was cancelled at the drain deadline.
+    /// Returned to the queue: the handler was cancelled at the settle deadline.
     Abandoned,
 }
 

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// How long handlers still running at the drain deadline get, once cancelled, to return.
-/// The host's grace must leave this, and closing, after the drain deadline.
+/// How long handlers still running at the settle deadline get, once cancelled, to return.
+/// The host's grace must leave this, and closing, after the settle deadline.
 pub const CANCEL_WAIT: Duration = Duration::from_secs(1);
 
 /// What a handler is told besides its delivery.
@@ -24,7 +24,7 @@ impl Scope {
         Self { cancel, orphaned }
     }
 
-    /// Cancelled at the drain deadline: stop, the delivery goes back to the queue.
+    /// Cancelled at the settle deadline: stop, the delivery goes back to the queue.
     pub fn cancel(&self) -> &CancellationToken {
         &self.cancel
     }
@@ -37,12 +37,12 @@ impl Scope {
 }
 
 /// The handlers of one consume loop: they outlive a lost channel, and shutdown waits for
-/// them, within the drain deadline.
+/// them, within the settle deadline.
 pub(super) struct Handlers {
-    /// Not a child of the shutdown token: handlers in flight finish within the drain.
+    /// Not a child of the shutdown token: handlers in flight finish within the settle deadline.
     pub(super) cancel: CancellationToken,
     pub(super) tracker: TaskTracker,
-    drain_until: OnceLock<Instant>,
+    settle_until: OnceLock<Instant>,
 }
 
 impl Handlers {
@@ -50,17 +50,17 @@ impl Handlers {
         Self {
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
-            drain_until: OnceLock::new(),
+            settle_until: OnceLock::new(),
         }
     }
 
-    /// The end of the drain, fixed by the first to ask once shutdown starts.
-    pub(super) fn drain_until(&self, deadline: Duration) -> Instant {
-        *self.drain_until.get_or_init(|| Instant::now() + deadline)
+    /// The end of the settling, fixed by the first to ask once shutdown starts.
+    pub(super) fn settle_until(&self, deadline: Duration) -> Instant {
+        *self.settle_until.get_or_init(|| Instant::now() + deadline)
     }
 
     /// After the last session: waits for the handlers still running (those that outlived a
-    /// lost channel) until the drain deadline, then cancels them and gives them a moment.
+    /// lost channel) until the settle deadline, then cancels them and gives them a moment.
     /// When the session already did so at the deadline, what is left ignored cancellation:
     /// it is not waited for again.
     pub(super) async fn finish(&self, deadline: Duration) {
@@ -68,14 +68,14 @@ impl Handlers {
         if self.cancel.is_cancelled() {
             return;
         }
-        let until = self.drain_until(deadline);
+        let until = self.settle_until(deadline);
         if tokio::time::timeout_at(until, self.tracker.wait())
             .await
             .is_err()
         {
             tracing::warn!(
                 in_flight = self.tracker.len(),
-                "drain deadline over: cancelling the handlers still running"
+                "settle deadline over: cancelling the handlers still running"
             );
             self.cancel.cancel();
             let _ = tokio::time::timeout(CANCEL_WAIT, self.tracker.wait()).await;

@@ -34,8 +34,8 @@
 //!
 //! On shutdown the runner cancels its consumer (`basic.cancel`: the broker sends no more)
 //! and keeps working through every delivery it already holds, the prefetched ones not yet
-//! started too, acking them as they complete, until they are all done or the drain deadline
-//! ([`ConsumerSettings::drain_deadline`], shorter than the host's grace) comes. Only then does
+//! started too, acking them as they complete, until they are all done or the settle deadline
+//! ([`ConsumerSettings::settle_deadline`], shorter than the host's grace) comes. Only then does
 //! it cancel the handlers still running, give them a second, and return what is left to the
 //! queue (nack, requeue), before it closes its channel. Each return counts against a quorum
 //! queue's delivery limit, so a rolling restart with a backlog must not return deliveries
@@ -49,7 +49,7 @@
 //! whose redelivery arrives while the first handler still runs finds its claim and backs
 //! off to a retry tier). The runner resumes consuming on the next connection without
 //! waiting for them, so for a while more than `concurrency` handlers may run; they stay
-//! tracked, and shutdown waits for them within the same drain deadline.
+//! tracked, and shutdown waits for them within the same settle deadline.
 //!
 //! A park or dead letter whose confirm is lost with the channel cannot be known to have
 //! reached its queue, and the delivery cannot be acked on a dead channel: the broker requeues
@@ -63,7 +63,7 @@
 //! dead-lettering, each described by one verdict), `acks` (the coalescing ack book),
 //! `events` ([`ConsumerEvents`]), `runner` ([`ConsumerRunner`], the pipeline per delivery),
 //! `session` ([`ConsumeLoop`], the consume loop), `pump` (one session of it: take, hand
-//! out, settle, drain) and `handlers` (the handler tasks, their [`Scope`], and the wait for
+//! out, settle, stop) and `handlers` (the handler tasks, their [`Scope`], and the wait for
 //! them on shutdown).
 
 mod acks;

@@ -1,5 +1,6 @@
 //! One session of a consume loop: the [`Pump`] that takes deliveries, spawns their handlers,
-//! books their answers and acks them, drains on shutdown, and settles what is left at the end.
+//! books their answers and acks them, and on shutdown settles the deliveries in flight until
+//! the settle deadline, returning what is left to the queue.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -30,8 +31,8 @@ pub enum SessionEnd {
 pub(super) enum End {
     Lost(String),
     /// Shutdown, and every delivery held was settled.
-    Drained,
-    /// Shutdown, and the drain deadline came first.
+    AllSettled,
+    /// Shutdown, and the settle deadline came first.
     DeadlineOver,
 }
 
@@ -52,8 +53,8 @@ pub(super) struct Pump<'a, H> {
     acks: AckBook,
     permit: Option<OwnedSemaphorePermit>,
     flush_at: Option<Instant>,
-    /// Set once shutdown starts: the end of the drain.
-    draining: Option<Instant>,
+    /// Set once shutdown starts: the settle deadline.
+    settling: Option<Instant>,
     /// Whether the consumer may still yield deliveries (it ends after `basic.cancel`).
     consuming: bool,
 }
@@ -84,22 +85,22 @@ where
             acks: AckBook::new(usize::from(settings.prefetch).div_ceil(4).max(1)),
             permit: None,
             flush_at: None,
-            draining: None,
+            settling: None,
             consuming: true,
         }
     }
 
     pub(super) async fn pump(&mut self, shutdown: &CancellationToken) -> End {
         loop {
-            if self.draining.is_some() && !self.consuming && self.acks.pending() == 0 {
-                return End::Drained;
+            if self.settling.is_some() && !self.consuming && self.acks.pending() == 0 {
+                return End::AllSettled;
             }
             let step = tokio::select! {
                 biased;
                 Some(done) = self.done_rx.recv() => self.settled(done).await,
                 () = sleep_until(self.flush_at), if self.flush_at.is_some() => self.flush_due().await,
-                () = shutdown.cancelled(), if self.draining.is_none() => self.start_drain().await,
-                () = sleep_until(self.draining), if self.draining.is_some() => Err(End::DeadlineOver),
+                () = shutdown.cancelled(), if self.settling.is_none() => self.start_settling().await,
+                () = sleep_until(self.settling), if self.settling.is_some() => Err(End::DeadlineOver),
                 p = self.semaphore.clone().acquire_owned(), if self.permit.is_none() && self.consuming => {
                     self.permit = p.ok();
                     Ok(())
@@ -146,8 +147,8 @@ where
     }
 
     /// The broker sends no more; the consumer yields what lapin already holds, then ends.
-    async fn start_drain(&mut self) -> Result<(), End> {
-        self.draining = Some(self.handlers.drain_until(self.settings.drain_deadline));
+    async fn start_settling(&mut self) -> Result<(), End> {
+        self.settling = Some(self.handlers.settle_until(self.settings.settle_deadline));
         tracing::info!(queue = %self.settings.queue, in_flight = self.acks.pending(), "stopping the consumer; finishing the deliveries it holds");
         let cancel = self
             .channel
@@ -175,7 +176,7 @@ where
                 "the consumer failed: {}",
                 worker_core::error_chain(&e)
             ))),
-            None if self.draining.is_some() => {
+            None if self.settling.is_some() => {
                 self.consuming = false;
                 Ok(())
             }
@@ -204,7 +205,7 @@ where
     pub(super) async fn finish(self, end: End) -> SessionEnd {
         match end {
             End::Lost(why) => self.lost(why).await,
-            End::Drained => self.drained().await,
+            End::AllSettled => self.all_settled().await,
             End::DeadlineOver => self.deadline_over().await,
         }
     }
@@ -217,14 +218,14 @@ where
         self.orphaned.cancel();
         let _ = tokio::time::timeout(CANCEL_WAIT, self.channel.close(200, "consumer lost".into()))
             .await;
-        if self.draining.is_some() {
-            tracing::warn!(queue = %self.settings.queue, error = %why, "the channel was lost while draining; the broker requeues what was not acked");
+        if self.settling.is_some() {
+            tracing::warn!(queue = %self.settings.queue, error = %why, "the channel was lost while settling; the broker requeues what was not acked");
             return SessionEnd::Shutdown;
         }
         SessionEnd::Lost(why)
     }
 
-    async fn drained(mut self) -> SessionEnd {
+    async fn all_settled(mut self) -> SessionEnd {
         let queue = &self.settings.queue;
         if let Err(e) = self.acks.flush(&self.channel, true).await {
             tracing::warn!(%queue, error = %e, "acking the last deliveries failed; the broker requeues them");
@@ -241,7 +242,7 @@ where
         tracing::warn!(
             %queue,
             in_flight = self.acks.pending(),
-            "drain deadline over: cancelling the handlers in flight and returning the rest to the queue"
+            "settle deadline over: cancelling the handlers in flight and returning the rest to the queue"
         );
         self.handlers.cancel.cancel();
         let wait = tokio::time::sleep(CANCEL_WAIT);

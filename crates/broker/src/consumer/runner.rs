@@ -82,7 +82,7 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
             prefetch: settings.prefetch,
             concurrency: settings.concurrency,
             ack_interval: settings.ack_interval,
-            drain_deadline: settings.drain_deadline,
+            settle_deadline: settings.settle_deadline,
             cancel_timeout: settings.publish_timeout,
         });
         Self {
@@ -108,7 +108,7 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
 
     /// Consumes through the supervisor's sessions until `shutdown`, resuming on every new
     /// connection. Spawn it on the host's task tracker; it returns only on shutdown, once the
-    /// deliveries it held are finished or, at the drain deadline, cancelled.
+    /// deliveries it held are finished or, at the settle deadline, cancelled.
     pub async fn run(&self, supervisor: &Supervisor, shutdown: CancellationToken) {
         self.consume
             .run(supervisor, shutdown, |session| self.handler(session))
@@ -116,7 +116,7 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
     }
 
     /// Consumes on one connection until shutdown or until the channel is lost. Handlers that
-    /// outlive a lost channel are waited for (within the drain deadline) before it returns.
+    /// outlive a lost channel are waited for (within the settle deadline) before it returns.
     pub async fn run_session(&self, session: &Session, shutdown: &CancellationToken) -> SessionEnd {
         self.consume
             .run_session(session, shutdown, self.handler(session))

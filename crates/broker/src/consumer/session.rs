@@ -5,7 +5,7 @@
 //!
 //! On shutdown it cancels its consumer (`basic.cancel`: the broker sends no more) and keeps
 //! working through every delivery it already holds, the prefetched ones not yet started too,
-//! until they are all settled or the drain deadline comes. Only then does it cancel the
+//! until they are all settled or the settle deadline comes. Only then does it cancel the
 //! handlers still running ([`Scope::cancel`]), give them [`CANCEL_WAIT`](super::CANCEL_WAIT),
 //! and return what is left to the queue, before it closes its channel.
 //!
@@ -13,7 +13,7 @@
 //! finish, and their settle is dropped, since the broker has already requeued the delivery
 //! ([`Scope::orphaned`] tells a handler that wants to stop early). The loop resumes on the
 //! next connection without waiting for them; they stay tracked, and shutdown waits for them
-//! within the same drain deadline.
+//! within the same settle deadline.
 //!
 //! A handler that panics takes the loop down with it: the panic is resumed in the loop's own
 //! task, as if the process died there, and its delivery is left to the broker.
@@ -52,7 +52,7 @@ impl ConsumeLoop {
 
     /// Consumes through the supervisor's sessions until `shutdown`, resuming on every new
     /// connection with a handler from `per_session`. Returns only on shutdown, once the
-    /// deliveries it held are settled or, at the drain deadline, returned.
+    /// deliveries it held are settled or, at the settle deadline, returned.
     pub async fn run<F, H, Fut>(
         &self,
         supervisor: &Supervisor,
@@ -97,11 +97,11 @@ impl ConsumeLoop {
                 backoff.reset();
             }
         }
-        handlers.finish(self.settings.drain_deadline).await;
+        handlers.finish(self.settings.settle_deadline).await;
     }
 
     /// Consumes on one connection until shutdown or until the channel is lost. Handlers that
-    /// outlive a lost channel are waited for (within the drain deadline) before it returns.
+    /// outlive a lost channel are waited for (within the settle deadline) before it returns.
     pub async fn run_session<H, Fut>(
         &self,
         session: &Session,
@@ -114,7 +114,7 @@ impl ConsumeLoop {
     {
         let handlers = Handlers::new();
         let end = self.session(session, shutdown, &handlers, handler).await;
-        handlers.finish(self.settings.drain_deadline).await;
+        handlers.finish(self.settings.settle_deadline).await;
         end
     }
 

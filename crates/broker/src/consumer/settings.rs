@@ -19,7 +19,7 @@ pub struct ConsumeSettings {
     /// Longest wait before completed deliveries are acked.
     pub ack_interval: Duration,
     /// How long, once shutdown starts, the loop keeps settling what it holds.
-    pub drain_deadline: Duration,
+    pub settle_deadline: Duration,
     /// How long `basic.cancel` waits for its answer.
     pub cancel_timeout: Duration,
 }
@@ -55,7 +55,7 @@ pub struct ConsumerSettings {
     /// the queue. Shorter than the host's shutdown grace. Not a key of a job's section: the
     /// host sets it for every consumer from its own shutdown settings.
     #[serde(skip)]
-    pub drain_deadline: Duration,
+    pub settle_deadline: Duration,
     /// Longest wait before completed deliveries are acked. Tuned here, not in a job's section.
     #[serde(skip)]
     pub ack_interval: Duration,
@@ -90,8 +90,8 @@ impl ConsumerSettings {
                 humantime::format_duration(BROKER_CONSUMER_TIMEOUT)
             ));
         }
-        if self.drain_deadline.is_zero() {
-            return Err("`drain_deadline` must be longer than zero".into());
+        if self.settle_deadline.is_zero() {
+            return Err("`settle_deadline` must be longer than zero".into());
         }
         Ok(())
     }
@@ -106,7 +106,7 @@ impl Default for ConsumerSettings {
             timeout: Duration::from_secs(30),
             retry: None,
             in_process_wait: Duration::from_secs(30),
-            drain_deadline: Duration::from_secs(20),
+            settle_deadline: Duration::from_secs(20),
             ack_interval: Duration::from_millis(10),
             publish_timeout: Duration::from_secs(10),
         }
@@ -138,10 +138,15 @@ mod tests {
             ..ConsumerSettings::default()
         };
         assert!(held.validate().unwrap_err().contains("in_process_wait"));
-        let no_drain = ConsumerSettings {
-            drain_deadline: Duration::ZERO,
+        let no_settle = ConsumerSettings {
+            settle_deadline: Duration::ZERO,
             ..ConsumerSettings::default()
         };
-        assert!(no_drain.validate().unwrap_err().contains("drain_deadline"));
+        assert!(
+            no_settle
+                .validate()
+                .unwrap_err()
+                .contains("settle_deadline")
+        );
     }
 }

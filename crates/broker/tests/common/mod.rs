@@ -60,7 +60,7 @@ pub fn consumer_settings(max_attempts: u32) -> ConsumerSettings {
             max_delay: ms(50),
             jitter: false,
         }),
-        drain_deadline: Duration::from_secs(5),
+        settle_deadline: Duration::from_secs(5),
         in_process_wait: Duration::from_secs(30),
         ack_interval: ms(5),
         publish_timeout: Duration::from_secs(5),

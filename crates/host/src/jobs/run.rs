@@ -92,8 +92,8 @@ fn same_name(spec: &JobSpec, built: &str) -> Result<(), JobError> {
 }
 
 /// Runs `job` on its section's queue through the recoverability pipeline, with the section's
-/// runner settings (its retry, else `workers.retry`), draining within
-/// `workers.drain_deadline` on shutdown.
+/// runner settings (its retry, else `workers.retry`), settling what it holds within
+/// `workers.settle_deadline` on shutdown.
 pub fn consumer<J: worker_core::ConsumerJob>(
     ctx: &JobsContext,
     listed: ListedJob<'_>,
@@ -117,7 +117,7 @@ pub fn consumer<J: worker_core::ConsumerJob>(
     runner.retry = runner
         .retry
         .or_else(|| Some(settings.workers.retry.clone()));
-    runner.drain_deadline = settings.workers.drain_deadline();
+    runner.settle_deadline = settings.workers.settle_deadline();
     let observer = Arc::new(ConsumerObserver::new(
         job.name(),
         ctx.metrics.clone(),

@@ -245,12 +245,12 @@ pub struct WorkersSettings {
     /// How long a graceful shutdown may take before work in flight is abandoned.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
-    /// How long each consumer, once shutdown starts, keeps working through the deliveries it
-    /// already holds before it returns the rest to the queue; more than a second shorter than
+    /// How long each consumer, once shutdown starts, keeps settling the deliveries it already
+    /// holds before it returns the rest to the queue; more than a second shorter than
     /// `shutdown_grace`, which must leave time to cancel, return and close. Unset: two thirds
     /// of `shutdown_grace`.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
-    pub drain_deadline: Option<Duration>,
+    pub settle_deadline: Option<Duration>,
     /// How long processed-message marks are kept: longer than any retry tier or replay.
     #[serde(with = "humantime_serde")]
     pub dedup_retention: Duration,
@@ -267,10 +267,10 @@ pub struct WorkersSettings {
 }
 
 impl WorkersSettings {
-    /// The consumers' drain deadline: as set, else two thirds of the shutdown grace, which
+    /// The consumers' settle deadline: as set, else two thirds of the shutdown grace, which
     /// leaves the rest of the grace to cancel, return what is left and close.
-    pub fn drain_deadline(&self) -> Duration {
-        self.drain_deadline
+    pub fn settle_deadline(&self) -> Duration {
+        self.settle_deadline
             .unwrap_or(self.shutdown_grace.mul_f64(2.0 / 3.0))
     }
 }
@@ -279,7 +279,7 @@ impl Default for WorkersSettings {
     fn default() -> Self {
         Self {
             shutdown_grace: Duration::from_secs(30),
-            drain_deadline: None,
+            settle_deadline: None,
             dedup_retention: Duration::from_secs(7 * 24 * 3600),
             lease_timeout: Duration::from_secs(15),
             retry: RetryPolicy::default(),

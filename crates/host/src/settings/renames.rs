@@ -111,6 +111,13 @@ pub const RENAMES: &[Rename] = &[
         "jobs.dead_letter_archive.maintenance_schedule",
         &["jobs.dead_letter_archive.schedule"],
     ),
+    // One word for one concept: consumers settle at shutdown (the outbox drain keeps "drain"),
+    // retention sweeps (an operator's purge of dead letters keeps "purge").
+    rename("workers.drain_deadline", &["workers.settle_deadline"]),
+    rename(
+        "jobs.outbox_drain.drain.purge_interval",
+        &["jobs.outbox_drain.drain.sweep_interval"],
+    ),
 ];
 
 /// An old key read as its new name.
@@ -312,6 +319,25 @@ mod tests {
                 assert!(guide.contains(&format!("`{new}`")), "{new}");
             }
         }
+    }
+
+    #[test]
+    fn the_consumers_drain_deadline_is_their_settle_deadline_and_the_purge_a_sweep() {
+        let mut file = table(
+            "[workers]\ndrain_deadline = \"12s\"\n[jobs.outbox_drain.drain]\npurge_interval = \"5m\"\n",
+        );
+        let moved = apply(&mut file, "old.toml").unwrap();
+        assert_eq!(moved.len(), 2);
+        assert_eq!(
+            get(&file, "workers.settle_deadline").and_then(Value::as_str),
+            Some("12s")
+        );
+        assert_eq!(
+            get(&file, "jobs.outbox_drain.drain.sweep_interval").and_then(Value::as_str),
+            Some("5m")
+        );
+        assert!(get(&file, "workers.drain_deadline").is_none());
+        assert!(get(&file, "jobs.outbox_drain.drain.purge_interval").is_none());
     }
 
     #[test]

@@ -129,14 +129,14 @@ fn a_negative_duration_is_rejected() {
 }
 
 #[test]
-fn the_drain_deadline_must_end_before_the_grace() {
+fn the_settle_deadline_must_end_before_the_grace() {
     let error = only_error(&format!(
-        "{SECRETS}[workers]\nshutdown_grace = \"10s\"\ndrain_deadline = \"9500ms\"\n"
+        "{SECRETS}[workers]\nshutdown_grace = \"10s\"\nsettle_deadline = \"9500ms\"\n"
     ));
-    assert_eq!(error.key, "workers.drain_deadline", "{error}");
+    assert_eq!(error.key, "workers.settle_deadline", "{error}");
     assert!(error.problem.contains("shutdown_grace"), "{error}");
     let settings = load_text(&format!("{SECRETS}[workers]\nshutdown_grace = \"6s\"\n")).unwrap();
-    assert_eq!(settings.workers.drain_deadline(), Duration::from_secs(4));
+    assert_eq!(settings.workers.settle_deadline(), Duration::from_secs(4));
 }
 
 #[test]

@@ -91,16 +91,16 @@ impl Settings {
                 self.workers.retry.max_delay,
             ),
         ];
-        if let Some(drain) = self.workers.drain_deadline {
-            durations.push(("workers.drain_deadline".into(), drain));
-            if drain + worker_broker::consumer::CANCEL_WAIT >= self.workers.shutdown_grace {
+        if let Some(settle) = self.workers.settle_deadline {
+            durations.push(("workers.settle_deadline".into(), settle));
+            if settle + worker_broker::consumer::CANCEL_WAIT >= self.workers.shutdown_grace {
                 fail(
-                    "workers.drain_deadline",
+                    "workers.settle_deadline",
                     format!(
                         "expected a deadline more than {} shorter than workers.shutdown_grace ({}), which must leave time to cancel what is left, return it to the queue and close; found {}",
                         humantime::format_duration(worker_broker::consumer::CANCEL_WAIT),
                         humantime::format_duration(self.workers.shutdown_grace),
-                        humantime::format_duration(drain)
+                        humantime::format_duration(settle)
                     ),
                 );
             }

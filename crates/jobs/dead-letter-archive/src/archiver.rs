@@ -234,7 +234,7 @@ impl Archiver {
             concurrency: usize::from(settings.prefetch.max(1)),
             ack_interval: ACK_INTERVAL,
             // As long as one last try of the batch in hand.
-            drain_deadline: settings.insert_timeout,
+            settle_deadline: settings.insert_timeout,
             cancel_timeout: settings.insert_timeout,
         })
     }

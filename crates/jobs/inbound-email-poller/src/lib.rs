@@ -134,7 +134,7 @@ pub use settings::InboundEmailPollerSettings;
 pub use stats::{AccountStatus, PollerStats};
 
 use crate::imap::timed;
-use crate::message::{StrikeKey, Strikes};
+use crate::message::{AttemptKey, FailedAttempts};
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "inbound-email-poller";
@@ -155,7 +155,7 @@ pub struct InboundEmailPoller {
     /// Each account's TLS client (its own CA file, if any), by account name.
     tls: HashMap<String, Arc<rustls::ClientConfig>>,
     stats: PollerStats,
-    strikes: Mutex<HashMap<StrikeKey, Strikes>>,
+    failed_attempts: Mutex<HashMap<AttemptKey, FailedAttempts>>,
     /// When this poller was made: the `watching_since` of an account it is the first to poll.
     started_at: DateTime<Utc>,
     /// The accounts whose poll state row this process has made sure of.
@@ -195,7 +195,7 @@ impl InboundEmailPoller {
             config: Arc::new(config),
             tls,
             stats,
-            strikes: Mutex::new(HashMap::new()),
+            failed_attempts: Mutex::new(HashMap::new()),
             started_at: Utc::now(),
             watched: Mutex::new(HashSet::new()),
             wake: None,

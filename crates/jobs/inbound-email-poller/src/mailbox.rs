@@ -149,15 +149,15 @@ impl InboundEmailPoller {
                     }
                 }
                 Ok(Err(failed)) => {
-                    if failed.strike {
-                        self.strike(&key, &failed.failure);
+                    if failed.counts_as_attempt {
+                        self.count_failed_attempt(&key, &failed.failure);
                     }
                     report.failure = Some(failed.failure.context(format!("message UID {uid}")));
                     return !failed.session_broken;
                 }
                 Err(UnitError::Failed(failure)) => {
                     // Its timeout, or a panic: the message's own fault, as far as we can tell.
-                    self.strike(&key, &failure);
+                    self.count_failed_attempt(&key, &failure);
                     report.failure = Some(failure.context(format!("message UID {uid}")));
                     return false;
                 }

@@ -1,5 +1,5 @@
 //! One message of a mailbox: checked, fetched, pre-scanned, parsed and recorded with its
-//! event in one transaction, or set aside; and the strikes a failing message collects.
+//! event in one transaction, or set aside; and the failed attempts a message collects.
 
 use chrono::Utc;
 use uuid::Uuid;
@@ -72,7 +72,7 @@ pub(crate) fn record_message_id(parsed: &ParsedEmail) {
 pub(crate) struct MessageFailure {
     pub(crate) failure: Failure,
     /// Counts as one of the message's `max_message_attempts`.
-    pub(crate) strike: bool,
+    pub(crate) counts_as_attempt: bool,
     /// The IMAP session is in an unknown state and must not be used again.
     pub(crate) session_broken: bool,
 }
@@ -83,21 +83,21 @@ impl MessageFailure {
         let failure = classify_imap(err);
         // What the server says about this message (a NO, an answer we cannot parse, no
         // answer in time) counts against it; a lost connection does not.
-        let strike = match err {
+        let counts_as_attempt = match err {
             ImapError::Timeout { .. } | ImapError::Protocol { .. } => true,
             ImapError::Io { .. } | ImapError::Handshake { .. } => false,
             ImapError::Imap { source, .. } => !matches!(source, E::Io(_) | E::ConnectionLost),
         };
         Self {
             failure,
-            strike,
+            counts_as_attempt,
             session_broken: true,
         }
     }
 
     pub(crate) fn db(failure: Failure) -> Self {
         Self {
-            strike: failure.is_permanent(),
+            counts_as_attempt: failure.is_permanent(),
             failure,
             session_broken: false,
         }
@@ -106,12 +106,13 @@ impl MessageFailure {
 
 /// A message's failures in a row, kept in memory (a restart forgives them).
 #[derive(Debug, Clone)]
-pub(crate) struct Strikes {
+pub(crate) struct FailedAttempts {
     count: u32,
     last_error: String,
 }
 
-pub(crate) type StrikeKey = (String, String, u32, u32);
+/// The message an attempt is at: account, mailbox, UIDVALIDITY and UID.
+pub(crate) type AttemptKey = (String, String, u32, u32);
 
 impl InboundEmailPoller {
     pub(crate) async fn handle_message(
@@ -141,12 +142,12 @@ impl InboundEmailPoller {
         let id = inbound_email_id(name, mailbox, uidvalidity, uid);
         let key = (name.to_string(), mailbox.to_string(), uidvalidity, uid);
 
-        if let Some(strikes) = self.strikes_of(&key)
-            && strikes.count >= self.config.max_message_attempts
+        if let Some(failed) = self.failed_attempts_of(&key)
+            && failed.count >= self.config.max_message_attempts
         {
             let reason = format!(
                 "gave up after {} failed attempts; the last: {}",
-                strikes.count, strikes.last_error
+                failed.count, failed.last_error
             );
             tracing::error!(job = JOB_NAME, account = name, uid, %reason, "a message keeps failing: recording it as skipped");
             let row = NewInbound {
@@ -383,16 +384,16 @@ impl InboundEmailPoller {
         Ok(true)
     }
 
-    pub(crate) fn strikes_of(&self, key: &StrikeKey) -> Option<Strikes> {
-        self.strikes
+    pub(crate) fn failed_attempts_of(&self, key: &AttemptKey) -> Option<FailedAttempts> {
+        self.failed_attempts
             .lock()
             .ok()
-            .and_then(|strikes| strikes.get(key).cloned())
+            .and_then(|failed| failed.get(key).cloned())
     }
 
-    pub(crate) fn strike(&self, key: &StrikeKey, failure: &Failure) {
-        if let Ok(mut strikes) = self.strikes.lock() {
-            let entry = strikes.entry(key.clone()).or_insert(Strikes {
+    pub(crate) fn count_failed_attempt(&self, key: &AttemptKey, failure: &Failure) {
+        if let Ok(mut failed) = self.failed_attempts.lock() {
+            let entry = failed.entry(key.clone()).or_insert(FailedAttempts {
                 count: 0,
                 last_error: String::new(),
             });
@@ -401,9 +402,9 @@ impl InboundEmailPoller {
         }
     }
 
-    pub(crate) fn forgive(&self, key: &StrikeKey) {
-        if let Ok(mut strikes) = self.strikes.lock() {
-            strikes.remove(key);
+    pub(crate) fn forgive(&self, key: &AttemptKey) {
+        if let Ok(mut failed) = self.failed_attempts.lock() {
+            failed.remove(key);
         }
     }
 }

@@ -47,7 +47,7 @@
 //! left it signals the wake-up, so the next tick follows at once.
 //!
 //! The retention sweep of processed rows runs inside ticks, at most once per
-//! `purge_interval`; [`OutboxDrain::purge`] runs it on demand.
+//! `sweep_interval`; [`OutboxDrain::sweep`] runs it on demand.
 
 mod batch;
 pub mod publish;
@@ -83,7 +83,7 @@ pub struct OutboxDrain {
     pool: PgPool,
     publisher: Publisher,
     settings: OutboxDrainSettings,
-    last_purge: Mutex<Option<Instant>>,
+    last_sweep: Mutex<Option<Instant>>,
     wake: Option<Arc<Notify>>,
 }
 
@@ -104,7 +104,7 @@ impl OutboxDrain {
             pool,
             publisher,
             settings,
-            last_purge: Mutex::new(None),
+            last_sweep: Mutex::new(None),
             wake: None,
         }
     }
@@ -271,18 +271,18 @@ impl OutboxDrain {
     }
 
     /// Deletes processed rows older than the retention window; returns how many went.
-    pub async fn purge(&self) -> Result<u64, Failure> {
-        outbox::purge_processed(&self.pool, self.settings.retention, 5_000).await
+    pub async fn sweep(&self) -> Result<u64, Failure> {
+        outbox::sweep_processed(&self.pool, self.settings.retention, 5_000).await
     }
 
-    /// Runs [`purge`](Self::purge) when the last one is older than `purge_interval`. A
+    /// Runs [`sweep`](Self::sweep) when the last one is older than `sweep_interval`. A
     /// failure is logged, not returned: the sweep must not hold up publishing.
-    async fn purge_if_due(&self) {
+    async fn sweep_if_due(&self) {
         let due = {
-            let Ok(mut last) = self.last_purge.lock() else {
+            let Ok(mut last) = self.last_sweep.lock() else {
                 return;
             };
-            let due = last.is_none_or(|at| at.elapsed() >= self.settings.purge_interval);
+            let due = last.is_none_or(|at| at.elapsed() >= self.settings.sweep_interval);
             if due {
                 *last = Some(Instant::now());
             }
@@ -291,7 +291,7 @@ impl OutboxDrain {
         if !due {
             return;
         }
-        match self.purge().await {
+        match self.sweep().await {
             Ok(0) => {}
             Ok(n) => tracing::info!(job = JOB_NAME, rows = n, "swept processed outbox rows"),
             Err(failure) => {
@@ -313,7 +313,7 @@ impl TimerJob for OutboxDrain {
         {
             wake.notify_one();
         }
-        self.purge_if_due().await;
+        self.sweep_if_due().await;
         let mut tick = TickReport::items(report.published);
         if report.claimed > 0 {
             tick = tick.with_detail(format!(

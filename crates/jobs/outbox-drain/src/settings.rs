@@ -75,7 +75,7 @@ pub struct OutboxDrainSettings {
     pub retention: Duration,
     /// The retention sweep runs at most this often, inside a tick.
     #[serde(with = "humantime_serde")]
-    pub purge_interval: Duration,
+    pub sweep_interval: Duration,
     /// A tick starts no new batch after this long; the batches in flight finish and commit.
     /// Keep it well below the tick's timeout, which drops a tick (and rolls back the batches
     /// in flight, to be published again) rather than letting it finish.
@@ -97,7 +97,7 @@ impl Default for OutboxDrainSettings {
                 jitter: true,
             },
             retention: Duration::from_secs(7 * 24 * 3600),
-            purge_interval: Duration::from_secs(600),
+            sweep_interval: Duration::from_secs(600),
             tick_budget: Duration::from_secs(10),
         }
     }

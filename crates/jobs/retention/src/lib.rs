@@ -10,7 +10,7 @@
 //! For each table in turn, batches of at most [`RetentionConfig::batch_size`] rows, oldest
 //! first, each one short `DELETE` of its own
 //! ([`ProcessedMessages::sweep_batch`](worker_store::ProcessedMessages::sweep_batch),
-//! [`attempt_log::purge_batch`](worker_store::attempt_log::purge_batch)). A table is left when
+//! [`attempt_log::sweep_batch`](worker_store::attempt_log::sweep_batch)). A table is left when
 //! a batch comes back short (nothing more is due) or after
 //! [`RetentionConfig::max_batches_per_tick`] batches, so a tick deletes at most
 //! `batch_size × max_batches_per_tick` rows per table and a large backlog is worked off over
@@ -268,7 +268,7 @@ impl Retention {
                     .await
             }
             Table::AttemptLog => {
-                worker_store::attempt_log::purge_batch(&self.pool, retention, batch).await
+                worker_store::attempt_log::sweep_batch(&self.pool, retention, batch).await
             }
         }
     }

@@ -28,7 +28,7 @@
 //!   settled outcome through [`AttemptLog::record_outcome`]; where a [`WorkContext`](worker_core::WorkContext) is at
 //!   hand, `log.for_unit(&ctx)` is an observer for [`worker_core::Retry::observer`];
 //! * timer jobs: [`AttemptLog::record_tick`] after each [`worker_core::tick_once`];
-//! * retention: the host's retention job calls [`purge_batch`] on a schedule, in bounded
+//! * retention: the host's retention job calls [`sweep_batch`] on a schedule, in bounded
 //!   batches.
 
 mod handle;
@@ -42,5 +42,5 @@ pub use handle::{AttemptLog, UnitObserver};
 pub use read::{AttemptSummary, RECENT, for_message, recent, summary};
 pub use record::{AttemptRecord, ERROR_MAX, UnitInfo};
 pub use settings::AttemptLogSettings;
-pub use store::{insert_batch, purge, purge_batch, record};
+pub use store::{insert_batch, record, sweep, sweep_batch};
 pub use writer::AttemptLogWriter;

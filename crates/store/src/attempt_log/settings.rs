@@ -19,7 +19,7 @@ pub struct AttemptLogSettings {
     /// Longest a record waits before its batch is written.
     #[serde(with = "humantime_serde")]
     pub flush_interval: Duration,
-    /// Rows older than this are deleted by the retention job ([`purge_batch`](super::purge_batch)).
+    /// Rows older than this are deleted by the retention job ([`sweep_batch`](super::sweep_batch)).
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
 }

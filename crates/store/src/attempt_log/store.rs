@@ -72,12 +72,12 @@ where
 }
 
 /// Deletes rows older than `retention`, at most `batch` per statement, until none is left.
-/// Returns how many went. The host's retention job uses [`purge_batch`], bounded per tick.
-pub async fn purge(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64, Failure> {
+/// Returns how many went. The host's retention job uses [`sweep_batch`], bounded per tick.
+pub async fn sweep(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64, Failure> {
     let batch = batch.max(1);
     let mut total = 0;
     loop {
-        let done = purge_batch(pool, retention, batch).await?;
+        let done = sweep_batch(pool, retention, batch).await?;
         total += done;
         if done < u64::from(batch) {
             return Ok(total);
@@ -87,7 +87,7 @@ pub async fn purge(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64
 
 /// Deletes at most `batch` rows older than `retention`, oldest first, in one statement.
 /// Returns how many went.
-pub async fn purge_batch(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64, Failure> {
+pub async fn sweep_batch(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64, Failure> {
     let done = sqlx::query(
         "DELETE FROM attempt_log WHERE id IN ( \
              SELECT id FROM attempt_log WHERE at < now() - make_interval(secs => $1) \

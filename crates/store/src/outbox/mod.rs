@@ -24,7 +24,7 @@
 //! [`failed`] and [`pending`] (the rows, with their errors), [`retry`], [`retry_failed`] and
 //! [`retry_all_failed`] (make failed rows pending again, with fresh attempts, recorded in the
 //! [`audit`](crate::audit) trail; [`retry_all_failed_dry_run`] counts and lists what a retry of
-//! them all would put back, recorded as a dry run), and [`purge_processed`] (the retention
+//! them all would put back, recorded as a dry run), and [`sweep_processed`] (the retention
 //! sweep).
 
 mod drain;
@@ -40,8 +40,8 @@ pub use enqueue::{
 };
 pub use operators::{
     FailedRow, OutboxStatus, PendingRow, RETRY_PREVIEW_ROWS, RetryAllReport, RetryResult, failed,
-    pending, purge_processed, retry, retry_all_failed, retry_all_failed_dry_run, retry_failed,
-    status,
+    pending, retry, retry_all_failed, retry_all_failed_dry_run, retry_failed, status,
+    sweep_processed,
 };
 
 /// A condition, for another crate's statement, that a command whose message id is the SQL

@@ -300,7 +300,7 @@ pub async fn pending(pool: &PgPool, limit: u32) -> Result<Vec<PendingRow>, Failu
 
 /// Deletes processed rows older than `retention`, at most `batch` per statement so that no
 /// statement holds many locks for long. Returns how many rows went.
-pub async fn purge_processed(
+pub async fn sweep_processed(
     pool: &PgPool,
     retention: Duration,
     batch: u32,

@@ -133,7 +133,7 @@ impl Delivery {
                 jitter: false,
             }),
             in_process_wait: Duration::from_secs(30),
-            drain_deadline: Duration::from_secs(5),
+            settle_deadline: Duration::from_secs(5),
             ack_interval: Duration::from_millis(10),
             publish_timeout: Duration::from_secs(5),
         };
