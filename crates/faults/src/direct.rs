@@ -20,7 +20,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 use worker_messages::{
     AUTOMATION_ACTION, ActionCommand, DomainEvent, EMAIL_SEND, EmailSendCommand,
-    action_execution_id, email_message_id,
+    action_execution_id, outbound_email_id,
 };
 use worker_testkit::TestVhost;
 
@@ -213,7 +213,7 @@ impl DirectCommands {
         .await
         .context("inserting an outbound email")?;
         let body = serde_json::to_vec(&EmailSendCommand {
-            email_message_id: id,
+            outbound_email_id: id,
         })?;
         self.api
             .publish(
@@ -276,7 +276,7 @@ impl DirectCommands {
             "reply_headers": false,
         });
         let execution = self.action(action).await?;
-        Ok(format!("{}@worker-host", email_message_id(execution)))
+        Ok(format!("{}@worker-host", outbound_email_id(execution)))
     }
 
     /// Sends `pairs` pairs (one `email.send`, one `automation.action`) at `rate` pairs a

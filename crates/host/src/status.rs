@@ -45,7 +45,7 @@ pub trait Reading: Send + Sync + std::fmt::Debug {
 }
 
 impl StatusBoard {
-    /// The timer job named `name`, to trigger, or to show on its page.
+    /// The timer job named `name`, to run now, or to show on its page.
     pub fn timer(&self, name: &str) -> Option<&TimerHandle> {
         self.timers().find(|timer| timer.name == name)
     }

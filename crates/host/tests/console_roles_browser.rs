@@ -29,7 +29,7 @@ const SHOW_LOG: &str = "CONSOLE_ROLES_SHOW_LOG";
 const ACTION_BUTTONS: &[&str] = &[
     "button.replay",
     "button.danger",
-    "#trigger",
+    "#run-now",
     "#pause",
     "#resume",
     "#cancel",

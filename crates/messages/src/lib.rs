@@ -186,8 +186,11 @@ pub struct ActionCommand {
 /// Send one stored outbound email (queue `email.send`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmailSendCommand {
-    /// The outbound email's id, derived from the action execution id that queued it.
-    pub email_message_id: Uuid,
+    /// The `outbound_emails` row to send, its id derived from the action execution id that
+    /// queued it. `email_message_id` on the wire, its name before: published messages, the
+    /// fixtures and the other side of the contract carry it.
+    #[serde(rename = "email_message_id")]
+    pub outbound_email_id: Uuid,
 }
 
 /// The namespace of the deterministic (v5) ids derived here.
@@ -204,7 +207,7 @@ pub fn action_execution_id(event_id: Uuid, automation_id: Uuid, action_index: u3
 }
 
 /// The outbound email id for the action execution that queues it.
-pub fn email_message_id(action_execution_id: Uuid) -> Uuid {
+pub fn outbound_email_id(action_execution_id: Uuid) -> Uuid {
     let mut name = b"email:".to_vec();
     name.extend_from_slice(action_execution_id.as_bytes());
     Uuid::new_v5(&ID_NAMESPACE, &name)
@@ -230,8 +233,8 @@ mod tests {
             action_execution_id(automation, event, 0)
         );
         let execution = action_execution_id(event, automation, 0);
-        assert_eq!(email_message_id(execution), email_message_id(execution));
-        assert_ne!(email_message_id(execution), execution);
+        assert_eq!(outbound_email_id(execution), outbound_email_id(execution));
+        assert_ne!(outbound_email_id(execution), execution);
     }
 
     #[test]

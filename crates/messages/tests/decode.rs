@@ -94,8 +94,8 @@ proptest! {
     }
 
     #[test]
-    fn an_email_send_command_round_trips(email_message_id in uuid()) {
-        let command = EmailSendCommand { email_message_id };
+    fn an_email_send_command_round_trips(outbound_email_id in uuid()) {
+        let command = EmailSendCommand { outbound_email_id };
         let body = serde_json::to_vec(&command).unwrap();
         prop_assert_eq!(decode::<EmailSendCommand>(&body).unwrap(), command);
     }
@@ -120,9 +120,9 @@ proptest! {
     /// Bytes after a complete message are refused: a body is one JSON value.
     #[test]
     fn trailing_bytes_after_a_message_are_refused(
-        email_message_id in uuid(), tail in "[^ \t\r\n]{1,8}",
+        outbound_email_id in uuid(), tail in "[^ \t\r\n]{1,8}",
     ) {
-        let mut body = serde_json::to_vec(&EmailSendCommand { email_message_id }).unwrap();
+        let mut body = serde_json::to_vec(&EmailSendCommand { outbound_email_id }).unwrap();
         body.extend_from_slice(tail.as_bytes());
         prop_assert!(decode::<EmailSendCommand>(&body).is_err());
     }

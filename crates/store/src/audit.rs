@@ -1,7 +1,8 @@
-//! The operators' audit trail (`dead_letter_actions`): one row per action an operator takes,
-//! from the command line or the console, dry runs included. A row records who (the
+//! The operators' audit trail (`dead_letter_actions`, a table name kept for compatibility):
+//! one entry per operator action (a replay, a purge, a retry, a pause, a resume, a run now),
+//! from the command line or the console, dry runs included. An entry records who (the
 //! operating-system user or `console`, the host, the name they gave, the database role, set
-//! by the database itself), what (the action and its target or filter, the rate, what the
+//! by the database itself), what (its kind and its target or filter, the rate, what the
 //! operator was shown before confirming), when, and how it went; the database lets a row
 //! only record progress while it runs and never change once finished, and refuses to delete
 //! any (migrations `20261201000500_dead_letter_audit` and `20261202000100_operator_console`).
@@ -44,9 +45,9 @@ impl Via {
     }
 }
 
-/// Who takes an action. From the command line: the operating-system user and the host name
-/// as it found them, and the name the operator gave. From the console or the API: the
-/// account, and the client's address as `host` (`user` is `console`).
+/// Who takes an operator action. From the command line: the operating-system user and the
+/// host name as it found them, and the name the operator gave. From the console or the API:
+/// the account, and the client's address as `host` (`user` is `console`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actor {
     pub user: String,
@@ -113,10 +114,10 @@ impl Actor {
     }
 }
 
-/// What an operator did.
+/// What an operator did: the kind of an audit entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum ActionKind {
+pub enum EntryKind {
     /// Dead letters published to their queues again.
     Replay,
     /// Dead letters marked purged.
@@ -135,11 +136,13 @@ pub enum ActionKind {
     /// A timer job's scheduled ticks held back on every replica.
     Pause,
     Resume,
-    /// A timer job's tick run now.
-    Trigger,
+    /// A timer job's tick run now. Stored (and serialized) as `trigger`, its name before
+    /// "run now": rows already written and operators' filters on the column use that word.
+    #[serde(rename = "trigger")]
+    RunNow,
 }
 
-impl ActionKind {
+impl EntryKind {
     pub const fn as_str(&self) -> &'static str {
         match self {
             Self::Replay => "replay",
@@ -153,15 +156,50 @@ impl ActionKind {
             Self::ReplicaForget => "replica-forget",
             Self::Pause => "pause",
             Self::Resume => "resume",
-            Self::Trigger => "trigger",
+            Self::RunNow => "trigger",
+        }
+    }
+
+    /// The kind stored as `text` (`None` for a word this release does not know).
+    pub fn parse(text: &str) -> Option<Self> {
+        ALL_KINDS.into_iter().find(|kind| kind.as_str() == text)
+    }
+
+    /// How the console and the command line show it: its stored word, but "run now" for
+    /// what the column still calls `trigger`.
+    pub const fn shown(&self) -> &'static str {
+        match self {
+            Self::RunNow => "run now",
+            _ => self.as_str(),
         }
     }
 }
 
-/// An action about to start.
+const ALL_KINDS: [EntryKind; 12] = [
+    EntryKind::Replay,
+    EntryKind::Purge,
+    EntryKind::OutboxRetry,
+    EntryKind::OperatorAdd,
+    EntryKind::OperatorChange,
+    EntryKind::OperatorDisable,
+    EntryKind::OperatorRemove,
+    EntryKind::OperatorToken,
+    EntryKind::ReplicaForget,
+    EntryKind::Pause,
+    EntryKind::Resume,
+    EntryKind::RunNow,
+];
+
+/// How the console and the command line show a stored kind: [`EntryKind::shown`], or the
+/// stored word itself when this release does not know it.
+pub fn shown(stored: &str) -> &str {
+    EntryKind::parse(stored).map_or(stored, |kind| kind.shown())
+}
+
+/// An operator action about to start: its audit entry to write.
 #[derive(Debug, Clone)]
-pub struct NewAction<'a> {
-    pub kind: ActionKind,
+pub struct NewEntry<'a> {
+    pub kind: EntryKind,
     pub actor: &'a Actor,
     /// The filter it acts on (dead letters), or its target (`{"job": …}`, `{"outbox_id": …}`).
     pub target: Value,
@@ -173,8 +211,8 @@ pub struct NewAction<'a> {
     pub planned: Option<u64>,
 }
 
-impl<'a> NewAction<'a> {
-    pub fn new(kind: ActionKind, actor: &'a Actor, target: Value) -> Self {
+impl<'a> NewEntry<'a> {
+    pub fn new(kind: EntryKind, actor: &'a Actor, target: Value) -> Self {
         Self {
             kind,
             actor,
@@ -190,8 +228,8 @@ fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Writes the action's row, unfinished; returns its id.
-pub async fn begin(conn: &mut PgConnection, action: &NewAction<'_>) -> Result<i64, Failure> {
+/// Writes the entry's row, unfinished; returns its id.
+pub async fn begin(conn: &mut PgConnection, action: &NewEntry<'_>) -> Result<i64, Failure> {
     sqlx::query_scalar(
         "INSERT INTO dead_letter_actions (action, actor_user, actor_host, actor, dry_run, \
                                           filter, rate, planned, account, via) \
@@ -212,7 +250,8 @@ pub async fn begin(conn: &mut PgConnection, action: &NewAction<'_>) -> Result<i6
     .map_err(classify)
 }
 
-/// Counts a step of a running action: `matched` looked at, `succeeded` done, `failed` not.
+/// Counts a step of a running operator action: `matched` looked at, `succeeded` done,
+/// `failed` not.
 pub async fn progress(
     conn: &mut PgConnection,
     id: i64,
@@ -234,7 +273,7 @@ pub async fn progress(
     Ok(())
 }
 
-/// Ends an action's row (after which the database lets nothing change it), with a note and,
+/// Ends an entry's row (after which the database lets nothing change it), with a note and,
 /// for a dry run, which counts only at its end, what it matched.
 pub async fn finish(
     conn: &mut PgConnection,
@@ -256,11 +295,11 @@ pub async fn finish(
     Ok(())
 }
 
-/// An action done at once (a pause, a trigger, one outbox row): its row written and finished
-/// with its counts, in the caller's transaction.
+/// An operator action done at once (a pause, a run now, one outbox row): its row written and
+/// finished with its counts, in the caller's transaction.
 pub async fn record(
     conn: &mut PgConnection,
-    action: &NewAction<'_>,
+    action: &NewEntry<'_>,
     succeeded: u64,
     failed: u64,
     note: Option<String>,
@@ -271,9 +310,10 @@ pub async fn record(
     Ok(id)
 }
 
-/// One recorded action.
+/// One audit entry: an operator action as recorded. `action` is the column's name and the
+/// API's field, and holds the stored kind ([`EntryKind::as_str`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
-pub struct Action {
+pub struct Entry {
     pub id: i64,
     pub action: String,
     pub actor_user: String,
@@ -300,10 +340,15 @@ pub struct Action {
     pub via: Option<String>,
 }
 
-impl Action {
+impl Entry {
     /// Still running (or died on the way: its counts say how far it got).
     pub fn running(&self) -> bool {
         self.finished_at.is_none()
+    }
+
+    /// How the trail shows what was done ([`shown`]).
+    pub fn kind_shown(&self) -> &str {
+        shown(&self.action)
     }
 
     /// How the trail shows who took it.
@@ -323,8 +368,8 @@ const COLUMNS: &str = "id, action, actor_user, actor_host, actor, db_user, dry_r
                        finished_at, filter, rate, planned, matched, succeeded, failed, note, \
                        account, via";
 
-/// The recorded actions, newest first, at most `limit`.
-pub async fn recent(pool: &PgPool, limit: u32) -> Result<Vec<Action>, Failure> {
+/// The audit entries, newest first, at most `limit`.
+pub async fn recent(pool: &PgPool, limit: u32) -> Result<Vec<Entry>, Failure> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM dead_letter_actions ORDER BY id DESC LIMIT $1"
     ))
@@ -334,8 +379,8 @@ pub async fn recent(pool: &PgPool, limit: u32) -> Result<Vec<Action>, Failure> {
     .map_err(classify)
 }
 
-/// One recorded action, by id.
-pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Action>, Failure> {
+/// One audit entry, by id.
+pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Entry>, Failure> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM dead_letter_actions WHERE id = $1"
     ))
@@ -345,8 +390,8 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Action>, Failure> {
     .map_err(classify)
 }
 
-/// The recorded actions on one target (`{"job": "draft_expiry"}`, say), newest first.
-pub async fn on_target(pool: &PgPool, target: &Value, limit: u32) -> Result<Vec<Action>, Failure> {
+/// The audit entries on one target (`{"job": "draft_expiry"}`, say), newest first.
+pub async fn on_target(pool: &PgPool, target: &Value, limit: u32) -> Result<Vec<Entry>, Failure> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM dead_letter_actions WHERE filter @> $1 ORDER BY id DESC LIMIT $2"
     ))
@@ -377,21 +422,8 @@ mod tests {
     }
 
     #[test]
-    fn action_kinds_are_written_as_the_database_allows() {
-        let all = [
-            ActionKind::Replay,
-            ActionKind::Purge,
-            ActionKind::OutboxRetry,
-            ActionKind::Pause,
-            ActionKind::Resume,
-            ActionKind::Trigger,
-            ActionKind::OperatorAdd,
-            ActionKind::OperatorChange,
-            ActionKind::OperatorDisable,
-            ActionKind::OperatorRemove,
-            ActionKind::OperatorToken,
-            ActionKind::ReplicaForget,
-        ];
+    fn entry_kinds_are_written_as_the_database_allows() {
+        let all = ALL_KINDS;
         let migration = include_str!("../../../migrations/20261204000100_operator_accounts.sql");
         for kind in all {
             assert!(
@@ -400,6 +432,15 @@ mod tests {
             );
             let json = serde_json::to_value(kind).unwrap();
             assert_eq!(json, kind.as_str());
+            assert_eq!(EntryKind::parse(kind.as_str()), Some(kind));
         }
+    }
+
+    #[test]
+    fn a_run_now_is_stored_as_trigger_and_shown_as_run_now() {
+        assert_eq!(EntryKind::RunNow.as_str(), "trigger");
+        assert_eq!(shown("trigger"), "run now");
+        assert_eq!(shown("replay"), "replay");
+        assert_eq!(shown("from-a-newer-release"), "from-a-newer-release");
     }
 }

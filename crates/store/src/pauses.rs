@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use worker_core::{Failure, JobSpec};
 
-use crate::audit::{self, ActionKind, Actor, NewAction};
+use crate::audit::{self, Actor, EntryKind, NewEntry};
 use crate::classify;
 
 /// A paused job, with who paused it.
@@ -61,7 +61,7 @@ pub async fn pause(pool: &PgPool, job: &JobSpec, actor: &Actor) -> Result<PauseC
     // pause it had, and the trail says this one changed nothing.
     let action_id = audit::begin(
         &mut tx,
-        &NewAction::new(ActionKind::Pause, actor, target(job)),
+        &NewEntry::new(EntryKind::Pause, actor, target(job)),
     )
     .await?;
     let changed = sqlx::query(
@@ -99,7 +99,7 @@ pub async fn resume(pool: &PgPool, job: &JobSpec, actor: &Actor) -> Result<Pause
     let changed = removed > 0;
     let action_id = audit::record(
         &mut tx,
-        &NewAction::new(ActionKind::Resume, actor, target(job)),
+        &NewEntry::new(EntryKind::Resume, actor, target(job)),
         u64::from(changed),
         0,
         (!changed).then(|| "was not paused".to_string()),

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Json};
 use job_dead_letter_archive as archive;
 use minijinja::Value;
 use serde::{Deserialize, Serialize};
-use worker_store::audit::{self, Action};
+use worker_store::audit::{self, Entry};
 
 use super::Console;
 use super::caller::Who;
@@ -330,7 +330,7 @@ pub async fn purge_start(
 
 #[derive(Debug, Serialize)]
 struct Progress {
-    action: Action,
+    action: Entry,
     actor: String,
     /// Running on this replica, so that it can be cancelled here.
     cancellable: bool,
@@ -343,7 +343,7 @@ struct Progress {
 }
 
 /// The filter an action acted on, as the console's link to its dead letters.
-fn dead_letters_link(action: &Action) -> Option<String> {
+fn dead_letters_link(action: &Entry) -> Option<String> {
     if !matches!(action.action.as_str(), "replay" | "purge") {
         return None;
     }
@@ -383,7 +383,7 @@ async fn progress(console: &Console, id: &str) -> Result<Progress, Problem> {
     })
 }
 
-pub async fn action_page(
+pub async fn entry_page(
     axum::extract::State(console): State,
     caller: Who,
     Path(id): Path<String>,
@@ -400,7 +400,7 @@ pub async fn action_page(
     )
 }
 
-pub async fn action_api(
+pub async fn entry_api(
     axum::extract::State(console): State,
     caller: Who,
     Path(id): Path<String>,
@@ -451,7 +451,7 @@ struct Trail {
 #[derive(Debug, Serialize)]
 struct TrailRow {
     #[serde(flatten)]
-    action: Action,
+    action: Entry,
     actor: String,
 }
 
@@ -470,7 +470,7 @@ async fn trail(console: &Console) -> Result<Trail, Problem> {
     })
 }
 
-pub async fn actions_page(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn trail_page(axum::extract::State(console): State, caller: Who) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, "/actions") {
         return Ok(redirect);
     }
@@ -483,7 +483,7 @@ pub async fn actions_page(axum::extract::State(console): State, caller: Who) -> 
     )
 }
 
-pub async fn actions_api(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn trail_api(axum::extract::State(console): State, caller: Who) -> PageResult {
     may_read_api(&caller)?;
     let trail = trail(&console).await.map_err(Problem::json)?;
     Ok(Json(trail).into_response())

@@ -1,5 +1,5 @@
 //! `/jobs/{name}`: a timer job's schedule, last and next run, durations and skips by cause,
-//! who paused it, its latest failed ticks and the operators' actions on it; run it now,
+//! who paused it, its latest failed ticks and the operator actions on it; run it now,
 //! pause and resume it (the pause in the database, so every replica obeys it). A consumer's
 //! page shows its queue and counts.
 
@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Json};
 use minijinja::Value;
 use serde::Serialize;
 use worker_store::attempt_log::{self, AttemptRecord};
-use worker_store::audit::{self, Action, ActionKind, NewAction};
+use worker_store::audit::{self, Entry, EntryKind, NewEntry};
 use worker_store::pauses;
 
 use super::Console;
@@ -23,7 +23,7 @@ use crate::jobs::pausable;
 use crate::scheduler::TimerView;
 use crate::status::JobStats;
 
-/// Latest failed ticks and actions a job's page lists.
+/// Latest failed ticks and audit entries a job's page lists.
 const RECENT: u32 = 20;
 
 #[derive(Debug, Serialize)]
@@ -38,13 +38,13 @@ struct JobPage {
     /// Why it cannot be paused, when it cannot.
     not_pausable: Option<String>,
     recent_ticks: Vec<AttemptRecord>,
-    actions: Vec<ActionRow>,
+    actions: Vec<EntryRow>,
 }
 
 #[derive(Debug, Serialize)]
-struct ActionRow {
+struct EntryRow {
     #[serde(flatten)]
-    action: Action,
+    action: Entry,
     actor: String,
 }
 
@@ -86,7 +86,7 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
         .await
         .map_err(failed("Reading the audit trail"))?
         .into_iter()
-        .map(|action| ActionRow {
+        .map(|action| EntryRow {
             actor: action.actor_label(),
             action,
         })
@@ -132,7 +132,7 @@ pub async fn api(
 
 /// Runs a timer's tick now on this replica (through its busy guard, lease and timeout, even
 /// while it is paused), recorded in the audit trail whether the loop took it or not.
-pub async fn trigger(
+pub async fn run_now(
     axum::extract::State(console): State,
     caller: Who,
     headers: HeaderMap,
@@ -143,7 +143,7 @@ pub async fn trigger(
     let handle = console.board.timer(&name).ok_or_else(|| {
         Problem::not_found(format!("this host runs no timer job called `{name}`"))
     })?;
-    let taken = handle.trigger();
+    let taken = handle.run_now();
     let note = match &taken {
         Ok(()) => format!("run now on replica {}", console.replica),
         Err(refused) => format!("not run: {refused}"),
@@ -152,16 +152,16 @@ pub async fn trigger(
         .pool
         .acquire()
         .await
-        .map_err(|e| Problem::failed("Recording the action", e))?;
+        .map_err(|e| Problem::failed("Recording the operator action", e))?;
     audit::record(
         &mut conn,
-        &NewAction::new(ActionKind::Trigger, &actor, target(&name)),
+        &NewEntry::new(EntryKind::RunNow, &actor, target(&name)),
         u64::from(taken.is_ok()),
         u64::from(taken.is_err()),
         Some(note),
     )
     .await
-    .map_err(|e| Problem::failed("Recording the action", e))?;
+    .map_err(|e| Problem::failed("Recording the operator action", e))?;
     match taken {
         Ok(()) => Ok(see_other(&format!("/jobs/{name}"))),
         Err(refused) => Err(Problem::new(

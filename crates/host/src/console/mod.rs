@@ -73,15 +73,17 @@ pub struct Console {
     pub shutdown: CancellationToken,
 }
 
-/// The actions, each a form's target and, under `/api/`, a script's.
-fn actions() -> Router<Arc<Console>> {
+/// The operator actions, each a form's target and, under `/api/`, a script's.
+fn operator_actions() -> Router<Arc<Console>> {
     Router::new()
         .route("/dead-letters/replay", post(bulk::replay_plan))
         .route("/dead-letters/purge", post(bulk::purge_plan))
         .route("/dead-letters/replay/run", post(bulk::replay_start))
         .route("/dead-letters/purge/run", post(bulk::purge_start))
         .route("/actions/{id}/cancel", post(bulk::cancel))
-        .route("/jobs/{name}/trigger", post(jobs::trigger))
+        .route("/jobs/{name}/run-now", post(jobs::run_now))
+        // The route's name before "run now": operators' scripts still post to it.
+        .route("/jobs/{name}/trigger", post(jobs::run_now))
         .route("/jobs/{name}/pause", post(jobs::pause))
         .route("/jobs/{name}/resume", post(jobs::resume))
         .route("/outbox/retry", post(outbox::retry))
@@ -96,17 +98,17 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/dead-letters", get(dead_letters::groups_page))
         .route("/dead-letters/messages", get(dead_letters::messages_page))
         .route("/dead-letters/{id}", get(dead_letters::one_page))
-        .route("/actions", get(bulk::actions_page))
-        .route("/actions/{id}", get(bulk::action_page))
+        .route("/actions", get(bulk::trail_page))
+        .route("/actions/{id}", get(bulk::entry_page))
         .route("/jobs/{name}", get(jobs::page))
         .route("/outbox", get(outbox::page))
         .route("/accounts", get(accounts::page))
         .route("/sign-in", get(sign_in::form).post(sign_in::submit))
         .route("/sign-out", post(sign_in::sign_out))
-        .merge(actions())
+        .merge(operator_actions())
         .nest(
             "/api",
-            actions().layer(axum::middleware::from_fn(caller::api_answers)),
+            operator_actions().layer(axum::middleware::from_fn(caller::api_answers)),
         )
         .route("/api/overview", get(overview::api))
         .route("/api/dead-letters", get(dead_letters::groups_api))
@@ -115,8 +117,8 @@ pub fn routes(console: Arc<Console>) -> Router {
             get(dead_letters::messages_api),
         )
         .route("/api/dead-letters/{id}", get(dead_letters::one_api))
-        .route("/api/actions", get(bulk::actions_api))
-        .route("/api/actions/{id}", get(bulk::action_api))
+        .route("/api/actions", get(bulk::trail_api))
+        .route("/api/actions/{id}", get(bulk::entry_api))
         .route("/api/jobs/{name}", get(jobs::api))
         .route("/api/outbox", get(outbox::api))
         .route("/api/accounts", get(accounts::api))

@@ -53,6 +53,7 @@ impl Views {
         env.add_filter("seconds", seconds);
         env.add_filter("bytes", bytes);
         env.add_filter("cut", cut);
+        env.add_filter("shown_kind", shown_kind);
         Ok(Self { env })
     }
 
@@ -112,6 +113,11 @@ fn seconds(secs: Option<f64>) -> String {
         }
         _ => "-".into(),
     }
+}
+
+/// An audit entry's stored kind as operators read it (`trigger` as "run now").
+fn shown_kind(stored: String) -> String {
+    worker_store::audit::shown(&stored).to_string()
 }
 
 /// `text` cut to `chars` characters, with `…` when cut; nothing as empty.

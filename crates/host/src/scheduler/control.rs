@@ -1,7 +1,7 @@
 //! What an operator can do to a timer job while the host runs: run it now, and pause or
 //! resume it.
 //!
-//! "Trigger now" is in-process: a tick handed to this host's loop, which runs it like any
+//! "Run now" is in-process: a tick handed to this host's loop, which runs it like any
 //! other (busy guard, lease, timeout), even while the job is paused, since the operator asked
 //! for it by name. A pause lives in the database (`job_pauses`), so that every replica obeys it:
 //! each scheduled tick asks [`PauseCheck`] first and, paused, is skipped and counted.
@@ -92,16 +92,16 @@ impl PauseCheck for DatabasePauses {
 /// The loop's side of a timer's controls, moved into [`super::TimerTask`].
 #[derive(Debug, Default)]
 pub struct Control {
-    /// Ticks an operator asked for.
-    pub triggers: Option<mpsc::Receiver<()>>,
+    /// Ticks an operator asked to run now.
+    pub run_now_requests: Option<mpsc::Receiver<()>>,
     /// Where paused state is read; `None` runs every scheduled tick.
     pub pauses: Option<Arc<dyn PauseCheck>>,
 }
 
-/// Why a trigger was not taken.
+/// Why an operator's run now was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum TriggerRefused {
-    #[error("a triggered tick is already waiting to run")]
+pub enum RunNowRefused {
+    #[error("a tick asked to run now is already waiting to run")]
     Waiting,
     #[error("the job has stopped (the host is shutting down)")]
     Stopped,
@@ -116,7 +116,7 @@ pub struct TimerHandle {
     /// One replica at a time (the lease), or every replica.
     pub leased: bool,
     pub stats: Arc<TimerStats>,
-    trigger: mpsc::Sender<()>,
+    run_now: mpsc::Sender<()>,
 }
 
 impl TimerHandle {
@@ -129,33 +129,33 @@ impl TimerHandle {
         stats: Arc<TimerStats>,
         pauses: Option<Arc<dyn PauseCheck>>,
     ) -> (Self, Control) {
-        // One waiting trigger at most: pressing the button twice runs the job once more, not
+        // One waiting run now at most: pressing the button twice runs the job once more, not
         // twice more.
-        let (trigger, triggers) = mpsc::channel(1);
+        let (run_now, run_now_requests) = mpsc::channel(1);
         let handle = Self {
             name: name.into(),
             schedule,
             timeout,
             leased,
             stats,
-            trigger,
+            run_now,
         };
         let control = Control {
-            triggers: Some(triggers),
+            run_now_requests: Some(run_now_requests),
             pauses,
         };
         (handle, control)
     }
 
     /// Hands the loop a tick to run as soon as it can, without waiting.
-    pub fn trigger(&self) -> Result<(), TriggerRefused> {
-        match self.trigger.try_send(()) {
+    pub fn run_now(&self) -> Result<(), RunNowRefused> {
+        match self.run_now.try_send(()) {
             Ok(()) => {
-                self.stats.triggered.fetch_add(1, Ordering::Relaxed);
+                self.stats.run_now.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(TrySendError::Full(())) => Err(TriggerRefused::Waiting),
-            Err(TrySendError::Closed(())) => Err(TriggerRefused::Stopped),
+            Err(TrySendError::Full(())) => Err(RunNowRefused::Waiting),
+            Err(TrySendError::Closed(())) => Err(RunNowRefused::Stopped),
         }
     }
 
@@ -204,22 +204,22 @@ mod tests {
     }
 
     #[test]
-    fn a_trigger_waits_for_the_loop_once_and_is_counted() {
+    fn a_run_now_waits_for_the_loop_once_and_is_counted() {
         let (handle, mut control) = handle();
-        assert_eq!(handle.trigger(), Ok(()));
-        assert_eq!(handle.trigger(), Err(TriggerRefused::Waiting));
-        assert_eq!(handle.stats.snapshot().triggered, 1);
-        let triggers = control.triggers.as_mut().unwrap();
-        assert!(triggers.try_recv().is_ok());
-        assert_eq!(handle.trigger(), Ok(()), "taken, so another may wait");
+        assert_eq!(handle.run_now(), Ok(()));
+        assert_eq!(handle.run_now(), Err(RunNowRefused::Waiting));
+        assert_eq!(handle.stats.snapshot().run_now, 1);
+        let requests = control.run_now_requests.as_mut().unwrap();
+        assert!(requests.try_recv().is_ok());
+        assert_eq!(handle.run_now(), Ok(()), "taken, so another may wait");
     }
 
     #[test]
-    fn a_trigger_after_the_loop_stopped_is_refused() {
+    fn a_run_now_after_the_loop_stopped_is_refused() {
         let (handle, control) = handle();
         drop(control);
-        assert_eq!(handle.trigger(), Err(TriggerRefused::Stopped));
-        assert_eq!(handle.stats.snapshot().triggered, 0);
+        assert_eq!(handle.run_now(), Err(RunNowRefused::Stopped));
+        assert_eq!(handle.stats.snapshot().run_now, 0);
     }
 
     #[derive(Debug)]

@@ -43,7 +43,7 @@ pub mod control;
 pub mod schedule;
 pub mod stats;
 
-pub use control::{Control, TimerHandle, TimerView, TriggerRefused};
+pub use control::{Control, RunNowRefused, TimerHandle, TimerView};
 use schedule::{Schedule, parse_cron, passed_over};
 pub use stats::{DurationSummary, TimerSnapshot, TimerStats};
 
@@ -60,7 +60,7 @@ pub struct TimerTask<J, L> {
     pub metrics: Metrics,
     /// Where failed ticks (and, if asked, every tick) are written.
     pub attempt_log: worker_store::AttemptLog,
-    /// An operator's triggers and the paused state ([`control`]).
+    /// An operator's run-now requests and the paused state ([`control`]).
     pub control: Control,
     /// Where each tick is recorded while it runs, for the watchdog; `None` records nothing.
     pub liveness: Option<worker_core::liveness::Liveness>,
@@ -207,7 +207,7 @@ where
         tracker: TaskTracker,
         shutdown: CancellationToken,
     ) {
-        let mut triggers = self.control.triggers.take();
+        let mut run_now_requests = self.control.run_now_requests.take();
         let task = Arc::new(self);
         let name = task.job.name().to_string();
         let busy = Arc::new(SkipIfBusy::new(name.clone()));
@@ -220,9 +220,9 @@ where
                     None => std::future::pending().await,
                 }
             };
-            let triggered = async {
-                match triggers.as_mut() {
-                    Some(triggers) => triggers.recv().await,
+            let run_now = async {
+                match run_now_requests.as_mut() {
+                    Some(requests) => requests.recv().await,
                     None => std::future::pending().await,
                 }
             };
@@ -230,7 +230,7 @@ where
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 Some(()) = ticks.recv() => {}
-                Some(()) = triggered => manual = true,
+                Some(()) = run_now => manual = true,
                 _ = woken => {
                     if busy.is_busy() {
                         // A wake is a hint, not a schedule: coalesce it into one more tick

@@ -20,8 +20,8 @@ pub struct TimerStats {
     pub missed: AtomicU64,
     /// Scheduled ticks not run because an operator paused the job.
     pub skipped_paused: AtomicU64,
-    /// Ticks an operator asked for ("trigger now").
-    pub triggered: AtomicU64,
+    /// Ticks an operator asked to run now.
+    pub run_now: AtomicU64,
     /// Whether the last scheduled tick found the job paused.
     paused: AtomicBool,
     last: Mutex<LastResults>,
@@ -65,7 +65,10 @@ pub struct TimerSnapshot {
     pub skipped_lease: u64,
     pub missed: u64,
     pub skipped_paused: u64,
-    pub triggered: u64,
+    /// Ticks an operator asked to run now (`triggered` in `/status` and the console's JSON,
+    /// which scripts read).
+    #[serde(rename = "triggered")]
+    pub run_now: u64,
     pub durations: DurationSummary,
     #[serde(flatten)]
     pub last: LastResults,
@@ -120,7 +123,7 @@ impl TimerStats {
             skipped_lease: self.skipped_lease.load(Ordering::Relaxed),
             missed: self.missed.load(Ordering::Relaxed),
             skipped_paused: self.skipped_paused.load(Ordering::Relaxed),
-            triggered: self.triggered.load(Ordering::Relaxed),
+            run_now: self.run_now.load(Ordering::Relaxed),
             durations: self
                 .durations
                 .lock()

@@ -272,21 +272,21 @@ async fn a_paused_job_skips_its_scheduled_ticks_and_counts_them() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_triggered_tick_runs_even_while_the_job_is_paused() {
+async fn a_tick_run_now_runs_even_while_the_job_is_paused() {
     let job = Slow::new(Duration::from_millis(10));
     let switch = Arc::new(Switch::default());
     switch.0.store(true, Ordering::Relaxed);
     let (task, handle) = controlled(job.clone(), switch);
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    // A schedule far away: only the trigger can run it.
+    // A schedule far away: only the run now can run it.
     let looping = start(task, Duration::from_secs(3600), &tracker, &shutdown);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(job.runs.load(Ordering::Relaxed), 0);
-    handle.trigger().unwrap();
+    handle.run_now().unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(job.runs.load(Ordering::Relaxed), 1);
     let snapshot = handle.stats.snapshot();
-    assert_eq!((snapshot.triggered, snapshot.ran), (1, 1));
+    assert_eq!((snapshot.run_now, snapshot.ran), (1, 1));
     assert_eq!(snapshot.durations.last_ms, Some(10));
     stop(looping, tracker, shutdown).await;
 }

@@ -15,7 +15,7 @@
 //!
 //! * **`send_email`** touches only the database, so it stays **one transaction**: the guard
 //!   is checked, the execution row locked, the email rendered from the event's fields
-//!   ([`render`]), the `outbound_emails` row (id [`worker_messages::email_message_id`] of the
+//!   ([`render`]), the `outbound_emails` row (id [`worker_messages::outbound_email_id`] of the
 //!   execution id) and an outbox row for the [`EmailSendCommand`](worker_messages::EmailSendCommand) (routing key `email.send`)
 //!   written, the mark taken and the row set `succeeded`, all committed together: exactly
 //!   once. A concurrent duplicate waits on the row's lock, then finds it `succeeded`. A

@@ -8,7 +8,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 use worker_core::{Failure, Handled, ProcessedGuard as _, truncate};
 use worker_messages::{
-    EMAIL_SEND, EmailSendCommand, Message, SCHEMA_VERSION_HEADER, SendEmailAction, email_message_id,
+    EMAIL_SEND, EmailSendCommand, Message, SCHEMA_VERSION_HEADER, SendEmailAction,
+    outbound_email_id,
 };
 use worker_store::outbox::{self, OutboxMessage};
 use worker_store::{ProcessedMessages, Tx, classify};
@@ -110,7 +111,7 @@ impl SendEmail {
         execution: &Execution,
         email: &RenderedEmail,
     ) -> Result<(), Failure> {
-        let email_id = email_message_id(execution_id);
+        let email_id = outbound_email_id(execution_id);
         sqlx::query(
             "INSERT INTO outbound_emails (id, action_execution_id, message_id, from_address, \
                  to_addresses, cc_addresses, subject, text_body, html_body, in_reply_to, \
@@ -134,7 +135,7 @@ impl SendEmail {
         .map_err(classify)?;
         reply_limit::record(tx, email_id, execution.automation_id, email).await?;
         let command = EmailSendCommand {
-            email_message_id: email_id,
+            outbound_email_id: email_id,
         };
         let message = OutboxMessage::json(email_id.to_string(), EMAIL_SEND, &command)
             .map_err(|err| Failure::permanent("serialize", err))?

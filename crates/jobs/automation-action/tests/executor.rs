@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use worker_core::{ConsumerJob, Failure, FailureClass, Handled, WorkContext, execute_once};
 use worker_messages::{
-    ActionCommand, DomainEvent, EmailSendCommand, action_execution_id, email_message_id,
+    ActionCommand, DomainEvent, EmailSendCommand, action_execution_id, outbound_email_id,
 };
 use worker_testkit::TestDb;
 
@@ -137,7 +137,7 @@ async fn send_email_renders_the_reply_and_queues_it_with_the_mark() -> anyhow::R
         Handled::Done
     );
 
-    let email_id = email_message_id(command.action_execution_id);
+    let email_id = outbound_email_id(command.action_execution_id);
     let row: (
         Option<Uuid>,
         String,
@@ -181,7 +181,7 @@ async fn send_email_renders_the_reply_and_queues_it_with_the_mark() -> anyhow::R
     assert_eq!(
         serde_json::from_slice::<EmailSendCommand>(body)?,
         EmailSendCommand {
-            email_message_id: email_id
+            outbound_email_id: email_id
         }
     );
 

@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use worker_core::Failure;
-use worker_store::audit::{ActionKind, Actor, NewAction};
+use worker_store::audit::{Actor, EntryKind, NewEntry};
 use worker_store::dead_letters::count;
 
 use crate::query::Filter;
@@ -132,8 +132,8 @@ pub(crate) fn check(filter: &Filter, rate: Option<u32>) -> Result<(), Failure> {
 }
 
 /// The audit row of a bulk action over `filter`.
-pub(crate) fn new_action<'a>(kind: ActionKind, filter: &Filter, run: &'a Run) -> NewAction<'a> {
-    NewAction {
+pub(crate) fn new_entry<'a>(kind: EntryKind, filter: &Filter, run: &'a Run) -> NewEntry<'a> {
+    NewEntry {
         kind,
         actor: &run.actor,
         target: serde_json::to_value(filter).unwrap_or_default(),

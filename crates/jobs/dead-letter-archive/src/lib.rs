@@ -128,7 +128,7 @@ pub use record::{
 pub use replay::{ItemOutcome, ReplayItem, ReplayReport, replay, replay_run};
 pub use settings::DeadLetterArchiveSettings;
 pub use store::{InsertReport, archive_failed_outbox, outbox_dedup_key, sweep};
-pub use worker_store::audit::{Action, Actor, recent as actions};
+pub use worker_store::audit::{Actor, Entry, recent as audit_entries};
 /// The console's pages over the archive: the store's, which owns `dead_letters`.
 pub use worker_store::dead_letters::browse;
 /// Error fingerprints: the store's, beside the row that carries them.

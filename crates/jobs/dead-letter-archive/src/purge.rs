@@ -6,10 +6,10 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::time::Instant;
 use worker_core::Failure;
-use worker_store::audit::{self, ActionKind, Actor};
+use worker_store::audit::{self, Actor, EntryKind};
 use worker_store::{classify, dead_letters};
 
-use crate::bulk::{Run, beyond_planned_note, check, new_action};
+use crate::bulk::{Run, beyond_planned_note, check, new_entry};
 use crate::query::Filter;
 pub use worker_store::dead_letters::count;
 
@@ -54,7 +54,7 @@ pub async fn purge_dry_run(
 pub async fn purge_run(pool: &PgPool, filter: &Filter, run: &Run) -> Result<PurgeReport, Failure> {
     check(filter, run.rate)?;
     let mut conn = pool.acquire().await.map_err(classify)?;
-    let action_id = audit::begin(&mut conn, &new_action(ActionKind::Purge, filter, run)).await?;
+    let action_id = audit::begin(&mut conn, &new_entry(EntryKind::Purge, filter, run)).await?;
     drop(conn);
     run.control.begun(action_id);
     let mut report = PurgeReport {

@@ -27,9 +27,9 @@ use worker_store::dead_letters::{
     Replayable, mark_replayed, replayable_batch, settle_replayed_outbox,
 };
 
-use worker_store::audit::{self, ActionKind, Actor};
+use worker_store::audit::{self, Actor, EntryKind};
 
-use crate::bulk::{Run, beyond_planned_note, check, new_action};
+use crate::bulk::{Run, beyond_planned_note, check, new_entry};
 use crate::headers::json_to_table;
 use crate::pacer::Pacer;
 use crate::query::Filter;
@@ -182,7 +182,7 @@ pub async fn replay_run(
     let started = Instant::now();
     let action_id = {
         let mut conn = pool.acquire().await.map_err(classify)?;
-        audit::begin(&mut conn, &new_action(ActionKind::Replay, filter, run)).await?
+        audit::begin(&mut conn, &new_entry(EntryKind::Replay, filter, run)).await?
     };
     run.control.begun(action_id);
     let mut report = ReplayReport {

@@ -369,8 +369,8 @@ async fn replay_now(h: &Harness, filter: &Filter) -> anyhow::Result<ReplayReport
 }
 
 /// The audit row `id`.
-async fn audit_row(pool: &PgPool, id: i64) -> anyhow::Result<Action> {
-    actions(pool, 100)
+async fn audit_row(pool: &PgPool, id: i64) -> anyhow::Result<Entry> {
+    audit_entries(pool, 100)
         .await?
         .into_iter()
         .find(|a| a.id == id)
@@ -891,7 +891,7 @@ async fn a_dry_run_replay_lists_the_matches_moves_nothing_and_is_recorded_as_a_d
         100,
         "all still dead"
     );
-    let recorded = actions(h.pool(), 10).await?;
+    let recorded = audit_entries(h.pool(), 10).await?;
     assert_eq!(recorded.len(), 1);
     assert_eq!(recorded[0].id, plan.action_id);
     assert!(recorded[0].dry_run);
@@ -927,7 +927,7 @@ async fn a_replay_is_paced_by_its_rate_and_recorded_with_who_where_which_filter_
         "30 messages at 40/s take about 0.75 s, took {took:?}"
     );
 
-    let recorded = actions(h.pool(), 10).await?;
+    let recorded = audit_entries(h.pool(), 10).await?;
     assert_eq!(recorded.len(), 1);
     let first = &recorded[0];
     assert!(!first.dry_run);
@@ -1023,7 +1023,7 @@ async fn a_replay_whose_queue_is_gone_fails_and_leaves_the_row_dead() -> anyhow:
         "{r:?}"
     );
     assert_eq!(count(h.pool(), &by_queue("gone")).await?, 1, "still dead");
-    let note = actions(h.pool(), 1)
+    let note = audit_entries(h.pool(), 1)
         .await?
         .remove(0)
         .note
@@ -1392,7 +1392,7 @@ async fn purge_marks_the_matching_rows_purged_and_records_each_purge() -> anyhow
     };
     assert_eq!(purge(pool, &limited, &actor()).await?.purged, 2);
 
-    let recorded = actions(pool, 5).await?;
+    let recorded = audit_entries(pool, 5).await?;
     assert_eq!(recorded.len(), 2);
     assert_eq!(recorded[1].action, "purge");
     assert_eq!(recorded[1].succeeded, 4);

@@ -25,7 +25,7 @@ async fn refused(pool: &sqlx::PgPool, sql: &str) -> String {
 async fn a_recorded_purge_cannot_be_rewritten_or_deleted() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let report = purge(&db.pool, &Filter::default(), &actor()).await?;
-    let before = actions(&db.pool, 10).await?;
+    let before = audit_entries(&db.pool, 10).await?;
     assert_eq!(before.len(), 1);
 
     for sql in [
@@ -42,7 +42,7 @@ async fn a_recorded_purge_cannot_be_rewritten_or_deleted() -> anyhow::Result<()>
             "{sql}: {why}"
         );
     }
-    assert_eq!(actions(&db.pool, 10).await?, before);
+    assert_eq!(audit_entries(&db.pool, 10).await?, before);
     assert_eq!(before[0].id, report.action_id);
     Ok(())
 }
@@ -72,7 +72,7 @@ async fn an_unfinished_replay_cannot_change_who_ran_it() -> anyhow::Result<()> {
     sqlx::query("UPDATE dead_letter_actions SET finished_at = now()")
         .execute(&db.pool)
         .await?;
-    let row = actions(&db.pool, 1).await?.remove(0);
+    let row = audit_entries(&db.pool, 1).await?.remove(0);
     assert_eq!((row.actor_user.as_str(), row.matched), ("ops", 3));
     Ok(())
 }

@@ -221,13 +221,13 @@ impl ConsumerJob for EmailSender {
     #[tracing::instrument(
         name = "email_send",
         skip_all,
-        fields(email_id = %command.email_message_id, attempt = ctx.attempt)
+        fields(email_id = %command.outbound_email_id, attempt = ctx.attempt)
     )]
     async fn handle(
         &self,
         ctx: &WorkContext,
         command: &EmailSendCommand,
     ) -> Result<Handled, Failure> {
-        self.run(command.email_message_id).await
+        self.run(command.outbound_email_id).await
     }
 }

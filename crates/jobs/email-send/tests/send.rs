@@ -123,7 +123,7 @@ async fn a_mail_to_alice_is_sent_and_readable_over_imap_with_its_headers() -> an
     let subject = format!("Re: ping {}", Uuid::new_v4());
     let (id, message_id) = queue(&db.pool, "alice@localhost", &subject).await;
     let body = serde_json::to_vec(&EmailSendCommand {
-        email_message_id: id,
+        outbound_email_id: id,
     })?;
 
     assert_eq!(
@@ -196,7 +196,7 @@ async fn a_duplicate_command_sends_nothing_the_second_time() -> anyhow::Result<(
     .await;
     let job = sender(&db.pool);
     let command = EmailSendCommand {
-        email_message_id: id,
+        outbound_email_id: id,
     };
     assert_eq!(job.handle(&ctx(), &command).await?, Handled::Done);
     assert_eq!(job.handle(&ctx(), &command).await?, Handled::Duplicate);
@@ -218,7 +218,7 @@ async fn a_duplicate_command_sends_nothing_the_second_time() -> anyhow::Result<(
     )
     .await;
     let command2 = EmailSendCommand {
-        email_message_id: other,
+        outbound_email_id: other,
     };
     let (c1, c2) = (ctx(), ctx());
     let (a, b) = tokio::join!(job.handle(&c1, &command2), job.handle(&c2, &command2));
@@ -249,7 +249,7 @@ async fn a_4xx_recipient_is_transient_and_the_mail_stays_queued() -> anyhow::Res
         .handle(
             &ctx(),
             &EmailSendCommand {
-                email_message_id: id,
+                outbound_email_id: id,
             },
         )
         .await
@@ -274,7 +274,7 @@ async fn a_5xx_recipient_is_permanent_and_the_row_fails_with_the_answer() -> any
         .handle(
             &ctx(),
             &EmailSendCommand {
-                email_message_id: id,
+                outbound_email_id: id,
             },
         )
         .await
@@ -312,7 +312,7 @@ async fn a_server_answering_4xx_for_a_while_gets_the_mail_once_it_recovers() -> 
     let (id, _) = queue(&db.pool, &address, "switch").await;
     let job = sender(&db.pool);
     let command = EmailSendCommand {
-        email_message_id: id,
+        outbound_email_id: id,
     };
     let err = job.handle(&ctx(), &command).await.unwrap_err();
     assert_eq!(err.class(), FailureClass::Transient, "{err}");
@@ -348,7 +348,7 @@ async fn no_server_is_transient() -> anyhow::Result<()> {
         .handle(
             &ctx(),
             &EmailSendCommand {
-                email_message_id: id,
+                outbound_email_id: id,
             },
         )
         .await
@@ -388,7 +388,7 @@ async fn a_server_that_never_answers_is_cut_off_by_the_send_timeout() -> anyhow:
         .handle(
             &ctx(),
             &EmailSendCommand {
-                email_message_id: id,
+                outbound_email_id: id,
             },
         )
         .await
@@ -416,7 +416,7 @@ async fn a_bad_address_or_an_unknown_email_is_permanent() -> anyhow::Result<()> 
         .handle(
             &ctx(),
             &EmailSendCommand {
-                email_message_id: id,
+                outbound_email_id: id,
             },
         )
         .await
@@ -428,7 +428,7 @@ async fn a_bad_address_or_an_unknown_email_is_permanent() -> anyhow::Result<()> 
         .handle(
             &ctx(),
             &EmailSendCommand {
-                email_message_id: Uuid::new_v4(),
+                outbound_email_id: Uuid::new_v4(),
             },
         )
         .await
@@ -475,7 +475,7 @@ async fn tls_modes_and_credentials_are_used_when_connecting() -> anyhow::Result<
                 .handle(
                     &ctx(),
                     &EmailSendCommand {
-                        email_message_id: id,
+                        outbound_email_id: id,
                     },
                 )
                 .await

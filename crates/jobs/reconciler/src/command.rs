@@ -47,7 +47,7 @@ pub(crate) fn command(kind: WorkKind, row: &StuckRow) -> Result<OutboxMessage, F
         }
         WorkKind::Email => {
             let command = EmailSendCommand {
-                email_message_id: row.id,
+                outbound_email_id: row.id,
             };
             OutboxMessage::json(row.id.to_string(), EMAIL_SEND, &command)
                 .map_err(serialize)?

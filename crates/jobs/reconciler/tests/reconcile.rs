@@ -171,7 +171,7 @@ async fn stuck_work_is_requeued_once_then_failed_with_a_dead_letter() -> anyhow:
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].2, "email.send");
     let command: EmailSendCommand = serde_json::from_slice(&rows[0].3)?;
-    assert_eq!(command.email_message_id, mail);
+    assert_eq!(command.outbound_email_id, mail);
     let versions: Vec<Option<String>> = sqlx::query_scalar(
         "SELECT headers ->> 'x-schema-version' FROM outbox WHERE message_id = ANY($1)",
     )

@@ -12,7 +12,7 @@ use super::filter::Filter;
 use super::read::{DeadLetterSummary, fetch_summaries, summaries};
 use super::row::REPLAYED_FROM_HEADER;
 use super::show_one::DeadLetter;
-use crate::audit::{self, Action};
+use crate::audit::{self, Entry};
 use crate::classify;
 
 /// The most items one page holds.
@@ -190,7 +190,7 @@ pub struct Related {
 /// it is a replay of, and the replays of it that died again.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct History {
-    pub settled_by: Option<Action>,
+    pub settled_by: Option<Entry>,
     /// The dead letter whose replay this one is (`x-replayed-from`).
     pub replay_of: Option<Related>,
     /// Dead letters that are replays of this one: each came back dead.

@@ -14,7 +14,7 @@ pub enum Role {
     /// Reads every page and API.
     #[default]
     Viewer,
-    /// Also replays, purges, retries, pauses, resumes, triggers and cancels.
+    /// Also replays, purges, retries, pauses, resumes, runs now and cancels.
     Operator,
     /// Also manages accounts from the console.
     Admin,

@@ -5,7 +5,7 @@ use sqlx::PgPool;
 use worker_core::Failure;
 
 use super::account::{Account, AccountError, Role, check_name, refuse_bootstrap, target};
-use crate::audit::{self, ActionKind, Actor, NewAction};
+use crate::audit::{self, Actor, EntryKind, NewEntry};
 use crate::classify;
 
 /// Makes account `name` with `role` and, if given, a password's argon2id string.
@@ -36,7 +36,7 @@ pub async fn add(
     let note = format!("role {role}");
     audit::record(
         &mut tx,
-        &NewAction::new(ActionKind::OperatorAdd, actor, target(name)),
+        &NewEntry::new(EntryKind::OperatorAdd, actor, target(name)),
         1,
         0,
         Some(note),
@@ -67,7 +67,7 @@ async fn change(
     name: &str,
     statement: &str,
     bind: Option<&str>,
-    kind: ActionKind,
+    kind: EntryKind,
     note: String,
     actor: &Actor,
 ) -> Result<(), AccountError> {
@@ -81,10 +81,7 @@ async fn change(
     if changed.rows_affected() == 0 {
         return Err(AccountError::NotFound(name.to_string()));
     }
-    if matches!(
-        kind,
-        ActionKind::OperatorDisable | ActionKind::OperatorChange
-    ) {
+    if matches!(kind, EntryKind::OperatorDisable | EntryKind::OperatorChange) {
         // A disabled account, or one whose password changed, is signed out everywhere.
         sqlx::query("DELETE FROM operator_sessions WHERE account = $1")
             .bind(name)
@@ -94,7 +91,7 @@ async fn change(
     }
     audit::record(
         &mut tx,
-        &NewAction::new(kind, actor, target(name)),
+        &NewEntry::new(kind, actor, target(name)),
         1,
         0,
         Some(note),
@@ -116,7 +113,7 @@ pub async fn set_password(
         name,
         "UPDATE operator_accounts SET password_hash = $2 WHERE name = $1",
         Some(password_hash),
-        ActionKind::OperatorChange,
+        EntryKind::OperatorChange,
         "password set".into(),
         actor,
     )
@@ -135,7 +132,7 @@ pub async fn set_role(
         name,
         "UPDATE operator_accounts SET role = $2 WHERE name = $1",
         Some(role.as_str()),
-        ActionKind::OperatorChange,
+        EntryKind::OperatorChange,
         format!("role {role}"),
         actor,
     )
@@ -149,7 +146,7 @@ pub async fn disable(pool: &PgPool, name: &str, actor: &Actor) -> Result<(), Acc
         name,
         "UPDATE operator_accounts SET disabled_at = coalesce(disabled_at, now()) WHERE name = $1",
         None,
-        ActionKind::OperatorDisable,
+        EntryKind::OperatorDisable,
         "disabled".into(),
         actor,
     )
@@ -163,7 +160,7 @@ pub async fn enable(pool: &PgPool, name: &str, actor: &Actor) -> Result<(), Acco
         name,
         "UPDATE operator_accounts SET disabled_at = NULL WHERE name = $1",
         None,
-        ActionKind::OperatorChange,
+        EntryKind::OperatorChange,
         "enabled".into(),
         actor,
     )
@@ -177,7 +174,7 @@ pub async fn remove(pool: &PgPool, name: &str, actor: &Actor) -> Result<(), Acco
         name,
         "DELETE FROM operator_accounts WHERE name = $1",
         None,
-        ActionKind::OperatorRemove,
+        EntryKind::OperatorRemove,
         "removed".into(),
         actor,
     )
@@ -207,7 +204,7 @@ pub async fn add_token(
     let id = id.ok_or_else(|| AccountError::NotFound(name.to_string()))?;
     audit::record(
         &mut tx,
-        &NewAction::new(ActionKind::OperatorToken, actor, target(name)),
+        &NewEntry::new(EntryKind::OperatorToken, actor, target(name)),
         1,
         0,
         Some(format!("token {id} `{label}`")),

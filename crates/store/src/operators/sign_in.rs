@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use worker_core::Failure;
 
 use super::account::{AccountError, Role, check_name, target};
-use crate::audit::{self, ActionKind, Actor, NewAction};
+use crate::audit::{self, Actor, EntryKind, NewEntry};
 use crate::classify;
 
 /// The enabled account and role whose token has this SHA-256, its use noted.
@@ -75,7 +75,7 @@ pub async fn from_proxy(
             if made.rows_affected() > 0 {
                 audit::record(
                     &mut tx,
-                    &NewAction::new(ActionKind::OperatorAdd, actor, target(name)),
+                    &NewEntry::new(EntryKind::OperatorAdd, actor, target(name)),
                     1,
                     0,
                     Some(format!(

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use worker_core::Failure;
 
 use super::enqueue::notify;
-use crate::audit::{self, ActionKind, Actor, NewAction};
+use crate::audit::{self, Actor, EntryKind, NewEntry};
 use crate::classify;
 
 /// The outbox at a glance, for `worker-host outbox status` and the metrics.
@@ -140,7 +140,7 @@ pub async fn retry(pool: &PgPool, id: i64, actor: &Actor) -> Result<RetryResult,
     let requeued = u64::from(result == RetryResult::Requeued);
     audit::record(
         &mut tx,
-        &NewAction::new(ActionKind::OutboxRetry, actor, target),
+        &NewEntry::new(EntryKind::OutboxRetry, actor, target),
         requeued,
         0,
         note,
@@ -189,9 +189,9 @@ pub async fn retry_all_failed_dry_run(
     let matched = u64::try_from(matched).unwrap_or(0);
     let rows = failed(pool, preview).await?;
     let mut tx = pool.begin().await.map_err(classify)?;
-    let action = NewAction {
+    let action = NewEntry {
         dry_run: true,
-        ..NewAction::new(ActionKind::OutboxRetry, actor, retry_all_target())
+        ..NewEntry::new(EntryKind::OutboxRetry, actor, retry_all_target())
     };
     let action_id = audit::begin(&mut tx, &action).await?;
     audit::finish(&mut tx, action_id, None, Some(matched)).await?;
@@ -249,9 +249,9 @@ pub async fn retry_failed(
             planned.unwrap_or_default()
         )
     });
-    let action = NewAction {
+    let action = NewEntry {
         planned,
-        ..NewAction::new(ActionKind::OutboxRetry, actor, retry_all_target())
+        ..NewEntry::new(EntryKind::OutboxRetry, actor, retry_all_target())
     };
     let action_id = audit::record(&mut tx, &action, done, 0, note).await?;
     tx.commit().await.map_err(classify)?;

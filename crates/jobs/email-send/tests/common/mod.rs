@@ -20,7 +20,7 @@ pub fn ctx() -> WorkContext {
 
 pub fn command(id: Uuid) -> EmailSendCommand {
     EmailSendCommand {
-        email_message_id: id,
+        outbound_email_id: id,
     }
 }
 
