@@ -50,6 +50,9 @@ fn stderr(output: &Output) -> String {
 /// Retention deletes are sweeps now; 0.1.0's example set the outbox's interval.
 const PURGE_INTERVAL: &str = "jobs.outbox_drain.drain.purge_interval";
 
+/// The ages of what the retention job deletes moved into its section.
+const RETENTION_AGES: [&str; 2] = ["workers.dedup_retention", "workers.attempt_log.retention"];
+
 const TIMEOUTS: [&str; 8] = [
     "workers.timeouts.automation",
     "workers.timeouts.webhook",
@@ -62,10 +65,13 @@ const TIMEOUTS: [&str; 8] = [
 ];
 
 #[test]
-fn the_settings_of_0_1_0_are_accepted_with_a_warning_for_the_outbox_sweep() {
+fn the_settings_of_0_1_0_are_accepted_with_a_warning_for_the_sweep_and_the_retention_ages() {
     let output = check("0.1.0.toml", &[]);
     assert!(output.status.success(), "{}", stderr(&output));
-    assert_eq!(renamed(&output), [PURGE_INTERVAL]);
+    assert_eq!(
+        renamed(&output),
+        [PURGE_INTERVAL, RETENTION_AGES[0], RETENTION_AGES[1]]
+    );
 }
 
 #[test]
@@ -81,6 +87,7 @@ fn the_settings_from_before_job_sections_are_accepted_with_a_warning_per_moved_k
         "jobs.dead_letter_archive.maintenance_schedule",
         PURGE_INTERVAL,
     ]);
+    expected.extend(RETENTION_AGES);
     assert_eq!(renamed(&output), expected);
     let effective = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -117,6 +124,7 @@ fn the_first_settings_are_read_with_their_old_keys_and_refused_only_for_a_pool_t
         "jobs.automation_action.queue",
         "jobs.email_send.queue",
         "workers.retry.max_attempts",
+        RETENTION_AGES[0],
     ]);
     assert_eq!(renamed(&output), expected);
     let effective = String::from_utf8_lossy(&output.stdout);
@@ -135,7 +143,12 @@ fn an_old_key_in_the_environment_is_read_under_its_new_name_too() {
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(
         renamed(&output),
-        [PURGE_INTERVAL, "workers.timeouts.email_send"]
+        [
+            PURGE_INTERVAL,
+            RETENTION_AGES[0],
+            RETENTION_AGES[1],
+            "workers.timeouts.email_send"
+        ]
     );
     assert!(
         stderr(&output).contains("environment variable WORKER_HOST__WORKERS__TIMEOUTS__EMAIL_SEND")

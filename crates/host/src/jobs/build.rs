@@ -172,10 +172,7 @@ fn retention(ctx: &JobsContext) -> Built<job_retention::Retention> {
         .meter
         .u64_counter(crate::metrics::names::RETENTION_SWEPT)
         .build();
-    let config = settings.jobs.retention.job.config(
-        settings.workers.dedup_retention,
-        settings.workers.attempt_log.retention,
-    );
+    let config = settings.jobs.retention.job.config();
     job_retention::Retention::observed(ctx.pool.clone(), config, Arc::new(SweptCounter(swept)))
         .into()
 }

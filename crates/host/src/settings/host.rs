@@ -251,9 +251,6 @@ pub struct WorkersSettings {
     /// of `shutdown_grace`.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub settle_deadline: Option<Duration>,
-    /// How long processed-message marks are kept: longer than any retry tier or replay.
-    #[serde(with = "humantime_serde")]
-    pub dedup_retention: Duration,
     /// How long a replica that vanished without closing its connections (its machine lost,
     /// the network cut) keeps the leases it held: the server ends a lease's session that has
     /// gone unanswered this long, and another replica takes the lease at its next tick. More
@@ -280,7 +277,6 @@ impl Default for WorkersSettings {
         Self {
             shutdown_grace: Duration::from_secs(30),
             settle_deadline: None,
-            dedup_retention: Duration::from_secs(7 * 24 * 3600),
             lease_timeout: Duration::from_secs(15),
             retry: RetryPolicy::default(),
             attempt_log: worker_store::AttemptLogSettings::default(),

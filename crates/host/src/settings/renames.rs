@@ -118,6 +118,15 @@ pub const RENAMES: &[Rename] = &[
         "jobs.outbox_drain.drain.purge_interval",
         &["jobs.outbox_drain.drain.sweep_interval"],
     ),
+    // How long rows are kept is the retention job's, which deletes them.
+    rename(
+        "workers.dedup_retention",
+        &["jobs.retention.processed_messages"],
+    ),
+    rename(
+        "workers.attempt_log.retention",
+        &["jobs.retention.attempt_log"],
+    ),
 ];
 
 /// An old key read as its new name.

@@ -989,3 +989,26 @@ fn quorum_placement_is_read_and_a_group_of_none_named_by_its_key() {
         "{error}"
     );
 }
+
+#[test]
+fn the_retention_ages_written_in_their_old_sections_are_the_retention_jobs() {
+    let settings = load_text(&format!(
+        "{SECRETS}[workers]\ndedup_retention = \"3days\"\n[workers.attempt_log]\nretention = \"5days\"\n"
+    ))
+    .unwrap();
+    let retention = &settings.jobs.retention.job;
+    assert_eq!(
+        retention.processed_messages,
+        Duration::from_secs(3 * 24 * 3600)
+    );
+    assert_eq!(retention.attempt_log, Duration::from_secs(5 * 24 * 3600));
+    let moved: Vec<&str> = settings
+        .deprecations
+        .iter()
+        .map(|d| d.old.as_str())
+        .collect();
+    assert_eq!(
+        moved,
+        ["workers.dedup_retention", "workers.attempt_log.retention"]
+    );
+}

@@ -83,10 +83,6 @@ impl Settings {
             ),
             ("workers.shutdown_grace".into(), self.workers.shutdown_grace),
             (
-                "workers.dedup_retention".into(),
-                self.workers.dedup_retention,
-            ),
-            (
                 "workers.retry.max_delay".into(),
                 self.workers.retry.max_delay,
             ),

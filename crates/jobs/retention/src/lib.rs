@@ -1,8 +1,8 @@
 //! # job-retention: the bookkeeping tables stay bounded
 //!
 //! Two tables grow with every message the host handles: `processed_messages` (the
-//! processed-message guard's marks, kept `workers.dedup_retention`) and `attempt_log` (a row
-//! per failed try and final outcome, kept `workers.attempt_log.retention`). This timer job
+//! processed-message guard's marks, kept `jobs.retention.processed_messages`) and `attempt_log` (a row
+//! per failed try and final outcome, kept `jobs.retention.attempt_log`). This timer job
 //! deletes what is past its retention, so that neither grows without bound.
 //!
 //! ## One tick
@@ -20,7 +20,7 @@
 //!
 //! ## Guarantees
 //!
-//! * **Only rows past their retention go**: a mark younger than `dedup_retention`, an attempt
+//! * **Only rows past their retention go**: a mark younger than `processed_messages`, an attempt
 //!   row younger than the attempt log's retention, are never touched.
 //! * **Safe to re-run**, and safe on several replicas at once (a `DELETE` of rows already gone
 //!   deletes nothing); the host runs it under the lease all the same, so that one replica
@@ -35,8 +35,8 @@
 //! use worker_core::{SkipIfBusy, WorkContext, tick_once};
 //!
 //! let job = Retention::new(pool, RetentionConfig {
-//!     processed_messages: Duration::from_secs(7 * 24 * 3600), // workers.dedup_retention
-//!     attempt_log: Duration::from_secs(14 * 24 * 3600),       // workers.attempt_log.retention
+//!     processed_messages: Duration::from_secs(7 * 24 * 3600), // jobs.retention.processed_messages
+//!     attempt_log: Duration::from_secs(14 * 24 * 3600),       // jobs.retention.attempt_log
 //!     ..RetentionConfig::default()                             // [jobs.retention]
 //! });
 //! let busy = SkipIfBusy::new(job_retention::JOB_NAME);
@@ -86,9 +86,9 @@ impl Table {
 /// How long each table keeps its rows, and how much one tick may delete.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionConfig {
-    /// Processed-message marks older than this go (`workers.dedup_retention`).
+    /// Processed-message marks older than this go (`jobs.retention.processed_messages`).
     pub processed_messages: Duration,
-    /// Attempt-log rows older than this go (`workers.attempt_log.retention`).
+    /// Attempt-log rows older than this go (`jobs.retention.attempt_log`).
     pub attempt_log: Duration,
     /// Rows per `DELETE` (at least 1).
     pub batch_size: u32,

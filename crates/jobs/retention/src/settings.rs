@@ -1,6 +1,6 @@
-//! `[jobs.retention]`: how much one tick deletes. How long rows are kept is the host's
-//! (`workers.dedup_retention`, `workers.attempt_log.retention`), since other parts rely on it;
-//! the host adds the `schedule`.
+//! `[jobs.retention]`: how long the bookkeeping tables keep their rows, and how much one tick
+//! deletes; the host adds the `schedule`. (Until this release the ages were
+//! `workers.dedup_retention` and `workers.attempt_log.retention`, read under these names.)
 
 use std::time::Duration;
 
@@ -12,6 +12,12 @@ use crate::RetentionConfig;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetentionSettings {
+    /// How long processed-message marks are kept: longer than any retry tier or replay.
+    #[serde(with = "humantime_serde")]
+    pub processed_messages: Duration,
+    /// How long attempt-log rows are kept.
+    #[serde(with = "humantime_serde")]
+    pub attempt_log: Duration,
     /// One tick.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -25,6 +31,8 @@ impl Default for RetentionSettings {
     fn default() -> Self {
         let config = RetentionConfig::default();
         Self {
+            processed_messages: config.processed_messages,
+            attempt_log: config.attempt_log,
             timeout: Duration::from_secs(60),
             batch_size: config.batch_size,
             max_batches_per_tick: config.max_batches_per_tick,
@@ -33,11 +41,11 @@ impl Default for RetentionSettings {
 }
 
 impl RetentionSettings {
-    /// The job's configuration, with how long each table keeps its rows.
-    pub fn config(&self, processed_messages: Duration, attempt_log: Duration) -> RetentionConfig {
+    /// The job's configuration.
+    pub fn config(&self) -> RetentionConfig {
         RetentionConfig {
-            processed_messages,
-            attempt_log,
+            processed_messages: self.processed_messages,
+            attempt_log: self.attempt_log,
             batch_size: self.batch_size,
             max_batches_per_tick: self.max_batches_per_tick,
         }
@@ -47,6 +55,8 @@ impl RetentionSettings {
 impl Section for RetentionSettings {
     fn validate(&self) -> Vec<SettingError> {
         let mut problems = Problems::new();
+        problems.nonzero("processed_messages", self.processed_messages);
+        problems.nonzero("attempt_log", self.attempt_log);
         problems.nonzero("timeout", self.timeout);
         problems.positive("batch_size", u64::from(self.batch_size));
         problems.positive("max_batches_per_tick", u64::from(self.max_batches_per_tick));

@@ -1,4 +1,5 @@
-//! `[workers.attempt_log]`: whether and how the attempt log is written, and kept.
+//! `[workers.attempt_log]`: whether and how the attempt log is written (how long it is kept is
+//! `jobs.retention.attempt_log`).
 
 use std::time::Duration;
 
@@ -19,9 +20,6 @@ pub struct AttemptLogSettings {
     /// Longest a record waits before its batch is written.
     #[serde(with = "humantime_serde")]
     pub flush_interval: Duration,
-    /// Rows older than this are deleted by the retention job ([`sweep_batch`](super::sweep_batch)).
-    #[serde(with = "humantime_serde")]
-    pub retention: Duration,
 }
 
 impl Default for AttemptLogSettings {
@@ -32,7 +30,6 @@ impl Default for AttemptLogSettings {
             capacity: 10_000,
             batch_size: 500,
             flush_interval: Duration::from_millis(500),
-            retention: Duration::from_secs(14 * 24 * 3600),
         }
     }
 }
@@ -48,9 +45,6 @@ impl AttemptLogSettings {
         }
         if self.flush_interval.is_zero() {
             return Err("`flush_interval` must be longer than zero".into());
-        }
-        if self.retention.is_zero() {
-            return Err("`retention` must be longer than zero".into());
         }
         Ok(())
     }
