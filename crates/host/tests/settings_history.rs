@@ -50,6 +50,9 @@ fn stderr(output: &Output) -> String {
 /// Retention deletes are sweeps now; 0.1.0's example set the outbox's interval.
 const PURGE_INTERVAL: &str = "jobs.outbox_drain.drain.purge_interval";
 
+/// The outbox backoff's own count of tries was never used: taken out with a warning.
+const BACKOFF_TRIES: &str = "jobs.outbox_drain.drain.backoff.max_tries";
+
 /// The ages of what the retention job deletes moved into its section.
 const RETENTION_AGES: [&str; 2] = ["workers.dedup_retention", "workers.attempt_log.retention"];
 
@@ -65,12 +68,24 @@ const TIMEOUTS: [&str; 8] = [
 ];
 
 #[test]
-fn the_settings_of_0_1_0_are_accepted_with_a_warning_for_the_sweep_and_the_retention_ages() {
+fn the_settings_of_0_1_0_are_accepted_with_a_warning_per_key_renamed_or_removed_since() {
     let output = check("0.1.0.toml", &[]);
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(
         renamed(&output),
-        [PURGE_INTERVAL, RETENTION_AGES[0], RETENTION_AGES[1]]
+        [
+            BACKOFF_TRIES,
+            PURGE_INTERVAL,
+            RETENTION_AGES[0],
+            RETENTION_AGES[1]
+        ]
+    );
+    assert!(
+        stderr(&output).contains(&format!(
+            "key `{BACKOFF_TRIES}` is no longer used: it is ignored until release 0.3.0"
+        )),
+        "{}",
+        stderr(&output)
     );
 }
 
@@ -144,6 +159,7 @@ fn an_old_key_in_the_environment_is_read_under_its_new_name_too() {
     assert_eq!(
         renamed(&output),
         [
+            BACKOFF_TRIES,
             PURGE_INTERVAL,
             RETENTION_AGES[0],
             RETENTION_AGES[1],

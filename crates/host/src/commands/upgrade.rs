@@ -297,6 +297,13 @@ fn print_report(report: &Report) {
         println!("  no old keys");
     }
     for key in &report.settings.deprecated {
+        if key.new.is_empty() {
+            println!(
+                "  {}: `{}` is no longer used, ignored until {}",
+                key.source, key.old, key.until
+            );
+            continue;
+        }
         println!(
             "  {}: `{}` is read as `{}` until {}",
             key.source,

@@ -33,6 +33,11 @@ const fn rename(old: &'static str, new: &'static [&'static str]) -> Rename {
     }
 }
 
+/// A key no longer used: taken out of the file with a warning, until it is refused.
+const fn removed(old: &'static str) -> Rename {
+    rename(old, &[])
+}
+
 const fn queue(old: &'static str, new: &'static [&'static str]) -> Rename {
     Rename {
         only_text: true,
@@ -94,10 +99,10 @@ pub const RENAMES: &[Rename] = &[
     queue("jobs.email_send.queue", &["jobs.email_send.queue.name"]),
     // Tries, not attempts: one word for one concept.
     rename("workers.retry.max_attempts", &["workers.retry.max_tries"]),
-    rename(
-        "jobs.outbox_drain.drain.backoff.max_attempts",
-        &["jobs.outbox_drain.drain.backoff.max_tries"],
-    ),
+    // The outbox's backoff only spaces a row's attempts, which `drain.max_attempts` counts:
+    // its own count of tries was read and never used.
+    removed("jobs.outbox_drain.drain.backoff.max_attempts"),
+    removed("jobs.outbox_drain.drain.backoff.max_tries"),
     // The reply limit belongs to the job that sends the replies.
     rename(
         "auto_replies.per_recipient",
@@ -141,6 +146,13 @@ pub struct Deprecation {
 
 impl fmt::Display for Deprecation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.new.is_empty() {
+            return write!(
+                f,
+                "{}: key `{}` is no longer used: it is ignored until release {}, which refuses it; remove it",
+                self.source, self.old, self.until
+            );
+        }
         write!(
             f,
             "{}: key `{}` is now `{}`: it is read under its new name until release {}, which refuses it; rename it there",

@@ -66,9 +66,8 @@ pub struct OutboxDrainSettings {
     /// Attempts before a row is marked `failed`.
     pub max_attempts: u32,
     /// The delay before a failed row's next attempt: `delay_for(attempts + 1)` of this policy.
-    /// Its `max_tries` is not used (a row's attempts are `max_attempts`), yet still accepted:
-    /// the settings file of release 0.1.0 sets it, and refusing it would stop such a file from
-    /// starting the host (the host's renames have no kind for a removed key).
+    /// Its `max_tries` is not used (a row's attempts are `max_attempts`): the host takes the key
+    /// out of a settings file with a warning (its renames' `removed`).
     pub backoff: RetryPolicy,
     /// Processed rows older than this are deleted.
     #[serde(with = "humantime_serde")]
