@@ -68,7 +68,7 @@ use worker_store::{Tx, classify};
 
 pub use batch::{BatchReport, PublishedBatch};
 pub use publish::Verdict;
-pub use settings::{OutboxDrainJobSettings, OutboxDrainSettings};
+pub use settings::{DrainBackoff, OutboxDrainJobSettings, OutboxDrainSettings};
 pub use waker::{ListenerSettings, listen};
 
 /// The job's name, in logs, metrics and the attempt log.

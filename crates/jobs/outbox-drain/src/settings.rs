@@ -65,10 +65,8 @@ pub struct OutboxDrainSettings {
     pub batches_in_flight: usize,
     /// Attempts before a row is marked `failed`.
     pub max_attempts: u32,
-    /// The delay before a failed row's next attempt: `delay_for(attempts + 1)` of this policy.
-    /// Its `max_tries` is not used (a row's attempts are `max_attempts`): the host takes the key
-    /// out of a settings file with a warning (its renames' `removed`).
-    pub backoff: RetryPolicy,
+    /// The delay before a failed row's next attempt.
+    pub backoff: DrainBackoff,
     /// Processed rows older than this are deleted.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
@@ -88,8 +86,7 @@ impl Default for OutboxDrainSettings {
             batch_size: 500,
             batches_in_flight: 3,
             max_attempts: 10,
-            backoff: RetryPolicy {
-                max_tries: 10,
+            backoff: DrainBackoff {
                 base_delay: Duration::from_secs(1),
                 factor: 2.0,
                 max_delay: Duration::from_secs(300),
@@ -115,6 +112,7 @@ impl OutboxDrainSettings {
             return Err("`max_attempts` must be at least 1".into());
         }
         self.backoff
+            .policy()
             .validate()
             .map_err(|e| format!("`backoff`: {e}"))?;
         if self.retention.is_zero() {
@@ -128,7 +126,46 @@ impl OutboxDrainSettings {
 
     /// The wait before the next attempt of a row that has now failed `attempts` times.
     pub(crate) fn retry_in(&self, attempts: u32) -> Duration {
-        self.backoff.jittered_delay_for(attempts.saturating_add(1))
+        self.backoff
+            .policy()
+            .jittered_delay_for(attempts.saturating_add(1))
+    }
+}
+
+/// `[jobs.outbox_drain.drain.backoff]`: how the wait before a failed row's next attempt grows.
+/// How many attempts a row has is `max_attempts`, so the backoff has no count of its own (its
+/// former `max_tries` was read and never used: the host takes it out with a warning).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DrainBackoff {
+    /// The wait after the first failed attempt.
+    #[serde(with = "humantime_serde")]
+    pub base_delay: Duration,
+    /// How much each wait grows over the previous one; at least 1.
+    pub factor: f64,
+    /// No wait is longer than this.
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+    /// Spread each wait over `[d/2, d]`.
+    pub jitter: bool,
+}
+
+impl Default for DrainBackoff {
+    fn default() -> Self {
+        OutboxDrainSettings::default().backoff
+    }
+}
+
+impl DrainBackoff {
+    /// The waits as core's policy computes them (its count of tries unused here).
+    fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_tries: 1,
+            base_delay: self.base_delay,
+            factor: self.factor,
+            max_delay: self.max_delay,
+            jitter: self.jitter,
+        }
     }
 }
 
@@ -149,8 +186,7 @@ mod tests {
     #[test]
     fn backoff_grows_with_the_attempts_and_is_capped() {
         let settings = OutboxDrainSettings {
-            backoff: RetryPolicy {
-                max_tries: 1,
+            backoff: DrainBackoff {
                 base_delay: Duration::from_secs(1),
                 factor: 2.0,
                 max_delay: Duration::from_secs(10),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures::StreamExt;
-use job_outbox_drain::{OutboxDrain, OutboxDrainSettings};
+use job_outbox_drain::{DrainBackoff, OutboxDrain, OutboxDrainSettings};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
     QueueBindOptions, QueueDeclareOptions,
@@ -24,7 +24,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use worker_broker::{Publisher, PublisherSettings, Session};
-use worker_core::{NoLease, RetryPolicy, SkipIfBusy, TickOutcome, WorkContext, tick_once};
+use worker_core::{NoLease, SkipIfBusy, TickOutcome, WorkContext, tick_once};
 use worker_store::{OutboxMessage, ProcessedMessages, outbox};
 use worker_testkit::{TestDb, TestVhost};
 
@@ -41,8 +41,7 @@ pub fn settings(batch_size: u32, max_attempts: u32) -> OutboxDrainSettings {
     OutboxDrainSettings {
         batch_size,
         max_attempts,
-        backoff: RetryPolicy {
-            max_tries: max_attempts,
+        backoff: DrainBackoff {
             base_delay: ms(50),
             factor: 2.0,
             max_delay: ms(200),
