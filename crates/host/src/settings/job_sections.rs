@@ -251,13 +251,7 @@ pub(super) fn refine_flattened(figment: &Figment, error: figment::Error) -> Vec<
     error
         .into_iter()
         .map(|e| {
-            let at = e
-                .path
-                .iter()
-                .filter(|p| p.as_str() != "default")
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(".");
+            let at = super::load::error_path(&e);
             sections
                 .iter()
                 .find(|(section, _)| *section == at)

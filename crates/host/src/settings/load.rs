@@ -176,6 +176,17 @@ fn set_both_ways(file: &str, both: Vec<(String, String)>) -> Vec<SettingsError> 
         .collect()
 }
 
+/// The dotted path of the value a figment error is about, without figment's `default` profile.
+pub(super) fn error_path(error: &figment::Error) -> String {
+    error
+        .path
+        .iter()
+        .filter(|p| p.as_str() != "default")
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
 /// The dotted key a figment error is about: its path, which for an unknown table already
 /// ends in the table's own name (`workers.timeouts`), else with the unknown field added.
 fn error_key(path: &str, kind: &figment::error::Kind) -> String {
@@ -202,13 +213,7 @@ fn from_figment(
     errors
         .into_iter()
         .map(|e| {
-            let key = e
-                .path
-                .iter()
-                .filter(|p| p.as_str() != "default")
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(".");
+            let key = error_path(&e);
             let from_env = overridden
                 .iter()
                 .any(|o| *o == key || key.starts_with(&format!("{o}.")));
