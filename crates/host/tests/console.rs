@@ -465,11 +465,10 @@ async fn a_timer_runs_now_by_its_route_and_by_its_former_trigger_route() -> anyh
 }
 
 /// `dead-letter-archive`'s tick was `dead-letter-maintenance` in the release before: a pause an
-/// operator made there, during a rolling upgrade, holds the job here too, and resuming it under
-/// its new name removes that pause.
+/// operator made there, during a rolling upgrade, holds the job here too, resuming it under its
+/// new name removes that pause, and the ticks recorded under the old name show on its page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pause_under_a_jobs_former_name_holds_it_and_resumes_under_its_name() -> anyhow::Result<()>
-{
+async fn a_pause_and_ticks_under_a_jobs_former_name_are_its_own() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let world = World::start(
         "CONSOLE_SHOW_LOG",
@@ -488,6 +487,13 @@ async fn a_pause_under_a_jobs_former_name_holds_it_and_resumes_under_its_name() 
         Ok((host.count("dead-letter-archive", "skipped_paused").await? >= 2).then_some(()))
     })
     .await;
+    // A tick the older release recorded under the old name.
+    sqlx::query(
+        "INSERT INTO attempt_log (job, tick, attempt, try_number, outcome, is_final, duration_ms, error, at) \
+         VALUES ('dead-letter-maintenance', 1, 1, 1, 'failed', true, 3.5, 'a tick of the older release', now())",
+    )
+    .execute(&world.db.pool)
+    .await?;
     let operator = Operator::sign_in(&world.host.url(""), TOKEN, "dave").await?;
     let page = operator
         .get("/jobs/dead-letter-archive")
@@ -495,6 +501,10 @@ async fn a_pause_under_a_jobs_former_name_holds_it_and_resumes_under_its_name() 
         .text()
         .await?;
     assert!(page.contains("id=\"resume\""), "shown paused: {page}");
+    assert!(
+        page.contains("a tick of the older release"),
+        "its ticks under the former name are on its page: {page}"
+    );
     operator
         .post_redirected("/jobs/dead-letter-archive/resume", &[])
         .await?;

@@ -76,7 +76,7 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
         .map_err(failed("Reading the paused jobs"))?;
     let paused = crate::jobs::pause_of(&paused, name).cloned();
     let recent_ticks = if timer.is_some() {
-        attempt_log::recent(&console.pool, name, RECENT)
+        recent_ticks(console, name)
             .await
             .map_err(failed("Reading the attempt log"))?
     } else {
@@ -215,4 +215,21 @@ pub async fn resume(
     Form(form): Form<CsrfForm>,
 ) -> PageResult {
     change_pause(&console, &caller, &headers, &name, &form.csrf, false).await
+}
+
+/// A timer's latest rows of the attempt log, newest first, under its name and every name it
+/// had (a renamed job's ticks before the upgrade stay on its page until retention sweeps them).
+async fn recent_ticks(
+    console: &Console,
+    name: &str,
+) -> Result<Vec<AttemptRecord>, worker_core::Failure> {
+    let names: Vec<&str> =
+        crate::settings::find(name).map_or_else(|| vec![name], |spec| spec.names().collect());
+    let mut rows = Vec::new();
+    for job in names {
+        rows.extend(attempt_log::recent(&console.pool, job, RECENT).await?);
+    }
+    rows.sort_by_key(|row| std::cmp::Reverse(row.at));
+    rows.truncate(RECENT as usize);
+    Ok(rows)
 }
