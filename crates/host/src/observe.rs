@@ -20,6 +20,8 @@ use crate::metrics::Metrics;
 #[derive(Debug)]
 pub struct ConsumerObserver {
     job: String,
+    /// The job's metric labels, made once: the job's former name is looked up in the list.
+    labels: [KeyValue; 2],
     metrics: Metrics,
     attempt_log: AttemptLog,
     pub stats: Arc<ConsumerStats>,
@@ -34,8 +36,10 @@ impl ConsumerObserver {
         attempt_log: AttemptLog,
         liveness: Liveness,
     ) -> Self {
+        let job = job.into();
         Self {
-            job: job.into(),
+            labels: crate::metrics::job_labels(&job),
+            job,
             metrics,
             attempt_log,
             stats: Arc::default(),
@@ -53,7 +57,7 @@ impl ConsumerObserver {
             self.stats
                 .retried_in_process
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let [job, old_job] = crate::metrics::job_labels(&self.job);
+            let [job, old_job] = self.labels.clone();
             self.metrics.retried_tries.add(
                 1,
                 &[
@@ -94,7 +98,7 @@ impl ConsumerEvents for ConsumerObserver {
     }
 
     fn on_settled(&self, settled: &DeliveryReport<'_>) {
-        let mut labels = crate::metrics::job_labels(&self.job).to_vec();
+        let mut labels = self.labels.to_vec();
         labels.push(KeyValue::new("queue", settled.queue.to_string()));
         let stats = &self.stats;
         match settled.outcome {
@@ -139,10 +143,9 @@ impl ConsumerEvents for ConsumerObserver {
             settled.elapsed,
         );
         self.metrics.messages.add(1, &labels);
-        self.metrics.handler_duration.record(
-            settled.elapsed.as_secs_f64(),
-            &crate::metrics::job_labels(&self.job),
-        );
+        self.metrics
+            .handler_duration
+            .record(settled.elapsed.as_secs_f64(), &self.labels);
     }
 }
 
