@@ -18,14 +18,9 @@ pub use exposition::PrometheusReader;
 /// The labels that name a worker job: [`names::JOB_LABEL`], and the deprecated
 /// [`names::DEPRECATED_JOB_LABEL`] with the same value until [`names::DEPRECATED_UNTIL`].
 pub fn job_labels(job: &str) -> [KeyValue; 2] {
-    // The deprecated label keeps the series it had: a job renamed in this release keeps its
-    // earlier name there, so that a query on the old label and value still finds it.
-    let before = crate::settings::find(job)
-        .and_then(|spec| spec.formerly.last().copied())
-        .unwrap_or(job);
     [
         KeyValue::new(names::JOB_LABEL, job.to_string()),
-        KeyValue::new(names::DEPRECATED_JOB_LABEL, before.to_string()),
+        KeyValue::new(names::DEPRECATED_JOB_LABEL, job.to_string()),
     ]
 }
 
