@@ -73,6 +73,12 @@ pub enum Command {
         #[command(subcommand)]
         action: crate::commands::operators::OperatorsAction,
     },
+    /// A mail's story, from the mailbox to the answer or to the reason there was none, and
+    /// finding mails by sender, recipient, Message-ID, subject or time.
+    Mail {
+        #[command(subcommand)]
+        action: crate::commands::mail::MailAction,
+    },
     /// Pause and resume timer jobs on every replica.
     Jobs {
         #[command(subcommand)]

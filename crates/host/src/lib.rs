@@ -25,6 +25,7 @@ pub mod schema;
 pub use worker_core::secret;
 pub mod settings;
 pub mod status;
+pub mod story;
 pub mod telemetry;
 pub mod topology;
 pub mod version;

@@ -278,6 +278,7 @@ async fn console(
         views,
         replica: settings.replica_name(),
         archive_retention: settings.jobs.dead_letter_archive.job.archiver.retention,
+        story_retention: crate::commands::mail::retention(settings),
         bulk_rate: admin.bulk_rate,
         password_hashing: admin.password_hashing,
         tracker: tracker.clone(),

@@ -7,6 +7,7 @@ pub mod config;
 pub mod dlq;
 pub mod health;
 pub mod jobs;
+pub mod mail;
 pub mod migrate;
 pub mod operators;
 pub mod outbox;
@@ -65,6 +66,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Automations { action } => automations::run(&settings, action).await,
             Command::Dlq { action } => dlq::run(&settings, action).await,
             Command::Jobs { action } => jobs::run(&settings, action).await,
+            Command::Mail { action } => mail::run(&settings, action).await,
             Command::Operators { action } => operators::run(&settings, action).await,
             Command::Upgrade {
                 action: UpgradeAction::Check(args),

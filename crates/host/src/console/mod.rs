@@ -15,6 +15,8 @@
 //!   and cancel, and the audit trail (`/actions`);
 //! - `jobs.rs`: a timer job, run now, pause and resume;
 //! - `outbox.rs`: pending and failed rows, retry;
+//! - `mail.rs`: `/mail`, a search for mails with their end states, and `/mail/{id}`, one
+//!   mail's story;
 //! - `sign_in.rs`: the operator session;
 //! - `accounts.rs`: `/accounts`, the operator accounts, which an admin manages;
 //! - `forwarded.rs`: which proxies' forwarded headers count; `throttle.rs`: how fast
@@ -28,6 +30,7 @@ mod dead_letters;
 mod filter;
 pub mod forwarded;
 mod jobs;
+mod mail;
 mod outbox;
 mod overview;
 pub mod page;
@@ -65,6 +68,8 @@ pub struct Console {
     pub replica: String,
     /// How long the archive keeps replayed and purged dead letters before the sweep.
     pub archive_retention: Duration,
+    /// How long the tables a mail's story reads keep their rows.
+    pub story_retention: crate::story::Retention,
     /// The rate a bulk action offers first.
     pub bulk_rate: u32,
     /// How passwords an admin sets here are hashed.
@@ -102,6 +107,8 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/actions/{id}", get(bulk::entry_page))
         .route("/jobs/{name}", get(jobs::page))
         .route("/outbox", get(outbox::page))
+        .route("/mail", get(mail::search_page))
+        .route("/mail/{id}", get(mail::story_page))
         .route("/accounts", get(accounts::page))
         .route("/sign-in", get(sign_in::form).post(sign_in::submit))
         .route("/sign-out", post(sign_in::sign_out))
@@ -121,6 +128,8 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/actions/{id}", get(bulk::entry_api))
         .route("/api/jobs/{name}", get(jobs::api))
         .route("/api/outbox", get(outbox::api))
+        .route("/api/mail", get(mail::search_api))
+        .route("/api/mail/{id}", get(mail::story_api))
         .route("/api/accounts", get(accounts::api))
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),

@@ -27,6 +27,8 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("templates/outbox_confirm.html"),
     ),
     ("problem.html", include_str!("templates/problem.html")),
+    ("mails.html", include_str!("templates/mails.html")),
+    ("mail.html", include_str!("templates/mail.html")),
 ];
 
 /// The console's stylesheet, served as `/console.css` (the pages have no inline style).

@@ -91,6 +91,7 @@ pub mod reply_limit;
 mod send_email;
 pub mod settings;
 pub mod skips;
+pub mod story;
 pub mod webhook;
 
 use std::time::Duration;

@@ -51,6 +51,7 @@
 pub mod condition;
 pub mod import;
 pub mod settings;
+pub mod story;
 
 use std::collections::HashSet;
 

@@ -108,6 +108,7 @@ mod sender;
 pub mod settings;
 mod smtp;
 mod store;
+pub mod story;
 
 use std::time::Duration;
 

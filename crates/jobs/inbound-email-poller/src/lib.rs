@@ -109,6 +109,7 @@ pub mod report;
 pub mod settings;
 pub mod stats;
 mod store;
+pub mod story;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -39,7 +39,7 @@ mod store;
 mod writer;
 
 pub use handle::{AttemptLog, UnitObserver};
-pub use read::{AttemptSummary, RECENT, for_message, recent, summary};
+pub use read::{AttemptSummary, RECENT, for_message, for_messages, recent, summary};
 pub use record::{AttemptRecord, ERROR_MAX, UnitInfo};
 pub use settings::AttemptLogSettings;
 pub use store::{insert_batch, record, sweep, sweep_batch};

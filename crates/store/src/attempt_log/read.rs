@@ -89,6 +89,27 @@ pub async fn for_message(
     Ok(rows.into_iter().map(record_of).collect())
 }
 
+/// The rows of the messages `message_ids` of `job`, in order: the tries of a mail's hops.
+pub async fn for_messages(
+    pool: &PgPool,
+    job: &str,
+    message_ids: &[String],
+) -> Result<Vec<AttemptRecord>, Failure> {
+    if message_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "SELECT {ROW_COLUMNS} FROM attempt_log WHERE job = $1 AND message_id = ANY($2) \
+         ORDER BY at, id"
+    ))
+    .bind(job)
+    .bind(message_ids)
+    .fetch_all(pool)
+    .await
+    .map_err(classify)?;
+    Ok(rows.into_iter().map(record_of).collect())
+}
+
 /// What [`recent`] selects from: a job's (`$1`) latest `$2` rows, newest first. A range of
 /// `attempt_log_job_at`, however many rows the other jobs wrote. Public so that a test can
 /// read its plan.

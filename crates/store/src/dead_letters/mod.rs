@@ -12,6 +12,7 @@ pub mod browse;
 mod filter;
 pub mod fingerprint;
 mod insert;
+mod of_messages;
 mod outbox_rows;
 mod read;
 mod row;
@@ -25,6 +26,7 @@ pub use browse::{
 pub use filter::{Filter, SEARCH_BODY_BYTES, SEARCH_MAX_CHARS};
 pub use fingerprint::{fingerprint, fingerprint_of_normalized, hex, normalize};
 pub use insert::{InsertReport, insert, insert_in, sweep};
+pub use of_messages::of_messages;
 pub use outbox_rows::{
     FailedOutboxRow, OUTBOX_KEY_SQL, failed_unarchived, not_retried_in_outbox_sql,
     outbox_dedup_key, settle_replayed_outbox, settle_retried,

@@ -139,6 +139,8 @@ pub struct DeadLetterSummary {
     pub died_at: DateTime<Utc>,
     pub archived_at: DateTime<Utc>,
     pub status: String,
+    /// When an operator replayed it, if one did.
+    pub replayed_at: Option<DateTime<Utc>>,
     /// The first [`PREVIEW_CHARS`] characters of the body, lossy UTF-8.
     pub body_preview: String,
     /// The whole body's size.
@@ -190,7 +192,7 @@ pub fn summaries<'a>() -> QueryBuilder<'a, Postgres> {
     let mut q = QueryBuilder::new(
         "SELECT id, queue, source, reason, class, attempts, message_id, message_type, \
                 last_error AS error, error_fingerprint AS fingerprint, died_at, archived_at, \
-                status, '' AS body_preview, octet_length(body)::bigint AS body_bytes, \
+                status, replayed_at, '' AS body_preview, octet_length(body)::bigint AS body_bytes, \
                 substring(body FROM 1 FOR ",
     );
     q.push_bind(preview_bytes);

@@ -1,0 +1,21 @@
+//! A mail's story: why a customer got an answer, or none. It reads what each job already
+//! recorded (the poller's row, the event's publication, the automations' verdicts, the action
+//! executions, the outbound mails with their tries, dead letters and replays) through the
+//! readers of the crates that own those tables, and puts them on one timeline with the gaps
+//! between steps and one end state in words. `worker-host mail show|find` and the console's
+//! `/mail/{id}` and `/mail` show the same [`Story`] and [`Found`] rows.
+//!
+//! - `read.rs`: gathering the parts of one mail, or of a page of mails at once;
+//! - `state.rs`: the end state (answered, skipped and why, failed, waiting, in progress);
+//! - `timeline.rs`: the steps in time order, with their gaps;
+//! - `search.rs`: the search by sender, recipient, Message-ID, subject and time.
+
+mod read;
+mod search;
+mod state;
+mod timeline;
+
+pub use read::{Parts, Retention, Story, read_story};
+pub use search::{Found, Search, find};
+pub use state::EndState;
+pub use timeline::Step;

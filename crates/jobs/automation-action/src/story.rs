@@ -1,0 +1,76 @@
+//! What the action job did for one event, read back for a mail's story: each action
+//! execution with its outcome (a skip with its kind and reason, a failure with its error), and
+//! the events whose answers went to one address, for the story's search by recipient.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+use worker_core::Failure;
+use worker_store::classify;
+
+/// One action execution, as its story shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct ExecutionRecord {
+    pub id: Uuid,
+    pub event_id: Uuid,
+    pub automation_id: Uuid,
+    pub action_index: i32,
+    /// `send_email` or `webhook`.
+    pub action_type: Option<String>,
+    /// `pending`, `running`, `succeeded`, `skipped` or `failed`.
+    pub status: String,
+    /// `loop-guard`, `recipient-cap` or `reply-limit`, for a skip recorded with its kind.
+    pub skip_kind: Option<String>,
+    pub skip_reason: Option<String>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The executions of the events `event_ids`, oldest first.
+pub async fn executions(
+    pool: &PgPool,
+    event_ids: &[Uuid],
+) -> Result<Vec<ExecutionRecord>, Failure> {
+    sqlx::query_as(
+        "SELECT id, event_id, automation_id, action_index, action ->> 'type' AS action_type, \
+                status, skip_kind, skip_reason, attempts, last_error, created_at, finished_at \
+         FROM action_executions WHERE event_id = ANY($1) \
+         ORDER BY created_at, automation_id, action_index",
+    )
+    .bind(event_ids)
+    .fetch_all(pool)
+    .await
+    .map_err(classify)
+}
+
+/// The events whose answers were addressed to `address` (to or cc, any case) between
+/// `since` and `until`, newest first, at most `limit`.
+pub async fn events_answering(
+    pool: &PgPool,
+    address: &str,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    limit: u32,
+) -> Result<Vec<Uuid>, Failure> {
+    let address = crate::loops::bare_address(address);
+    sqlx::query_scalar(
+        "SELECT DISTINCT x.event_id FROM ( \
+             SELECT r.outbound_email_id, r.created_at FROM outbound_email_recipients r \
+             WHERE r.address = $1 \
+               AND ($2::timestamptz IS NULL OR r.created_at >= $2) \
+               AND ($3::timestamptz IS NULL OR r.created_at < $3) \
+             ORDER BY r.created_at DESC LIMIT $4) r \
+         JOIN outbound_emails e ON e.id = r.outbound_email_id \
+         JOIN action_executions x ON x.id = e.action_execution_id",
+    )
+    .bind(address)
+    .bind(since)
+    .bind(until)
+    .bind(i64::from(limit.clamp(1, 5000)))
+    .fetch_all(pool)
+    .await
+    .map_err(classify)
+}

@@ -1,0 +1,48 @@
+//! The outbound mails of given action executions, read back for a mail's story: what was
+//! sent, to whom, how many tries it took and what the SMTP server answered.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+use worker_core::Failure;
+
+/// One outbound mail, as its story shows it (bodies left out).
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct OutboundRecord {
+    pub id: Uuid,
+    pub action_execution_id: Option<Uuid>,
+    /// The Message-ID header, without angle brackets.
+    pub message_id: String,
+    pub to_addresses: Vec<String>,
+    pub cc_addresses: Vec<String>,
+    pub subject: String,
+    /// `queued`, `sending`, `sent`, `failed` or `unknown`.
+    pub status: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    /// The server's answer to the accepted mail.
+    pub smtp_response: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub sent_at: Option<DateTime<Utc>>,
+}
+
+/// The mails queued by the executions `execution_ids`, oldest first.
+pub async fn outbound_of(
+    pool: &PgPool,
+    execution_ids: &[Uuid],
+) -> Result<Vec<OutboundRecord>, Failure> {
+    if execution_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "SELECT id, action_execution_id, message_id, to_addresses, cc_addresses, subject, \
+                status, attempts, last_error, smtp_response, created_at, updated_at, sent_at \
+         FROM outbound_emails WHERE action_execution_id = ANY($1) ORDER BY created_at, id",
+    )
+    .bind(execution_ids)
+    .fetch_all(pool)
+    .await
+    .map_err(worker_store::classify)
+}
