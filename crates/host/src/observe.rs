@@ -12,6 +12,7 @@ use worker_broker::{ConsumerEvents, DeliveryReport, Outcome};
 use worker_core::TryRecord;
 use worker_core::liveness::Liveness;
 use worker_store::AttemptLog;
+use worker_store::history::{self, JobTally, Tally};
 
 use crate::metrics::Metrics;
 
@@ -27,6 +28,8 @@ pub struct ConsumerObserver {
     pub stats: Arc<ConsumerStats>,
     /// Where the handler's tries are recorded while they run (the watchdog reads it).
     liveness: Liveness,
+    /// Where each settled delivery is counted for the history (flushed once a minute).
+    history: Option<Arc<JobTally>>,
 }
 
 impl ConsumerObserver {
@@ -44,6 +47,25 @@ impl ConsumerObserver {
             attempt_log,
             stats: Arc::default(),
             liveness,
+            history: None,
+        }
+    }
+
+    /// Counts each settled delivery in `tally`, for the history.
+    #[must_use]
+    pub fn counting_into(mut self, tally: &Tally) -> Self {
+        self.history = Some(tally.job(&self.job));
+        self
+    }
+}
+
+/// What a settled delivery counts as in the history: its failure's name, if it failed.
+fn failure_of(outcome: &Outcome) -> Option<&'static str> {
+    match outcome {
+        Outcome::Succeeded | Outcome::Duplicate => None,
+        Outcome::Parked { class, .. } => Some(history::reason::parked(*class)),
+        Outcome::DeadLettered { .. } | Outcome::Requeued | Outcome::Abandoned => {
+            Some(outcome.as_str())
         }
     }
 }
@@ -98,6 +120,9 @@ impl ConsumerEvents for ConsumerObserver {
     }
 
     fn on_settled(&self, settled: &DeliveryReport<'_>) {
+        if let Some(history) = &self.history {
+            history.record(settled.elapsed, failure_of(settled.outcome));
+        }
         let mut labels = self.labels.to_vec();
         labels.push(KeyValue::new("queue", settled.queue.to_string()));
         let stats = &self.stats;

@@ -56,6 +56,7 @@ fn task(job: Arc<Slow>, every: Duration) -> (TimerTask<Slow, NoLease>, Arc<Timer
         stats: stats.clone(),
         metrics: Metrics::new(opentelemetry::global::meter("test")),
         attempt_log: worker_store::AttemptLog::disabled(),
+        history: None,
         control: Control::default(),
         liveness: None,
     };
