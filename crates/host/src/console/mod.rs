@@ -14,6 +14,8 @@
 //! - `bulk.rs`: replay and purge (a dry run, then a confirmed run at a rate), their progress
 //!   and cancel, and the audit trail (`/actions`);
 //! - `jobs.rs`: a timer job, run now, pause and resume;
+//! - `history.rs`: the history's charts (overview, a job, `/queues/{name}`) and their JSON;
+//!   `chart.rs` draws them as SVG;
 //! - `outbox.rs`: pending and failed rows, retry;
 //! - `sign_in.rs`: the operator session;
 //! - `accounts.rs`: `/accounts`, the operator accounts, which an admin manages;
@@ -24,9 +26,11 @@ pub mod access;
 mod accounts;
 mod bulk;
 pub mod caller;
+mod chart;
 mod dead_letters;
 mod filter;
 pub mod forwarded;
+mod history;
 mod jobs;
 mod outbox;
 mod overview;
@@ -101,6 +105,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/actions", get(bulk::trail_page))
         .route("/actions/{id}", get(bulk::entry_page))
         .route("/jobs/{name}", get(jobs::page))
+        .route("/queues/{name}", get(history::queue_html))
         .route("/outbox", get(outbox::page))
         .route("/accounts", get(accounts::page))
         .route("/sign-in", get(sign_in::form).post(sign_in::submit))
@@ -120,6 +125,9 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/actions", get(bulk::trail_api))
         .route("/api/actions/{id}", get(bulk::entry_api))
         .route("/api/jobs/{name}", get(jobs::api))
+        .route("/api/jobs/{name}/history", get(history::job_api))
+        .route("/api/history", get(history::overview_api))
+        .route("/api/queues/{name}", get(history::queue_api))
         .route("/api/outbox", get(outbox::api))
         .route("/api/accounts", get(accounts::api))
         .layer(axum::middleware::from_fn_with_state(

@@ -27,6 +27,8 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("templates/outbox_confirm.html"),
     ),
     ("problem.html", include_str!("templates/problem.html")),
+    ("history.html", include_str!("templates/history.html")),
+    ("queue.html", include_str!("templates/queue.html")),
 ];
 
 /// The console's stylesheet, served as `/console.css` (the pages have no inline style).
