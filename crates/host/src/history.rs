@@ -44,11 +44,35 @@ pub async fn run(writer: Writer, shutdown: CancellationToken) {
         }
         // The minute that just ended.
         let minute = Resolution::Minute.start_of(Utc::now() - chrono::Duration::seconds(30));
-        flush(&writer, minute).await;
-        if leased_round(&writer, minute, since_hours, since_days).await {
+        if round(&writer, minute, since_hours, since_days).await == Round::Leased {
             since_hours = minute - chrono::Duration::hours(1);
             since_days = minute - chrono::Duration::days(1);
         }
+    }
+}
+
+/// What a round did besides flushing this replica's counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// This replica held the lease and wrote the gauges and the rollups.
+    Leased,
+    /// Another replica holds the lease, or the writes failed (the next round tries again).
+    CountsOnly,
+}
+
+/// One round for `minute`: this replica's counts, then, under the lease, the gauges and the
+/// rollups of the hours since `since_hours` and the days since `since_days`.
+pub async fn round(
+    writer: &Writer,
+    minute: DateTime<Utc>,
+    since_hours: DateTime<Utc>,
+    since_days: DateTime<Utc>,
+) -> Round {
+    flush(writer, minute).await;
+    if leased_round(writer, minute, since_hours, since_days).await {
+        Round::Leased
+    } else {
+        Round::CountsOnly
     }
 }
 

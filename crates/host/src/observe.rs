@@ -256,3 +256,65 @@ impl ConsumerStats {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use worker_broker::DeadReason;
+    use worker_core::FailureClass;
+
+    use super::*;
+
+    fn settle(observer: &ConsumerObserver, outcome: Outcome, ms: u64) {
+        observer.on_settled(&DeliveryReport {
+            queue: "email.send",
+            message_id: Some("m-1"),
+            attempt: 1,
+            tries: 1,
+            outcome: &outcome,
+            elapsed: Duration::from_millis(ms),
+        });
+    }
+
+    #[test]
+    fn each_settled_delivery_is_a_unit_and_a_failure_is_counted_by_reason() {
+        let tally = Tally::default();
+        let observer = ConsumerObserver::new(
+            "email-send",
+            Metrics::new(opentelemetry::global::meter("test")),
+            AttemptLog::disabled(),
+            Liveness::default(),
+        )
+        .counting_into(&tally);
+        settle(&observer, Outcome::Succeeded, 3);
+        settle(&observer, Outcome::Duplicate, 1);
+        settle(
+            &observer,
+            Outcome::Parked {
+                next_attempt: 2,
+                tier: "30s".into(),
+                class: FailureClass::Transient,
+            },
+            40,
+        );
+        settle(
+            &observer,
+            Outcome::DeadLettered {
+                reason: DeadReason::GaveUp,
+                class: FailureClass::Transient,
+            },
+            40,
+        );
+        let counts = tally.drain();
+        assert_eq!(counts[0].job, "email-send");
+        assert_eq!(counts[0].units, 4);
+        assert_eq!(
+            counts[0].failures,
+            std::collections::BTreeMap::from([
+                ("dead-lettered:gave-up".to_string(), 1),
+                ("parked:transient".to_string(), 1),
+            ])
+        );
+    }
+}
