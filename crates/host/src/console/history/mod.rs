@@ -1,9 +1,12 @@
 //! The history's charts and their numbers: on the overview (every job's units and failures;
 //! the queues and the outbox), on a job's page (its units and failures, its durations) and on
 //! a queue's page (`/queues/{name}`: its depth, retry tiers and dead letters). The range is a
-//! link (`?range=hour|day|week|month`); each chart is an SVG drawn here ([`super::chart`]),
-//! with a table of the same numbers beside it, and the same again as JSON
+//! link (`?range=hour|day|week|month`, `range.rs`). Each chart's numbers (`table.rs`) are
+//! drawn as an SVG ([`super::chart`]), shown as a table beside it, and served again as JSON
 //! (`/api/history`, `/api/jobs/{name}/history`, `/api/queues/{name}`).
+
+mod range;
+mod table;
 
 use std::collections::BTreeMap;
 
@@ -11,212 +14,16 @@ use axum::extract::{Path, Query};
 use axum::response::{IntoResponse, Json};
 use chrono::{DateTime, Utc};
 use minijinja::Value;
-use serde::{Deserialize, Serialize};
-use worker_store::history::{self, HistoryRow, Resolution, Select};
+use serde::Serialize;
+use worker_store::history::{self, HistoryRow, Select};
 
 use super::Console;
 use super::caller::Who;
-use super::chart::{self, Series};
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 
-/// `?range=`: which span the charts cover.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct RangeQuery {
-    pub range: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Range {
-    Hour,
-    Day,
-    Week,
-    Month,
-}
-
-impl Range {
-    const ALL: [Self; 4] = [Self::Hour, Self::Day, Self::Week, Self::Month];
-
-    /// The range a query asks for; a day when it names none.
-    pub fn of(query: &RangeQuery) -> Result<Self, Problem> {
-        match query.range.as_deref() {
-            None | Some("") | Some("day") => Ok(Self::Day),
-            Some("hour") => Ok(Self::Hour),
-            Some("week") => Ok(Self::Week),
-            Some("month") => Ok(Self::Month),
-            Some(other) => Err(Problem::bad_request(format!(
-                "range `{other}`: one of hour, day, week, month"
-            ))),
-        }
-    }
-
-    const fn name(self) -> &'static str {
-        match self {
-            Self::Hour => "hour",
-            Self::Day => "day",
-            Self::Week => "week",
-            Self::Month => "month",
-        }
-    }
-
-    /// The rollup its periods come from, and how many periods it shows.
-    const fn periods(self) -> (Resolution, i32) {
-        match self {
-            Self::Hour => (Resolution::Minute, 60),
-            Self::Day => (Resolution::Hour, 24),
-            Self::Week => (Resolution::Hour, 168),
-            Self::Month => (Resolution::Day, 30),
-        }
-    }
-
-    fn label(self, at: DateTime<Utc>) -> String {
-        let format = match self {
-            Self::Hour | Self::Day => "%H:%M",
-            Self::Week => "%a %H:%M",
-            Self::Month => "%b %d",
-        };
-        at.format(format).to_string()
-    }
-
-    /// The periods' starts, oldest first, ending with the one now is in.
-    fn starts(self, now: DateTime<Utc>) -> Vec<DateTime<Utc>> {
-        let (resolution, n) = self.periods();
-        let last = resolution.start_of(now);
-        (0..n)
-            .rev()
-            .map(|back| last - resolution.span() * back)
-            .collect()
-    }
-}
-
-/// How a column's total over the range is made.
-#[derive(Debug, Clone, Copy, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Total {
-    /// The periods added up (units, failures).
-    Sum,
-    /// The highest period (a gauge's peak).
-    Peak,
-    /// A percentile of every duration in the range, not of the periods' percentiles.
-    Overall,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Column {
-    name: String,
-    total_is: Total,
-    total: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Row {
-    at: DateTime<Utc>,
-    label: String,
-    values: Vec<Option<f64>>,
-}
-
-/// One chart's numbers: a row per period, a column per series, and each column's total.
-#[derive(Debug, Clone, Serialize)]
-pub struct Chart {
-    id: String,
-    title: String,
-    unit: String,
-    range: Range,
-    resolution: Resolution,
-    columns: Vec<Column>,
-    rows: Vec<Row>,
-}
-
-impl Chart {
-    fn new(id: &str, title: &str, unit: &str, range: Range, starts: &[DateTime<Utc>]) -> Self {
-        Self {
-            id: id.into(),
-            title: title.into(),
-            unit: unit.into(),
-            range,
-            resolution: range.periods().0,
-            columns: Vec::new(),
-            rows: starts
-                .iter()
-                .map(|at| Row {
-                    at: *at,
-                    label: range.label(*at),
-                    values: Vec::new(),
-                })
-                .collect(),
-        }
-    }
-
-    /// Adds a column with a value per period (from `value`) and its total.
-    fn column(
-        mut self,
-        name: &str,
-        total_is: Total,
-        mut value: impl FnMut(DateTime<Utc>) -> Option<f64>,
-    ) -> Self {
-        for row in &mut self.rows {
-            row.values.push(value(row.at));
-        }
-        let i = self.columns.len();
-        let values = self.rows.iter().filter_map(|r| r.values[i]);
-        let total = match total_is {
-            Total::Sum => Some(values.sum()),
-            Total::Peak => values.reduce(f64::max),
-            Total::Overall => None,
-        };
-        self.columns.push(Column {
-            name: name.into(),
-            total_is,
-            total,
-        });
-        self
-    }
-
-    fn with_total(mut self, total: Option<f64>) -> Self {
-        if let Some(last) = self.columns.last_mut() {
-            last.total = total;
-        }
-        self
-    }
-
-    fn svg(&self) -> String {
-        let labels: Vec<String> = self.rows.iter().map(|r| r.label.clone()).collect();
-        let series: Vec<Series<'_>> = self
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Series {
-                name: &c.name,
-                values: self.rows.iter().map(|r| r.values[i]).collect(),
-            })
-            .collect();
-        let title = format!("{}, last {}", self.title, self.range.name());
-        chart::svg(&title, &self.unit, &labels, &series)
-    }
-}
-
-/// The charts of a page, with the range and the links to the others.
-#[derive(Debug, Clone, Serialize)]
-pub struct History {
-    range: Range,
-    ranges: [Range; 4],
-    charts: Vec<Chart>,
-    /// Failures by reason over the range (a job's page).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    failures: Option<BTreeMap<String, i64>>,
-}
-
-impl History {
-    /// The history for a page's template: the numbers, and each chart's SVG marked safe.
-    pub fn view(&self) -> Value {
-        let svgs: Vec<Value> = self
-            .charts
-            .iter()
-            .map(|c| Value::from_safe_string(c.svg()))
-            .collect();
-        minijinja::context! { h => Value::from_serialize(self), svgs => svgs }
-    }
-}
+pub use range::{Range, RangeQuery};
+pub use table::History;
+use table::{Chart, Total};
 
 async fn rows(
     console: &Console,
@@ -525,41 +332,4 @@ pub async fn queue_api(
         .await
         .map_err(Problem::json)?;
     Ok(Json(page).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_week_is_168_hours_ending_with_the_one_now_is_in() {
-        let now: DateTime<Utc> = "2026-12-07T10:42:00Z".parse().unwrap();
-        let starts = Range::Week.starts(now);
-        assert_eq!(starts.len(), 168);
-        assert_eq!(
-            starts.last().unwrap().to_rfc3339(),
-            "2026-12-07T10:00:00+00:00"
-        );
-        assert_eq!(starts[0].to_rfc3339(), "2026-11-30T11:00:00+00:00");
-        assert_eq!(Range::Hour.starts(now).len(), 60);
-        assert!(
-            Range::of(&RangeQuery {
-                range: Some("year".into())
-            })
-            .is_err()
-        );
-    }
-
-    #[test]
-    fn the_totals_are_sums_for_work_and_peaks_for_gauges() {
-        let now: DateTime<Utc> = "2026-12-07T10:42:00Z".parse().unwrap();
-        let starts = Range::Day.starts(now);
-        let chart = Chart::new("c", "t", "u", Range::Day, &starts)
-            .column("units", Total::Sum, |_| Some(2.0))
-            .column("depth", Total::Peak, |at| {
-                Some(f64::from(chrono::Timelike::hour(&at)))
-            });
-        assert_eq!(chart.columns[0].total, Some(48.0));
-        assert_eq!(chart.columns[1].total, Some(23.0));
-    }
 }
