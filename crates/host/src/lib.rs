@@ -14,6 +14,7 @@ pub mod connections;
 pub mod console;
 pub mod credentials;
 pub mod exit;
+pub mod history;
 pub mod jobs;
 pub mod lifecycle;
 pub mod metrics;

@@ -51,13 +51,16 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
     let (attempt_log, attempt_writer) =
         AttemptLog::new(pool.clone(), &settings.workers.attempt_log);
     tracker.spawn(attempt_writer.run(shutdown.child_token()));
+    let history = worker_store::history::Tally::default();
+    let lease = Arc::new(AdvisoryLease::new(pool.clone()));
     let jobs_context = JobsContext {
         settings: settings.clone(),
         pool: pool.clone(),
         publisher: supervisor.publisher(settings.broker.publisher.clone()),
         supervisor: supervisor.clone(),
-        lease: Arc::new(AdvisoryLease::new(pool.clone())),
+        lease: lease.clone(),
         attempt_log,
+        history: history.clone(),
         metrics: observability.metrics.clone(),
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
@@ -91,6 +94,15 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         &tracker,
         &shutdown,
     );
+    tracker.spawn(crate::history::run(
+        crate::history::Writer {
+            pool: pool.clone(),
+            tally: history,
+            lease,
+            readings: readings.clone(),
+        },
+        shutdown.child_token(),
+    ));
     if settings.admin.enabled {
         serve_admin(
             &settings,

@@ -13,6 +13,7 @@ use worker_broker::{ConsumerEvents, DeliveryReport, Outcome};
 use worker_core::TryRecord;
 use worker_core::liveness::Liveness;
 use worker_store::AttemptLog;
+use worker_store::history::{self, JobTally, Tally};
 
 use crate::metrics::Metrics;
 
@@ -28,6 +29,8 @@ pub struct ConsumerObserver {
     pub stats: Arc<ConsumerStats>,
     /// Where the handler's tries are recorded while they run (the watchdog reads it).
     liveness: Liveness,
+    /// Where each settled delivery is counted for the history (flushed once a minute).
+    history: Option<Arc<JobTally>>,
 }
 
 impl ConsumerObserver {
@@ -45,6 +48,25 @@ impl ConsumerObserver {
             attempt_log,
             stats: Arc::default(),
             liveness,
+            history: None,
+        }
+    }
+
+    /// Counts each settled delivery in `tally`, for the history.
+    #[must_use]
+    pub fn counting_into(mut self, tally: &Tally) -> Self {
+        self.history = Some(tally.job(&self.job));
+        self
+    }
+}
+
+/// What a settled delivery counts as in the history: its failure's name, if it failed.
+fn failure_of(outcome: &Outcome) -> Option<&'static str> {
+    match outcome {
+        Outcome::Succeeded | Outcome::Duplicate | Outcome::Skipped { .. } => None,
+        Outcome::Parked { class, .. } => Some(history::reason::parked(*class)),
+        Outcome::DeadLettered { .. } | Outcome::Requeued | Outcome::Abandoned => {
+            Some(outcome.as_str())
         }
     }
 }
@@ -99,6 +121,9 @@ impl ConsumerEvents for ConsumerObserver {
     }
 
     fn on_settled(&self, settled: &DeliveryReport<'_>) {
+        if let Some(history) = &self.history {
+            history.record(settled.elapsed, failure_of(settled.outcome));
+        }
         let mut labels = self.labels.to_vec();
         labels.push(KeyValue::new("queue", settled.queue.to_string()));
         let stats = &self.stats;
@@ -250,5 +275,67 @@ impl ConsumerStats {
             skipped: self.skipped.lock().map(|s| s.clone()).unwrap_or_default(),
             last: self.last.lock().map(|l| l.clone()).unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use worker_broker::DeadReason;
+    use worker_core::FailureClass;
+
+    use super::*;
+
+    fn settle(observer: &ConsumerObserver, outcome: Outcome, ms: u64) {
+        observer.on_settled(&DeliveryReport {
+            queue: "email.send",
+            message_id: Some("m-1"),
+            attempt: 1,
+            tries: 1,
+            outcome: &outcome,
+            elapsed: Duration::from_millis(ms),
+        });
+    }
+
+    #[test]
+    fn each_settled_delivery_is_a_unit_and_a_failure_is_counted_by_reason() {
+        let tally = Tally::default();
+        let observer = ConsumerObserver::new(
+            "email-send",
+            Metrics::new(opentelemetry::global::meter("test")),
+            AttemptLog::disabled(),
+            Liveness::default(),
+        )
+        .counting_into(&tally);
+        settle(&observer, Outcome::Succeeded, 3);
+        settle(&observer, Outcome::Duplicate, 1);
+        settle(
+            &observer,
+            Outcome::Parked {
+                next_attempt: 2,
+                tier: "30s".into(),
+                class: FailureClass::Transient,
+            },
+            40,
+        );
+        settle(
+            &observer,
+            Outcome::DeadLettered {
+                reason: DeadReason::GaveUp,
+                class: FailureClass::Transient,
+            },
+            40,
+        );
+        let counts = tally.drain();
+        assert_eq!(counts[0].job, "email-send");
+        assert_eq!(counts[0].units, 4);
+        assert_eq!(
+            counts[0].failures,
+            std::collections::BTreeMap::from([
+                ("dead-lettered:gave-up".to_string(), 1),
+                ("parked:transient".to_string(), 1),
+            ])
+        );
     }
 }

@@ -32,6 +32,7 @@ pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 pub mod attempt_log;
 pub mod audit;
 pub mod dead_letters;
+pub mod history;
 pub mod migration_rules;
 pub mod operators;
 pub mod outbox;

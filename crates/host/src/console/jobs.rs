@@ -107,16 +107,19 @@ pub async fn page(
     axum::extract::State(console): State,
     caller: Who,
     Path(name): Path<String>,
+    axum::extract::Query(query): axum::extract::Query<super::history::RangeQuery>,
 ) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, &format!("/jobs/{name}")) {
         return Ok(redirect);
     }
+    let range = super::history::Range::of(&query)?;
     let job = job(&console, &name).await?;
+    let history = super::history::job(&console, &name, range).await?;
     render(
         &console,
         &caller,
         "job.html",
-        minijinja::context! { j => Value::from_serialize(&job) },
+        minijinja::context! { j => Value::from_serialize(&job), history => history.view() },
     )
 }
 

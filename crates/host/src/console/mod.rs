@@ -14,6 +14,8 @@
 //! - `bulk.rs`: replay and purge (a dry run, then a confirmed run at a rate), their progress
 //!   and cancel, and the audit trail (`/actions`);
 //! - `jobs.rs`: a timer job, run now, pause and resume;
+//! - `history.rs`: the history's charts (overview, a job, `/queues/{name}`) and their JSON;
+//!   `chart.rs` draws them as SVG;
 //! - `outbox.rs`: pending and failed rows, retry;
 //! - `mail.rs`: `/mail`, a search for mails with their end states, and `/mail/{id}`, one
 //!   mail's story;
@@ -26,9 +28,11 @@ pub mod access;
 mod accounts;
 mod bulk;
 pub mod caller;
+mod chart;
 mod dead_letters;
 mod filter;
 pub mod forwarded;
+mod history;
 mod jobs;
 mod mail;
 mod outbox;
@@ -106,6 +110,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/actions", get(bulk::trail_page))
         .route("/actions/{id}", get(bulk::entry_page))
         .route("/jobs/{name}", get(jobs::page))
+        .route("/queues/{name}", get(history::queue_html))
         .route("/outbox", get(outbox::page))
         .route("/mail", get(mail::search_page))
         .route("/mail/{id}", get(mail::story_page))
@@ -127,6 +132,9 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/actions", get(bulk::trail_api))
         .route("/api/actions/{id}", get(bulk::entry_api))
         .route("/api/jobs/{name}", get(jobs::api))
+        .route("/api/jobs/{name}/history", get(history::job_api))
+        .route("/api/history", get(history::overview_api))
+        .route("/api/queues/{name}", get(history::queue_api))
         .route("/api/outbox", get(outbox::api))
         .route("/api/mail", get(mail::search_api))
         .route("/api/mail/{id}", get(mail::story_api))

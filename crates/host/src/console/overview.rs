@@ -113,16 +113,25 @@ fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::
     job
 }
 
-pub async fn page(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn page(
+    axum::extract::State(console): State,
+    caller: Who,
+    axum::extract::Query(query): axum::extract::Query<super::history::RangeQuery>,
+) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, "/") {
         return Ok(redirect);
     }
+    let range = super::history::Range::of(&query)?;
     let overview = overview(&console).await?;
+    let history = super::history::overview(&console, range).await?;
     render(
         &console,
         &caller,
         "overview.html",
-        minijinja::context! { o => Value::from_serialize(&overview) },
+        minijinja::context! {
+            o => Value::from_serialize(&overview),
+            history => history.view(),
+        },
     )
 }
 

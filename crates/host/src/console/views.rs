@@ -29,6 +29,8 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("problem.html", include_str!("templates/problem.html")),
     ("mails.html", include_str!("templates/mails.html")),
     ("mail.html", include_str!("templates/mail.html")),
+    ("history.html", include_str!("templates/history.html")),
+    ("queue.html", include_str!("templates/queue.html")),
 ];
 
 /// The console's stylesheet, served as `/console.css` (the pages have no inline style).

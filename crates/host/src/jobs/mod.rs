@@ -37,6 +37,8 @@ pub struct JobsContext {
     pub publisher: worker_broker::Publisher,
     pub lease: Arc<AdvisoryLease>,
     pub attempt_log: AttemptLog,
+    /// Where every job counts its finished units for the history.
+    pub history: worker_store::history::Tally,
     pub metrics: Metrics,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,

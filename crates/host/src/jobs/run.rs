@@ -71,6 +71,7 @@ pub(super) fn timer<J: worker_core::TimerJob>(
         stats,
         metrics: ctx.metrics.clone(),
         attempt_log: ctx.attempt_log.clone(),
+        history: Some(ctx.history.job(spec.name)),
         control,
         liveness: Some(ctx.liveness.clone()),
     };
@@ -118,12 +119,15 @@ pub fn consumer<J: worker_core::ConsumerJob>(
         .retry
         .or_else(|| Some(settings.workers.retry.clone()));
     runner.settle_deadline = settings.workers.settle_deadline();
-    let observer = Arc::new(ConsumerObserver::new(
-        job.name(),
-        ctx.metrics.clone(),
-        ctx.attempt_log.clone(),
-        ctx.liveness.clone(),
-    ));
+    let observer = Arc::new(
+        ConsumerObserver::new(
+            job.name(),
+            ctx.metrics.clone(),
+            ctx.attempt_log.clone(),
+            ctx.liveness.clone(),
+        )
+        .counting_into(&ctx.history),
+    );
     let entry = JobEntry {
         name: job.name().to_string(),
         stats: JobStats::Consumer {

@@ -60,6 +60,8 @@ pub struct TimerTask<J, L> {
     pub metrics: Metrics,
     /// Where failed ticks (and, if asked, every tick) are written.
     pub attempt_log: worker_store::AttemptLog,
+    /// Where each tick that ran is counted for the history; `None` counts nothing.
+    pub history: Option<Arc<worker_store::history::JobTally>>,
     /// An operator's run-now requests and the paused state ([`control`]).
     pub control: Control,
     /// Where each tick is recorded while it runs, for the watchdog; `None` records nothing.
@@ -305,6 +307,17 @@ async fn tick<J: TimerJob, L: SingletonLease>(
         .tick(job.name(), outcome.as_str(), ran.then_some(ran_for));
     if ran {
         stats.record_duration(ran_for);
+    }
+    if let Some(history) = &task.history {
+        match &outcome {
+            TickOutcome::Ran(_) => history.record(ran_for, None),
+            TickOutcome::Failed(failure) => history.record(
+                ran_for,
+                Some(worker_store::history::reason::failed(failure.class())),
+            ),
+            TickOutcome::Cancelled => history.record(ran_for, Some("cancelled")),
+            TickOutcome::SkippedBusy | TickOutcome::SkippedLease => {}
+        }
     }
     match outcome {
         TickOutcome::Ran(report) => {

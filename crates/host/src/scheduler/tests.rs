@@ -56,6 +56,7 @@ fn task(job: Arc<Slow>, every: Duration) -> (TimerTask<Slow, NoLease>, Arc<Timer
         stats: stats.clone(),
         metrics: Metrics::new(opentelemetry::global::meter("test")),
         attempt_log: worker_store::AttemptLog::disabled(),
+        history: None,
         control: Control::default(),
         liveness: None,
     };
@@ -351,4 +352,24 @@ async fn a_cron_schedule_ticks_through_tokio_cron_scheduler_and_stops_with_the_h
         .await
         .expect("the loop, its ticks and its ticker stop with the host");
     assert_eq!(stats.snapshot().skipped_busy, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ticks_that_ran_are_counted_for_the_history_and_skips_are_not() {
+    let job = Arc::new(Slow {
+        fail: true,
+        ..Arc::into_inner(Slow::new(Duration::from_millis(1))).unwrap()
+    });
+    let tally = worker_store::history::Tally::default();
+    let (mut task, _stats) = task(job.clone(), Duration::from_secs(1));
+    task.history = Some(tally.job("slow"));
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let looping = start(task, Duration::from_secs(1), &tracker, &shutdown);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    stop(looping, tracker, shutdown).await;
+    let counts = tally.drain();
+    assert_eq!(counts.len(), 1, "{counts:?}");
+    assert_eq!(counts[0].units, 4);
+    assert_eq!(counts[0].failures.get("failed:transient"), Some(&4));
+    assert_eq!(counts[0].durations.iter().sum::<i64>(), 4);
 }

@@ -11,7 +11,8 @@
 //!   the tick's work unless the job says otherwise: the outbox drain two per lane, the poller
 //!   one per account polled at once and its idle lease), and its lease's connection when it
 //!   takes the lease;
-//! * one archiver per dead queue, the attempt-log writer and the sampler: one each.
+//! * one archiver per dead queue, the attempt-log writer and the sampler: one each;
+//! * the history's writer: two (its lease's, and its writes under the lease).
 //!
 //! The outbox listener (`LISTEN`) and the health probe hold connections of their own, outside
 //! the pool ([`DEDICATED`]): the server sees `max_connections + DEDICATED` from each replica.
@@ -64,6 +65,10 @@ impl Settings {
         );
         need("the attempt-log writer 1".into(), 1);
         need("the sampler 1".into(), 1);
+        need(
+            "the history's writer 2 (its lease and its writes)".into(),
+            2,
+        );
         needs
     }
 
@@ -96,7 +101,7 @@ mod tests {
         let settings = Settings::default();
         let total: u32 = settings.pool_needs().iter().map(|n| n.connections).sum();
         assert!(
-            (40..=50).contains(&total),
+            (40..=52).contains(&total),
             "the defaults need {total}: keep database.max_connections and the docs in step"
         );
         assert!(total + 8 <= settings.database.max_connections);

@@ -2,8 +2,10 @@
 //!
 //! Two tables grow with every message the host handles: `processed_messages` (the
 //! processed-message guard's marks, kept `jobs.retention.processed_messages`) and `attempt_log` (a row
-//! per failed try and final outcome, kept `jobs.retention.attempt_log`). This timer job
-//! deletes what is past its retention, so that neither grows without bound.
+//! per failed try and final outcome, kept `jobs.retention.attempt_log`); three grow with time:
+//! the history's rollups by minute, hour and day (`history_minutes`, `history_hours`,
+//! `history_days`, kept `jobs.retention.history_minutes`, `history_hours`, `history_days`). This
+//! timer job deletes what is past its retention, so that none grows without bound.
 //!
 //! ## One tick
 //!
@@ -69,16 +71,39 @@ pub const JOB: worker_core::JobSpec =
 pub enum Table {
     ProcessedMessages,
     AttemptLog,
+    HistoryMinutes,
+    HistoryHours,
+    HistoryDays,
 }
 
 impl Table {
-    pub const ALL: [Self; 2] = [Self::ProcessedMessages, Self::AttemptLog];
+    pub const ALL: [Self; 5] = [
+        Self::ProcessedMessages,
+        Self::AttemptLog,
+        Self::HistoryMinutes,
+        Self::HistoryHours,
+        Self::HistoryDays,
+    ];
 
     /// The table's name: `processed_messages` or `attempt_log`.
     pub const fn as_str(&self) -> &'static str {
         match self {
             Self::ProcessedMessages => "processed_messages",
             Self::AttemptLog => "attempt_log",
+            Self::HistoryMinutes => "history_minutes",
+            Self::HistoryHours => "history_hours",
+            Self::HistoryDays => "history_days",
+        }
+    }
+
+    /// The history's rollup this table holds, if it is one.
+    const fn history(self) -> Option<worker_store::history::Resolution> {
+        use worker_store::history::Resolution;
+        match self {
+            Self::HistoryMinutes => Some(Resolution::Minute),
+            Self::HistoryHours => Some(Resolution::Hour),
+            Self::HistoryDays => Some(Resolution::Day),
+            Self::ProcessedMessages | Self::AttemptLog => None,
         }
     }
 }
@@ -90,6 +115,12 @@ pub struct RetentionConfig {
     pub processed_messages: Duration,
     /// Attempt-log rows older than this go (`jobs.retention.attempt_log`).
     pub attempt_log: Duration,
+    /// The history's minute rows older than this go (`jobs.retention.history_minutes`).
+    pub history_minutes: Duration,
+    /// The history's hour rows older than this go (`jobs.retention.history_hours`).
+    pub history_hours: Duration,
+    /// The history's day rows older than this go (`jobs.retention.history_days`).
+    pub history_days: Duration,
     /// Rows per `DELETE` (at least 1).
     pub batch_size: u32,
     /// Batches per table per tick at most (at least 1); the rest waits for the next tick.
@@ -101,6 +132,9 @@ impl Default for RetentionConfig {
         Self {
             processed_messages: Duration::from_secs(7 * 24 * 3600),
             attempt_log: Duration::from_secs(14 * 24 * 3600),
+            history_minutes: Duration::from_secs(2 * 24 * 3600),
+            history_hours: Duration::from_secs(30 * 24 * 3600),
+            history_days: Duration::from_secs(365 * 24 * 3600),
             batch_size: 1000,
             max_batches_per_tick: 20,
         }
@@ -112,6 +146,9 @@ impl RetentionConfig {
         match table {
             Table::ProcessedMessages => self.processed_messages,
             Table::AttemptLog => self.attempt_log,
+            Table::HistoryMinutes => self.history_minutes,
+            Table::HistoryHours => self.history_hours,
+            Table::HistoryDays => self.history_days,
         }
     }
 }
@@ -147,6 +184,9 @@ pub struct TableReport {
 pub struct RetentionReport {
     pub processed_messages: TableReport,
     pub attempt_log: TableReport,
+    pub history_minutes: TableReport,
+    pub history_hours: TableReport,
+    pub history_days: TableReport,
     /// The tick's token fired before it was done.
     pub cancelled: bool,
 }
@@ -156,6 +196,9 @@ impl RetentionReport {
         match table {
             Table::ProcessedMessages => &self.processed_messages,
             Table::AttemptLog => &self.attempt_log,
+            Table::HistoryMinutes => &self.history_minutes,
+            Table::HistoryHours => &self.history_hours,
+            Table::HistoryDays => &self.history_days,
         }
     }
 
@@ -163,12 +206,20 @@ impl RetentionReport {
         match table {
             Table::ProcessedMessages => &mut self.processed_messages,
             Table::AttemptLog => &mut self.attempt_log,
+            Table::HistoryMinutes => &mut self.history_minutes,
+            Table::HistoryHours => &mut self.history_hours,
+            Table::HistoryDays => &mut self.history_days,
         }
     }
 
-    /// Rows deleted over both tables.
+    /// Rows deleted over every table.
     pub fn swept(&self) -> u64 {
-        self.processed_messages.swept + self.attempt_log.swept
+        Table::ALL.iter().map(|t| self.table(*t).swept).sum()
+    }
+
+    /// The history's rows deleted, over its three tables.
+    pub fn history_swept(&self) -> u64 {
+        self.history_minutes.swept + self.history_hours.swept + self.history_days.swept
     }
 }
 
@@ -261,15 +312,17 @@ impl Retention {
         retention: Duration,
         batch: u32,
     ) -> Result<u64, Failure> {
+        if let Some(resolution) = table.history() {
+            return worker_store::history::sweep_batch(&self.pool, resolution, retention, batch)
+                .await;
+        }
         match table {
             Table::ProcessedMessages => {
                 ProcessedMessages::new()
                     .sweep_batch(&self.pool, retention, batch)
                     .await
             }
-            Table::AttemptLog => {
-                worker_store::attempt_log::sweep_batch(&self.pool, retention, batch).await
-            }
+            _ => worker_store::attempt_log::sweep_batch(&self.pool, retention, batch).await,
         }
     }
 }
@@ -282,10 +335,12 @@ impl TimerJob for Retention {
     async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {
         let report = self.run(ctx).await?;
         let mut detail = format!(
-            "swept {} processed-message marks and {} attempt-log rows",
-            report.processed_messages.swept, report.attempt_log.swept
+            "swept {} processed-message marks, {} attempt-log rows and {} history rows",
+            report.processed_messages.swept,
+            report.attempt_log.swept,
+            report.history_swept()
         );
-        if report.processed_messages.backlog_remains || report.attempt_log.backlog_remains {
+        if Table::ALL.iter().any(|t| report.table(*t).backlog_remains) {
             detail.push_str("; more are due");
             tracing::info!(
                 job = JOB_NAME,

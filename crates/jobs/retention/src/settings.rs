@@ -18,6 +18,15 @@ pub struct RetentionSettings {
     /// How long attempt-log rows are kept.
     #[serde(with = "humantime_serde")]
     pub attempt_log: Duration,
+    /// How long the history keeps its rows by minute (the console's last hour and day).
+    #[serde(with = "humantime_serde")]
+    pub history_minutes: Duration,
+    /// How long the history keeps its rows by hour (the console's week).
+    #[serde(with = "humantime_serde")]
+    pub history_hours: Duration,
+    /// How long the history keeps its rows by day (the console's month, and a year).
+    #[serde(with = "humantime_serde")]
+    pub history_days: Duration,
     /// One tick.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -33,6 +42,9 @@ impl Default for RetentionSettings {
         Self {
             processed_messages: config.processed_messages,
             attempt_log: config.attempt_log,
+            history_minutes: config.history_minutes,
+            history_hours: config.history_hours,
+            history_days: config.history_days,
             timeout: Duration::from_secs(60),
             batch_size: config.batch_size,
             max_batches_per_tick: config.max_batches_per_tick,
@@ -46,6 +58,9 @@ impl RetentionSettings {
         RetentionConfig {
             processed_messages: self.processed_messages,
             attempt_log: self.attempt_log,
+            history_minutes: self.history_minutes,
+            history_hours: self.history_hours,
+            history_days: self.history_days,
             batch_size: self.batch_size,
             max_batches_per_tick: self.max_batches_per_tick,
         }
@@ -57,6 +72,9 @@ impl Section for RetentionSettings {
         let mut problems = Problems::new();
         problems.nonzero("processed_messages", self.processed_messages);
         problems.nonzero("attempt_log", self.attempt_log);
+        problems.nonzero("history_minutes", self.history_minutes);
+        problems.nonzero("history_hours", self.history_hours);
+        problems.nonzero("history_days", self.history_days);
         problems.nonzero("timeout", self.timeout);
         problems.positive("batch_size", u64::from(self.batch_size));
         problems.positive("max_batches_per_tick", u64::from(self.max_batches_per_tick));

@@ -27,6 +27,7 @@ fn config(batch_size: u32, max_batches_per_tick: u32) -> RetentionConfig {
         attempt_log: 14 * DAY,
         batch_size,
         max_batches_per_tick,
+        ..RetentionConfig::default()
     }
 }
 
@@ -224,5 +225,54 @@ async fn a_cancelled_tick_stops_and_keeps_what_it_did() -> anyhow::Result<()> {
     assert!(report.cancelled);
     assert_eq!(report.swept(), 0);
     assert_eq!(left(pool).await?.0, 50);
+    Ok(())
+}
+
+/// The history's rows of `table`, `age_hours` old, one per name.
+async fn history_rows(pool: &PgPool, table: &str, n: i64, age_hours: i64) -> anyhow::Result<()> {
+    sqlx::query(&format!(
+        "INSERT INTO {table} (series, name, at, units) \
+         SELECT 'job', 'job-' || i, now() - make_interval(hours => $2::int), 1 \
+         FROM generate_series(1, $1) AS i"
+    ))
+    .bind(n)
+    .bind(age_hours)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_history_keeps_minutes_two_days_hours_thirty_and_days_a_year() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let pool = &db.pool;
+    history_rows(pool, "history_minutes", 5, 49).await?; // past 2 days
+    history_rows(pool, "history_minutes", 3, 47).await?;
+    history_rows(pool, "history_hours", 4, 31 * 24).await?; // past 30 days
+    history_rows(pool, "history_hours", 2, 29 * 24).await?;
+    history_rows(pool, "history_days", 6, 366 * 24).await?; // past a year
+    history_rows(pool, "history_days", 1, 364 * 24).await?;
+
+    let events = Arc::new(Swept::default());
+    let job = Retention::observed(pool.clone(), config(100, 10), events.clone());
+    let busy = SkipIfBusy::new(job_retention::JOB_NAME);
+    let out = tick_once(&job, &busy, None::<&NoLease>, TICK, &ctx()).await;
+    assert!(
+        matches!(&out, TickOutcome::Ran(r) if r.items == 15),
+        "{out:?}"
+    );
+    assert_eq!(events.of(Table::HistoryMinutes), 5);
+    assert_eq!(events.of(Table::HistoryHours), 4);
+    assert_eq!(events.of(Table::HistoryDays), 6);
+    for (table, left) in [
+        ("history_minutes", 3),
+        ("history_hours", 2),
+        ("history_days", 1),
+    ] {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(pool)
+            .await?;
+        assert_eq!(n, left, "{table}");
+    }
     Ok(())
 }
