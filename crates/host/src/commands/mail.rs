@@ -60,7 +60,7 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
 pub fn retention(settings: &Settings) -> Retention {
     Retention {
         attempt_log: settings.jobs.retention.job.attempt_log,
-        publications: settings.jobs.retention.job.attempt_log,
+        publications: settings.jobs.retention.job.publications,
     }
 }
 

@@ -4,7 +4,9 @@
 //! processed-message guard's marks, kept `jobs.retention.processed_messages`) and `attempt_log` (a row
 //! per failed try and final outcome, kept `jobs.retention.attempt_log`); three grow with time:
 //! the history's rollups by minute, hour and day (`history_minutes`, `history_hours`,
-//! `history_days`, kept `jobs.retention.history_minutes`, `history_hours`, `history_days`). This
+//! `history_days`, kept `jobs.retention.history_minutes`, `history_hours`, `history_days`);
+//! and `publications` (a row per message the outbox drain published, for a mail's story, kept
+//! `jobs.retention.publications`). This
 //! timer job deletes what is past its retention, so that none grows without bound.
 //!
 //! ## One tick
@@ -74,15 +76,17 @@ pub enum Table {
     HistoryMinutes,
     HistoryHours,
     HistoryDays,
+    Publications,
 }
 
 impl Table {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::ProcessedMessages,
         Self::AttemptLog,
         Self::HistoryMinutes,
         Self::HistoryHours,
         Self::HistoryDays,
+        Self::Publications,
     ];
 
     /// The table's name: `processed_messages` or `attempt_log`.
@@ -93,6 +97,7 @@ impl Table {
             Self::HistoryMinutes => "history_minutes",
             Self::HistoryHours => "history_hours",
             Self::HistoryDays => "history_days",
+            Self::Publications => "publications",
         }
     }
 
@@ -103,7 +108,7 @@ impl Table {
             Self::HistoryMinutes => Some(Resolution::Minute),
             Self::HistoryHours => Some(Resolution::Hour),
             Self::HistoryDays => Some(Resolution::Day),
-            Self::ProcessedMessages | Self::AttemptLog => None,
+            Self::ProcessedMessages | Self::AttemptLog | Self::Publications => None,
         }
     }
 }
@@ -121,6 +126,8 @@ pub struct RetentionConfig {
     pub history_hours: Duration,
     /// The history's day rows older than this go (`jobs.retention.history_days`).
     pub history_days: Duration,
+    /// Publications older than this go (`jobs.retention.publications`).
+    pub publications: Duration,
     /// Rows per `DELETE` (at least 1).
     pub batch_size: u32,
     /// Batches per table per tick at most (at least 1); the rest waits for the next tick.
@@ -135,6 +142,7 @@ impl Default for RetentionConfig {
             history_minutes: Duration::from_secs(2 * 24 * 3600),
             history_hours: Duration::from_secs(30 * 24 * 3600),
             history_days: Duration::from_secs(365 * 24 * 3600),
+            publications: Duration::from_secs(30 * 24 * 3600),
             batch_size: 1000,
             max_batches_per_tick: 20,
         }
@@ -149,6 +157,7 @@ impl RetentionConfig {
             Table::HistoryMinutes => self.history_minutes,
             Table::HistoryHours => self.history_hours,
             Table::HistoryDays => self.history_days,
+            Table::Publications => self.publications,
         }
     }
 }
@@ -187,6 +196,7 @@ pub struct RetentionReport {
     pub history_minutes: TableReport,
     pub history_hours: TableReport,
     pub history_days: TableReport,
+    pub publications: TableReport,
     /// The tick's token fired before it was done.
     pub cancelled: bool,
 }
@@ -199,6 +209,7 @@ impl RetentionReport {
             Table::HistoryMinutes => &self.history_minutes,
             Table::HistoryHours => &self.history_hours,
             Table::HistoryDays => &self.history_days,
+            Table::Publications => &self.publications,
         }
     }
 
@@ -209,6 +220,7 @@ impl RetentionReport {
             Table::HistoryMinutes => &mut self.history_minutes,
             Table::HistoryHours => &mut self.history_hours,
             Table::HistoryDays => &mut self.history_days,
+            Table::Publications => &mut self.publications,
         }
     }
 
@@ -322,6 +334,9 @@ impl Retention {
                     .sweep_batch(&self.pool, retention, batch)
                     .await
             }
+            Table::Publications => {
+                worker_store::outbox::sweep_publications(&self.pool, retention, batch).await
+            }
             _ => worker_store::attempt_log::sweep_batch(&self.pool, retention, batch).await,
         }
     }
@@ -335,10 +350,11 @@ impl TimerJob for Retention {
     async fn tick(&self, ctx: &WorkContext) -> Result<TickReport, Failure> {
         let report = self.run(ctx).await?;
         let mut detail = format!(
-            "swept {} processed-message marks, {} attempt-log rows and {} history rows",
+            "swept {} processed-message marks, {} attempt-log rows, {} history rows and {} publications",
             report.processed_messages.swept,
             report.attempt_log.swept,
-            report.history_swept()
+            report.history_swept(),
+            report.publications.swept
         );
         if Table::ALL.iter().any(|t| report.table(*t).backlog_remains) {
             detail.push_str("; more are due");

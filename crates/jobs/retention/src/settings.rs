@@ -27,6 +27,9 @@ pub struct RetentionSettings {
     /// How long the history keeps its rows by day (the console's month, and a year).
     #[serde(with = "humantime_serde")]
     pub history_days: Duration,
+    /// How long each published message's record (for a mail's story) is kept.
+    #[serde(with = "humantime_serde")]
+    pub publications: Duration,
     /// One tick.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -45,6 +48,7 @@ impl Default for RetentionSettings {
             history_minutes: config.history_minutes,
             history_hours: config.history_hours,
             history_days: config.history_days,
+            publications: config.publications,
             timeout: Duration::from_secs(60),
             batch_size: config.batch_size,
             max_batches_per_tick: config.max_batches_per_tick,
@@ -61,6 +65,7 @@ impl RetentionSettings {
             history_minutes: self.history_minutes,
             history_hours: self.history_hours,
             history_days: self.history_days,
+            publications: self.publications,
             batch_size: self.batch_size,
             max_batches_per_tick: self.max_batches_per_tick,
         }
@@ -75,6 +80,7 @@ impl Section for RetentionSettings {
         problems.nonzero("history_minutes", self.history_minutes);
         problems.nonzero("history_hours", self.history_hours);
         problems.nonzero("history_days", self.history_days);
+        problems.nonzero("publications", self.publications);
         problems.nonzero("timeout", self.timeout);
         problems.positive("batch_size", u64::from(self.batch_size));
         problems.positive("max_batches_per_tick", u64::from(self.max_batches_per_tick));

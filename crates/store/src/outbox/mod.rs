@@ -44,7 +44,7 @@ pub use operators::{
     pending, retry, retry_all_failed, retry_all_failed_dry_run, retry_failed, status,
     sweep_processed,
 };
-pub use publications::{Publication, publications};
+pub use publications::{Publication, publications, sweep_publications};
 
 /// A condition, for another crate's statement, that a command whose message id is the SQL
 /// expression `message_id` still waits in the outbox to be published.

@@ -1,6 +1,8 @@
 //! Each message the drain published (`publications`), read back for a mail's story: the
 //! outbox's own rows are not kept once published.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -35,4 +37,25 @@ pub async fn publications(
     .fetch_all(pool)
     .await
     .map_err(classify)
+}
+
+/// Deletes at most `batch` publications older than `retention`, oldest first, in one
+/// statement (the identity orders them by age). Returns how many went.
+pub async fn sweep_publications(
+    pool: &PgPool,
+    retention: Duration,
+    batch: u32,
+) -> Result<u64, Failure> {
+    let done = sqlx::query(
+        "DELETE FROM publications WHERE id IN ( \
+             SELECT id FROM publications \
+             WHERE published_at < now() - make_interval(secs => $1) \
+             ORDER BY id LIMIT $2)",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(i64::from(batch.max(1)))
+    .execute(pool)
+    .await
+    .map_err(classify)?;
+    Ok(done.rows_affected())
 }
