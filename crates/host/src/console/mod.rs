@@ -25,6 +25,7 @@ mod accounts;
 mod bulk;
 pub mod caller;
 mod dead_letters;
+pub mod edit;
 mod filter;
 pub mod forwarded;
 mod jobs;
@@ -71,6 +72,8 @@ pub struct Console {
     pub password_hashing: crate::settings::PasswordHashing,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
+    /// How an operator's edit of a failed mail is checked and sent.
+    pub edits: edit::EditSettings,
 }
 
 /// The operator actions, each a form's target and, under `/api/`, a script's.
@@ -89,6 +92,8 @@ fn operator_actions() -> Router<Arc<Console>> {
         .route("/outbox/retry", post(outbox::retry))
         .route("/accounts/add", post(accounts::add))
         .route("/accounts/{name}/{change}", post(accounts::change))
+        .route("/mails/{id}/edited", post(edit::edit_submit))
+        .route("/dead-letters/{id}/edited", post(edit::body_edit_submit))
 }
 
 /// The console's routes, pages and API.
@@ -103,6 +108,9 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/jobs/{name}", get(jobs::page))
         .route("/outbox", get(outbox::page))
         .route("/accounts", get(accounts::page))
+        .route("/mails/{id}", get(edit::mail_page))
+        .route("/mails/{id}/edit", get(edit::edit_page))
+        .route("/dead-letters/{id}/edit", get(edit::body_edit_page))
         .route("/sign-in", get(sign_in::form).post(sign_in::submit))
         .route("/sign-out", post(sign_in::sign_out))
         .merge(operator_actions())
@@ -122,6 +130,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/jobs/{name}", get(jobs::api))
         .route("/api/outbox", get(outbox::api))
         .route("/api/accounts", get(accounts::api))
+        .route("/api/mails/{id}", get(edit::mail_api))
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
             caller::identify,

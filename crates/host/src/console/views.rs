@@ -27,6 +27,16 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("templates/outbox_confirm.html"),
     ),
     ("problem.html", include_str!("templates/problem.html")),
+    ("mail.html", include_str!("templates/mail.html")),
+    ("mail_edit.html", include_str!("templates/mail_edit.html")),
+    (
+        "mail_refused.html",
+        include_str!("templates/mail_refused.html"),
+    ),
+    (
+        "dead_letter_edit.html",
+        include_str!("templates/dead_letter_edit.html"),
+    ),
 ];
 
 /// The console's stylesheet, served as `/console.css` (the pages have no inline style).
