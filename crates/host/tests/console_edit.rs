@@ -303,3 +303,49 @@ async fn a_malformed_dead_letters_body_is_published_once_it_decodes() -> anyhow:
     world.host.stop_cleanly().await;
     Ok(())
 }
+
+/// An edit that is not a mail an automation could have rendered (a bad address, a header
+/// injected through the subject) is refused naming the field, and leaves the mail editable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_that_is_not_a_valid_mail_is_refused_naming_the_rule() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let world = World::with_token(SHOW_LOG).await?;
+    let failed = failed_mail(&world).await?;
+    let key = Uuid::new_v4().to_string();
+    let (status, bad) = api_edit(&world, TOKEN, &failed.mail, &key, "not an address").await?;
+    assert_eq!(status, 422, "{bad}");
+    assert!(
+        bad["detail"].as_str().unwrap().starts_with("bad-recipient"),
+        "{bad}"
+    );
+    let injected = http()
+        .post(
+            world
+                .host
+                .url(&format!("/api/mails/{}/edited", failed.mail)),
+        )
+        .bearer_auth(TOKEN)
+        .form(&[
+            ("edit_key", key.as_str()),
+            ("subject", "Re: ping\r\nBcc: everyone@localhost"),
+        ])
+        .send()
+        .await?;
+    assert_eq!(injected.status().as_u16(), 422);
+    assert!(injected.text().await?.contains("bad-subject"));
+    let superseded: Option<String> =
+        sqlx::query_scalar("SELECT superseded_by::text FROM outbound_emails WHERE id = $1::uuid")
+            .bind(&failed.mail)
+            .fetch_one(&world.db.pool)
+            .await?;
+    assert_eq!(superseded, None, "a refused edit writes nothing");
+    // The same form, corrected, is accepted.
+    let (status, done) = api_edit(&world, TOKEN, &failed.mail, &key, &fresh_address()).await?;
+    assert_eq!(
+        (status, done["outcome"].as_str()),
+        (200, Some("sent")),
+        "{done}"
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
+}

@@ -20,7 +20,7 @@ use worker_core::Failure;
 use worker_store::audit::{self, Actor, EntryKind, NewEntry};
 use worker_store::dead_letters::edited;
 
-use super::form::{as_rendered, diff};
+use super::form::{MailForm, as_rendered, diff};
 
 /// How the console edits mail: where the copies' commands go, and the recipient cap the
 /// automation's mails have.
@@ -97,7 +97,7 @@ pub async fn edit_mail(
     settings: &EditSettings,
     id: Uuid,
     key: Uuid,
-    edit: &MailEdit,
+    posted: &MailForm,
     actor: &Actor,
 ) -> Result<Edited, EditError> {
     let db = worker_store::classify;
@@ -124,6 +124,7 @@ pub async fn edit_mail(
         }
         Err(refused) => return Err(EditError::Refused(refused)),
     };
+    let edit = &posted.edit(&MailEdit::of(&original));
     check(settings, &original, edit).map_err(EditError::Invalid)?;
     let changed: Map<String, Value> = diff(&MailEdit::of(&original), edit);
     if changed.is_empty() {

@@ -9,18 +9,20 @@ use uuid::Uuid;
 
 use crate::console::page::Problem;
 
-/// A mail's edit form, as posted (and as the API takes it).
+/// A mail's edit form, as posted (and as the API takes it). A field left out keeps the mail's
+/// value, so that a script changing the recipients does not blank the subject; the page's
+/// form posts every field (an emptied body is no body).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct MailForm {
     pub csrf: String,
     /// The form's one-time key: the same form posted twice sends once.
     pub edit_key: String,
-    pub to: String,
-    pub cc: String,
-    pub subject: String,
-    pub text: String,
-    pub html: String,
+    pub to: Option<String>,
+    pub cc: Option<String>,
+    pub subject: Option<String>,
+    pub text: Option<String>,
+    pub html: Option<String>,
 }
 
 /// The one-time key of a form, checked.
@@ -49,15 +51,30 @@ fn body(text: &str) -> Option<String> {
 }
 
 impl MailForm {
-    /// The fields as an edit. The subject is kept as typed: a line break in it is refused by
-    /// the check, not quietly joined.
-    pub fn edit(&self) -> MailEdit {
+    /// The fields as an edit of `mail`'s `current` ones. The subject is kept as typed: a line
+    /// break in it is refused by the check, not quietly joined.
+    pub fn edit(&self, current: &MailEdit) -> MailEdit {
         MailEdit {
-            to: addresses(&self.to),
-            cc: addresses(&self.cc),
-            subject: self.subject.trim().to_string(),
-            text: body(&self.text),
-            html: body(&self.html),
+            to: self
+                .to
+                .as_deref()
+                .map_or_else(|| current.to.clone(), addresses),
+            cc: self
+                .cc
+                .as_deref()
+                .map_or_else(|| current.cc.clone(), addresses),
+            subject: self
+                .subject
+                .as_deref()
+                .map_or_else(|| current.subject.clone(), |s| s.trim().to_string()),
+            text: self
+                .text
+                .as_deref()
+                .map_or_else(|| current.text.clone(), body),
+            html: self
+                .html
+                .as_deref()
+                .map_or_else(|| current.html.clone(), body),
         }
     }
 }
@@ -133,17 +150,32 @@ mod tests {
     #[test]
     fn recipients_are_split_on_commas_and_lines_and_bodies_keep_lf() {
         let form = MailForm {
-            to: "a@x.example,\r\n b@x.example\n\n".into(),
-            subject: " Re: ping ".into(),
-            text: "line 1\r\nline 2".into(),
-            html: "  ".into(),
+            to: Some("a@x.example,\r\n b@x.example\n\n".into()),
+            subject: Some(" Re: ping ".into()),
+            text: Some("line 1\r\nline 2".into()),
+            html: Some("  ".into()),
             ..MailForm::default()
         };
-        let edit = form.edit();
+        let edit = form.edit(&edit(&["old@x.example"], "old"));
         assert_eq!(edit.to, ["a@x.example", "b@x.example"]);
         assert_eq!(edit.subject, "Re: ping");
         assert_eq!(edit.text.as_deref(), Some("line 1\nline 2"));
         assert_eq!(edit.html, None);
+    }
+
+    #[test]
+    fn a_field_left_out_keeps_the_mails_value() {
+        let current = edit(&["old@x.example"], "Re: ping");
+        let form = MailForm {
+            to: Some("new@x.example".into()),
+            ..MailForm::default()
+        };
+        let edit = form.edit(&current);
+        assert_eq!(edit.to, ["new@x.example"]);
+        assert_eq!(
+            (edit.subject.as_str(), edit.text.as_deref()),
+            ("Re: ping", Some("pong"))
+        );
     }
 
     #[test]

@@ -198,8 +198,7 @@ pub async fn edit_submit(
     let actor = may_act(&caller, &headers, &posted.csrf)?;
     let id = mail_id(&id)?;
     let key = form::edit_key(&posted.edit_key)?;
-    let edit = posted.edit();
-    match apply::edit_mail(&console.pool, &console.edits, id, key, &edit, &actor).await {
+    match apply::edit_mail(&console.pool, &console.edits, id, key, &posted, &actor).await {
         Ok(done) if caller.api => Ok(Json(done).into_response()),
         Ok(done) => Ok(see_other(&format!("/mails/{}", done.copy))),
         Err(EditError::Refused(refusal)) => refused(&console, &caller, id, &refusal),
@@ -218,7 +217,7 @@ pub async fn edit_submit(
             }
             let page = mail_page_data(&console, id).await?;
             let page = EditPage {
-                edit,
+                edit: posted.edit(&MailEdit::of(&page.mail)),
                 edit_key: key.to_string(),
                 error: Some(error),
                 not_editable: None,
