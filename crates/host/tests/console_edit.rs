@@ -57,6 +57,15 @@ async fn only_the_edited_copy_is_delivered_even_when_the_original_is_replayed_af
     );
     let why = replay.text().await?;
     assert!(why.contains("was edited"), "{why}");
+    let (code, _, stderr) = world
+        .host
+        .cli(&["dlq", "replay", "--id", &failed.dead_letter.to_string()])
+        .await?;
+    assert_eq!(code, Some(64), "the command line refuses it too: {stderr}");
+    assert!(
+        stderr.contains("edited copy went out in its place"),
+        "{stderr}"
+    );
     // And a command of the original that reaches the sender anyway (a copy published by
     // hand, a late redelivery) sends nothing: the row is superseded.
     let command = serde_json::json!({ "email_message_id": failed.mail });
