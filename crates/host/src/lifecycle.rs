@@ -295,6 +295,12 @@ async fn console(
         password_hashing: admin.password_hashing,
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
+        edits: crate::console::edit::EditSettings {
+            route: job_email_send::edit::CommandRoute::new(
+                settings.broker.topology.commands_exchange.clone(),
+            ),
+            recipients_max: settings.jobs.automation_action.auto_replies.recipients_max,
+        },
     })
 }
 

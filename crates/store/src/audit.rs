@@ -140,6 +140,9 @@ pub enum EntryKind {
     /// "run now": rows already written and operators' filters on the column use that word.
     #[serde(rename = "trigger")]
     RunNow,
+    /// A failed outbound mail or a malformed dead letter edited and sent again in its place;
+    /// the entry's target holds the diff.
+    Edit,
 }
 
 impl EntryKind {
@@ -157,6 +160,7 @@ impl EntryKind {
             Self::Pause => "pause",
             Self::Resume => "resume",
             Self::RunNow => "trigger",
+            Self::Edit => "edit",
         }
     }
 
@@ -175,7 +179,7 @@ impl EntryKind {
     }
 }
 
-const ALL_KINDS: [EntryKind; 12] = [
+const ALL_KINDS: [EntryKind; 13] = [
     EntryKind::Replay,
     EntryKind::Purge,
     EntryKind::OutboxRetry,
@@ -188,6 +192,7 @@ const ALL_KINDS: [EntryKind; 12] = [
     EntryKind::Pause,
     EntryKind::Resume,
     EntryKind::RunNow,
+    EntryKind::Edit,
 ];
 
 /// How the console and the command line show a stored kind: [`EntryKind::shown`], or the
@@ -390,6 +395,21 @@ pub async fn get(pool: &PgPool, id: i64) -> Result<Option<Entry>, Failure> {
     .map_err(classify)
 }
 
+/// The newest audit entry whose target holds `target` (`{"edit_key": …}`), read in the
+/// caller's transaction.
+pub async fn latest_on_target_in(
+    conn: &mut PgConnection,
+    target: &Value,
+) -> Result<Option<Entry>, Failure> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM dead_letter_actions WHERE filter @> $1 ORDER BY id DESC LIMIT 1"
+    ))
+    .bind(target)
+    .fetch_optional(conn)
+    .await
+    .map_err(classify)
+}
+
 /// The audit entries on one target (`{"job": "draft_expiry"}`, say), newest first.
 pub async fn on_target(pool: &PgPool, target: &Value, limit: u32) -> Result<Vec<Entry>, Failure> {
     sqlx::query_as(&format!(
@@ -425,9 +445,12 @@ mod tests {
     fn entry_kinds_are_written_as_the_database_allows() {
         let all = ALL_KINDS;
         let migration = include_str!("../../../migrations/20261204000100_operator_accounts.sql");
+        // The kinds added since, by the migration that widens the CHECK with each.
+        let later = include_str!("../../../migrations/20261207000300_mail_edits.sql");
         for kind in all {
+            let word = format!("'{}'", kind.as_str());
             assert!(
-                migration.contains(&format!("'{}'", kind.as_str())),
+                migration.contains(&word) || later.contains(&format!("ARRAY[{word}]")),
                 "{kind:?} is in the CHECK"
             );
             let json = serde_json::to_value(kind).unwrap();

@@ -275,6 +275,18 @@ async fn dispatch(
             }
             let query = filter.filter(id);
             query.validate().map_err(Fatal::usage)?;
+            // An edited dead letter's copy went out in its place (ServicePulse#2424).
+            if let Some(id) = id {
+                let found = worker_store::dead_letters::edited::status_of(pool, id)
+                    .await
+                    .map_err(Fatal::from_failure)?;
+                if let Some((status, action)) = found.filter(|(s, _)| s == "edited") {
+                    return Err(Fatal::usage(format!(
+                        "dead letter {id} is `{status}`: an operator edited it (operator action {}) and its edited copy went out in its place; replaying it would send the original too",
+                        action.map_or_else(|| "-".to_string(), |a| a.to_string())
+                    )));
+                }
+            }
             let run = archive::Run::new(actor(&given))
                 .dry(dry_run)
                 .rate(rate)

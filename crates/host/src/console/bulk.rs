@@ -163,6 +163,9 @@ async fn plan(
 ) -> PageResult {
     let actor = may_act(&caller, &headers, &form.csrf)?;
     let filter = form.target()?;
+    if kind == Kind::Replay {
+        super::edit::refuse_replay_of_edited(&console, filter.id).await?;
+    }
     let run = archive::Run::new(actor.clone()).dry(true);
     let (action_id, matched, items) = match kind {
         Kind::Replay => {
@@ -228,6 +231,9 @@ async fn start(
 ) -> PageResult {
     let actor = may_act(&caller, &headers, &form.csrf)?;
     let filter = form.target()?;
+    if kind == Kind::Replay {
+        super::edit::refuse_replay_of_edited(&console, filter.id).await?;
+    }
     let rate = form.rate(console.bulk_rate)?;
     let planned = form
         .planned

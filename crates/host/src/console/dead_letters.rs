@@ -281,6 +281,8 @@ struct One {
     /// The filter of its group, for the link back.
     group_link: String,
     retention_secs: f64,
+    /// The outbound mail its `email.send` command names (edited on the mail's page).
+    mail: Option<uuid::Uuid>,
 }
 
 async fn one(console: &Console, id: i64) -> Result<One, Problem> {
@@ -311,6 +313,7 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
     }
     .group(&dead.queue, &dead.fingerprint);
     let body = body(&dead);
+    let mail = super::edit::mail_of(dead.message_type.as_deref(), &dead.queue, &dead.body);
     // Only the bounded copy goes out.
     (dead.body_text, dead.body_hex) = (None, None);
     Ok(One {
@@ -331,6 +334,7 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
         attempts,
         group_link: format!("/dead-letters/messages?{}", group.query()),
         retention_secs: console.archive_retention.as_secs_f64(),
+        mail,
         dead,
     })
 }

@@ -30,6 +30,7 @@ mod bulk;
 pub mod caller;
 mod chart;
 mod dead_letters;
+pub mod edit;
 mod filter;
 pub mod forwarded;
 mod history;
@@ -80,6 +81,8 @@ pub struct Console {
     pub password_hashing: crate::settings::PasswordHashing,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
+    /// How an operator's edit of a failed mail is checked and sent.
+    pub edits: edit::EditSettings,
 }
 
 /// The operator actions, each a form's target and, under `/api/`, a script's.
@@ -98,6 +101,8 @@ fn operator_actions() -> Router<Arc<Console>> {
         .route("/outbox/retry", post(outbox::retry))
         .route("/accounts/add", post(accounts::add))
         .route("/accounts/{name}/{change}", post(accounts::change))
+        .route("/outbound/{id}/edited", post(edit::edit_submit))
+        .route("/dead-letters/{id}/edited", post(edit::body_edit_submit))
 }
 
 /// The console's routes, pages and API.
@@ -115,6 +120,9 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/mail", get(mail::search_page))
         .route("/mail/{id}", get(mail::story_page))
         .route("/accounts", get(accounts::page))
+        .route("/outbound/{id}", get(edit::mail_page))
+        .route("/outbound/{id}/edit", get(edit::edit_page))
+        .route("/dead-letters/{id}/edit", get(edit::body_edit_page))
         .route("/sign-in", get(sign_in::form).post(sign_in::submit))
         .route("/sign-out", post(sign_in::sign_out))
         .merge(operator_actions())
@@ -139,6 +147,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/mail", get(mail::search_api))
         .route("/api/mail/{id}", get(mail::story_api))
         .route("/api/accounts", get(accounts::api))
+        .route("/api/outbound/{id}", get(edit::mail_api))
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
             caller::identify,

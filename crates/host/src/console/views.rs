@@ -31,6 +31,19 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("mail.html", include_str!("templates/mail.html")),
     ("history.html", include_str!("templates/history.html")),
     ("queue.html", include_str!("templates/queue.html")),
+    (
+        "outbound_mail.html",
+        include_str!("templates/outbound_mail.html"),
+    ),
+    ("mail_edit.html", include_str!("templates/mail_edit.html")),
+    (
+        "mail_refused.html",
+        include_str!("templates/mail_refused.html"),
+    ),
+    (
+        "dead_letter_edit.html",
+        include_str!("templates/dead_letter_edit.html"),
+    ),
 ];
 
 /// The console's stylesheet, served as `/console.css` (the pages have no inline style).

@@ -85,7 +85,9 @@ pub fn skip_words(reason: &str) -> &'static str {
 fn from_outbound(parts: &Parts) -> Option<EndState> {
     if let Some(sent) = parts.outbound.iter().find(|o| o.status == "sent") {
         let replayed = parts.dead_letters.iter().any(|d| d.status == "replayed");
-        let after = if replayed {
+        let after = if sent.supersedes.is_some() {
+            " after an operator edited it"
+        } else if replayed {
             " after an operator's replay"
         } else {
             ""

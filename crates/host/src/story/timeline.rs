@@ -108,10 +108,13 @@ pub fn timeline(mail: &StoredMail, parts: &Parts) -> Vec<Step> {
             o.created_at,
             "queued",
             format!(
-                "Reply <{}> queued to {}: \"{}\"",
+                "Reply <{}> queued to {}: \"{}\"{}",
                 o.message_id,
                 o.to_addresses.join(", "),
-                o.subject
+                o.subject,
+                o.supersedes
+                    .map(|original| format!(" (an operator's edit of mail {original})"))
+                    .unwrap_or_default()
             ),
         ));
         if let Some(at) = o.sent_at {

@@ -8,6 +8,7 @@
 pub mod browser;
 pub mod console;
 pub mod container;
+pub mod edit;
 pub mod history;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -82,6 +82,7 @@
 //! unit is not cancelled while it records a success.
 
 pub mod address;
+pub mod check;
 mod claim;
 mod execution;
 mod executor;
@@ -97,6 +98,7 @@ pub mod webhook;
 use std::time::Duration;
 
 pub use address::WebhookAllow;
+pub use check::check_rendered;
 pub use executor::{ActionExecutor, BuildError};
 pub use render::{RenderedEmail, render_email};
 pub use reply_limit::{

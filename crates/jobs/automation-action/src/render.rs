@@ -214,7 +214,7 @@ fn template_error(field: &str, err: &minijinja::Error) -> Failure {
 
 /// A recipient or sender must look like `local@domain` or `Name <local@domain>`; the SMTP
 /// consumer parses it strictly. No line breaks: they would be header injection.
-fn check_address(field: &str, address: &str) -> Result<(), Failure> {
+pub(crate) fn check_address(field: &str, address: &str) -> Result<(), Failure> {
     let bare = match (address.rfind('<'), address.strip_suffix('>')) {
         (Some(open), Some(inner)) => &inner[open + 1..],
         _ => address,

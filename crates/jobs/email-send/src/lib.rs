@@ -102,6 +102,7 @@
 //! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 
 mod config;
+pub mod edit;
 mod error;
 mod message;
 mod sender;

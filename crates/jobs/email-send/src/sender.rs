@@ -153,6 +153,10 @@ impl EmailSender {
                 tracing::info!("duplicate command: {why}");
                 return Ok(Handled::Duplicate);
             }
+            Claim::Superseded(by) => {
+                tracing::info!(superseded_by = %by, "not sent: an operator edited this mail and sent the copy in its place");
+                return Ok(Handled::Duplicate);
+            }
             Claim::Busy { owner, since } => {
                 let owner = owner.map(|o| o.to_string()).unwrap_or_default();
                 let since = since.map(|s| s.to_rfc3339()).unwrap_or_default();

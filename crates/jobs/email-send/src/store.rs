@@ -18,7 +18,7 @@ use crate::{GUARD_SCOPE, JOB_NAME, LAST_ERROR_MAX};
 /// the same round trip.
 static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT status, claimed_by, claimed_at, \
+        "SELECT status, claimed_by, claimed_at, superseded_by, \
                 coalesce(claimed_at < now() - make_interval(secs => $2), true) AS stale, \
                 {} AS marked \
          FROM outbound_emails WHERE id = $1 FOR UPDATE",
@@ -57,6 +57,7 @@ struct ClaimRow {
     status: String,
     claimed_by: Option<Uuid>,
     claimed_at: Option<DateTime<Utc>>,
+    superseded_by: Option<Uuid>,
     stale: bool,
     marked: bool,
 }
@@ -65,6 +66,9 @@ struct ClaimRow {
 pub(crate) enum Claim {
     /// Sent already: the guard is marked or the row is `sent`.
     Duplicate(&'static str),
+    /// An operator edited it: the copy named here went out in its place, and this one is
+    /// never sent (a replay of its dead letter, a late redelivery: ServicePulse#2424).
+    Superseded(Uuid),
     /// Another try holds a fresh claim.
     Busy {
         owner: Option<Uuid>,
@@ -102,6 +106,9 @@ impl EmailStore {
         }
         if found.status == "sent" {
             return Ok(Claim::Duplicate("the email was sent already"));
+        }
+        if let Some(by) = found.superseded_by {
+            return Ok(Claim::Superseded(by));
         }
         let took_over = if found.status == "sending" {
             if !found.stale {

@@ -26,9 +26,14 @@ pub struct OutboundRecord {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub sent_at: Option<DateTime<Utc>>,
+    /// The mail an operator edited into this one.
+    pub supersedes: Option<Uuid>,
+    /// The operator's edit that replaced this mail.
+    pub superseded_by: Option<Uuid>,
 }
 
-/// The mails queued by the executions `execution_ids`, oldest first.
+/// The mails queued by the executions `execution_ids`, and the copies operators edited them
+/// into (followed by `superseded_by`, a key lookup each), oldest first.
 pub async fn outbound_of(
     pool: &PgPool,
     execution_ids: &[Uuid],
@@ -37,9 +42,14 @@ pub async fn outbound_of(
         return Ok(Vec::new());
     }
     sqlx::query_as(
-        "SELECT id, action_execution_id, message_id, to_addresses, cc_addresses, subject, \
-                status, attempts, last_error, smtp_response, created_at, updated_at, sent_at \
-         FROM outbound_emails WHERE action_execution_id = ANY($1) ORDER BY created_at, id",
+        "WITH RECURSIVE mails AS ( \
+             SELECT * FROM outbound_emails WHERE action_execution_id = ANY($1) \
+             UNION ALL \
+             SELECT e.* FROM outbound_emails e JOIN mails m ON e.id = m.superseded_by) \
+         SELECT id, action_execution_id, message_id, to_addresses, cc_addresses, subject, \
+                status, attempts, last_error, smtp_response, created_at, updated_at, sent_at, \
+                supersedes, superseded_by \
+         FROM mails ORDER BY created_at, id",
     )
     .bind(execution_ids)
     .fetch_all(pool)

@@ -32,6 +32,8 @@ pub struct Group {
     pub dead: i64,
     pub replayed: i64,
     pub purged: i64,
+    /// Settled by an operator's edit (issue 26).
+    pub edited: i64,
     /// When the first and the last of them died.
     pub first_seen: DateTime<Utc>,
     pub last_seen: DateTime<Utc>,
@@ -42,13 +44,15 @@ pub struct Group {
 }
 
 impl Group {
-    /// Where the group stands: `dead` while any of it waits, else `replayed` or `purged`
-    /// (whichever settled more of it).
+    /// Where the group stands: `dead` while any of it waits, else `replayed`, `edited` or
+    /// `purged` (whichever settled more of it).
     pub fn state(&self) -> &'static str {
         if self.dead > 0 {
             "dead"
-        } else if self.replayed >= self.purged {
+        } else if self.replayed >= self.purged && self.replayed >= self.edited {
             "replayed"
+        } else if self.edited >= self.purged {
+            "edited"
         } else {
             "purged"
         }
@@ -93,6 +97,7 @@ pub async fn groups(
                 count(*) FILTER (WHERE status = 'dead') AS dead, \
                 count(*) FILTER (WHERE status = 'replayed') AS replayed, \
                 count(*) FILTER (WHERE status = 'purged') AS purged, \
+                count(*) FILTER (WHERE status = 'edited') AS edited, \
                 min(died_at) AS first_seen, max(died_at) AS last_seen, \
                 (array_agg(last_error ORDER BY id DESC))[1] AS sample_error, \
                 max(id) AS latest_id \
@@ -274,6 +279,7 @@ mod tests {
             dead,
             replayed,
             purged,
+            edited: 0,
             first_seen: Utc::now(),
             last_seen: Utc::now(),
             sample_error: None,
@@ -286,6 +292,11 @@ mod tests {
         assert_eq!(group(1, 5, 0).state(), "dead");
         assert_eq!(group(0, 5, 0).state(), "replayed");
         assert_eq!(group(0, 1, 2).state(), "purged");
+        let edited = Group {
+            edited: 1,
+            ..group(0, 0, 0)
+        };
+        assert_eq!(edited.state(), "edited");
     }
 
     #[test]

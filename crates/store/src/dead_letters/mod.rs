@@ -9,6 +9,7 @@
 //! (it knows the broker's headers); this module knows no broker type.
 
 pub mod browse;
+pub mod edited;
 mod filter;
 pub mod fingerprint;
 mod insert;

@@ -62,6 +62,9 @@ pub enum Status {
     Replayed,
     /// Given up on by an operator (kept until the retention sweep).
     Purged,
+    /// Sent again edited by an operator (a failed mail's new copy, or its raw body decoded
+    /// anew): a replay must not send the original.
+    Edited,
 }
 
 impl Status {
@@ -70,6 +73,7 @@ impl Status {
             Self::Dead => "dead",
             Self::Replayed => "replayed",
             Self::Purged => "purged",
+            Self::Edited => "edited",
         }
     }
 
@@ -78,6 +82,7 @@ impl Status {
             "dead" => Some(Self::Dead),
             "replayed" => Some(Self::Replayed),
             "purged" => Some(Self::Purged),
+            "edited" => Some(Self::Edited),
             _ => None,
         }
     }
