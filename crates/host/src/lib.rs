@@ -13,6 +13,7 @@ pub mod commands;
 pub mod connections;
 pub mod console;
 pub mod credentials;
+pub mod environment;
 pub mod exit;
 pub mod jobs;
 pub mod lifecycle;
