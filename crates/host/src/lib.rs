@@ -15,6 +15,7 @@ pub mod console;
 pub mod credentials;
 pub mod environment;
 pub mod exit;
+pub mod fleet;
 pub mod jobs;
 pub mod lifecycle;
 pub mod metrics;

@@ -27,6 +27,7 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("templates/outbox_confirm.html"),
     ),
     ("problem.html", include_str!("templates/problem.html")),
+    ("fleet.html", include_str!("templates/fleet.html")),
 ];
 
 /// The console's stylesheet, served as `/console.css` (the pages have no inline style).
