@@ -88,6 +88,11 @@ fn router(view: View) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .with_state(view)
         .layer(axum::middleware::map_response(secure))
+        // The handlers only read memory; the bound is for a client that never finishes.
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            std::time::Duration::from_secs(10),
+        ))
 }
 
 fn snapshot(view: &View) -> Fleet {
