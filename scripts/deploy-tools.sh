@@ -8,6 +8,8 @@
 #   prometheus, promtool  the alert rules' checks and a real scraper
 #   systemd-analyze       `verify` and `security` on deploy/systemd/worker-host.service
 #   cargo-deb             the Debian package (scripts/package.sh), from crates.io
+#   npm (with node)       installs axe-core from the npm registry for the console's accessibility
+#                         test (scripts/test.sh runs `npm ci --prefix crates/testkit/axe`)
 #
 #   scripts/deploy-tools.sh          install what is missing (apt-get, cargo install); fast when
 #                                    everything is there (no network then)
@@ -52,6 +54,7 @@ declare -A package_of=(
     [prometheus]=prometheus
     [promtool]=prometheus
     [systemd-analyze]=systemd
+    [npm]=npm
 )
 
 missing_packages=()
@@ -114,4 +117,4 @@ if [ "$need_cargo_deb" = 1 ]; then
         die "cargo-deb $CARGO_DEB_VERSION is not on the PATH after cargo install (is ~/.cargo/bin on it?)"
 fi
 [ "$only_cargo_deb" = 1 ] && { say "cargo-deb $CARGO_DEB_VERSION present"; exit 0; }
-say "all present (podman $(podman --version | awk '{print $3}'), podman-compose, debootstrap, prometheus, systemd-analyze, cargo-deb $CARGO_DEB_VERSION)"
+say "all present (podman $(podman --version | awk '{print $3}'), podman-compose, debootstrap, prometheus, systemd-analyze, npm $(npm --version), cargo-deb $CARGO_DEB_VERSION)"

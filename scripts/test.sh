@@ -9,7 +9,8 @@
 #                                   extra arguments narrow the tests)
 #
 # Before the tests it installs the deployment tools (scripts/deploy-tools.sh: podman, runc,
-# debootstrap, podman-compose, prometheus, cargo-deb) and builds what the deployment tests
+# debootstrap, podman-compose, prometheus, cargo-deb, npm), installs axe-core from the npm
+# registry for the console's accessibility test, and builds what the deployment tests
 # run: the fault-injection host, the image (scripts/image.sh, from the debug binary, on a base
 # made from Debian's packages where no registry answers) and the package (scripts/package.sh).
 set -euo pipefail
@@ -30,6 +31,8 @@ fi
 
 echo "test: the deployment artefacts (scripts/deploy-tools.sh, image.sh, package.sh)"
 scripts/deploy-tools.sh
+echo "test: axe-core for the console's accessibility test (npm ci, crates/testkit/axe)"
+npm ci --prefix crates/testkit/axe --no-audit --no-fund --loglevel=error
 # The fault-injection build (x-fault-inject: panic and wedge), for the notify test's wedged
 # handler and the fault suite; a copy of its own, since the plain build below replaces it.
 cargo build --locked -p worker-host --features fault-injection

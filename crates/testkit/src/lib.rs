@@ -27,6 +27,7 @@
 //! `WH_TEST_*` variables that `scripts/services.sh env` prints, with the same defaults.
 
 pub mod amqp;
+pub mod axe;
 mod browser;
 mod dovecot;
 mod pg_cluster;
