@@ -9,6 +9,8 @@
 //! - A production installation's console has a band naming it on every page, red and in
 //!   words; `/status` says its environment.
 //!
+//! Both pages pass axe-core (no serious or critical violation) and fit a phone's width.
+//!
 //! Screenshots: `fleet.png` and `environment-band.png` (with
 //! `WH_CONSOLE_SCREENSHOTS=docs/console`, into docs/console/).
 
@@ -238,6 +240,21 @@ async fn the_fleet_view_shows_every_installation_and_one_stopped_as_unreachable_
     }
     assert!(client.find_all(Locator::Css("script")).await?.is_empty());
     browser.screenshot(&shots.join("fleet.png")).await?;
+    // As a person would use it: axe-core clean, and on a phone no wider than the window.
+    browser.assert_accessible("the fleet view").await?;
+    browser.resize(390, 844).await?;
+    browser.assert_fits_width("the fleet view").await?;
+    browser.assert_accessible("the fleet view, narrow").await?;
+    browser.resize(1280, 900).await?;
+    // Reloading itself only when asked (axe counts a timed refresh as critical).
+    element(client, "#reload-auto").await.click().await?;
+    element(client, "#reload-stop").await;
+    let refresh = client
+        .find(Locator::Css("meta[http-equiv=refresh]"))
+        .await?
+        .attr("content")
+        .await?;
+    assert_eq!(refresh.as_deref(), Some("4; url=/?reload=auto"));
 
     // Read again while one installation hangs: still at once.
     // Over a whole round: readings go on in the background meanwhile.
@@ -290,6 +307,13 @@ async fn a_production_installations_console_shows_its_band_on_every_page() -> an
     text_of(client, "#dead-letters", "1 waiting").await;
     browser
         .screenshot(&shots.join("environment-band.png"))
+        .await?;
+    browser
+        .assert_accessible("the overview with its band")
+        .await?;
+    browser.resize(390, 844).await?;
+    browser
+        .assert_fits_width("the overview with its band")
         .await?;
     browser.close().await;
 

@@ -12,7 +12,7 @@ pub mod settings;
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
@@ -99,11 +99,19 @@ fn snapshot(view: &View) -> Fleet {
     view.fleet.read().map(|f| f.clone()).unwrap_or_default()
 }
 
-async fn page(State(view): State<View>) -> Response {
+/// `?reload=auto`: the page reloads itself every `refresh`. Only when asked: a page that
+/// reloads on its own timer moves a reader's place and a screen reader's (WCAG 2.2.1).
+#[derive(Debug, serde::Deserialize)]
+struct Reload {
+    reload: Option<String>,
+}
+
+async fn page(State(view): State<View>, Query(reload): Query<Reload>) -> Response {
     let fleet = snapshot(&view);
     let context = minijinja::context! {
         f => minijinja::Value::from_serialize(&fleet),
         release => crate::version::VERSION,
+        auto_reload => reload.reload.as_deref() == Some("auto"),
     };
     match view.views.render("fleet.html", context) {
         Ok(html) => Html(html).into_response(),
