@@ -112,14 +112,20 @@ pub enum Handled {
     Done,
     /// The processed-message guard had already seen this message; nothing was done.
     Duplicate,
+    /// Understood and settled, but by decision there was nothing to do: no automation matched
+    /// an event, or a mail is not to be answered. The reason is a stable kebab-case word
+    /// (`no-match`, `reply-limit`, ...), counted by reason so that "we stopped answering"
+    /// shows as a rate.
+    Skipped(&'static str),
 }
 
 impl Handled {
-    /// `done` or `duplicate`.
+    /// `done`, `duplicate` or `skipped`.
     pub const fn as_str(&self) -> &'static str {
         match self {
             Self::Done => "done",
             Self::Duplicate => "duplicate",
+            Self::Skipped(_) => "skipped",
         }
     }
 }

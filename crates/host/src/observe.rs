@@ -2,6 +2,7 @@
 //! metrics (see [`crate::metrics::names`]) and the counts `/status` shows: a consumer's
 //! record here, a timer's in `scheduler/stats.rs`, both with their [`LastResults`].
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -110,6 +111,11 @@ impl ConsumerEvents for ConsumerObserver {
                 labels.push(KeyValue::new("outcome", "duplicate"));
                 stats.record(&stats.duplicate, true, None);
             }
+            Outcome::Skipped { reason } => {
+                labels.push(KeyValue::new("outcome", "skipped"));
+                labels.push(KeyValue::new("reason", *reason));
+                stats.record_skip(reason);
+            }
             Outcome::Parked { class, tier, .. } => {
                 labels.push(KeyValue::new("outcome", "parked"));
                 labels.push(KeyValue::new("class", class.as_str()));
@@ -183,6 +189,8 @@ pub struct ConsumerStats {
     pub parked: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub requeued: AtomicU64,
+    /// Settled with nothing to do, by reason (`no-match`, `reply-limit`, ...).
+    skipped: Mutex<BTreeMap<&'static str, u64>>,
     last: Mutex<LastResults>,
 }
 
@@ -195,6 +203,8 @@ pub struct ConsumerSnapshot {
     pub parked: u64,
     pub dead_lettered: u64,
     pub requeued: u64,
+    /// Deliveries settled with nothing to do, by reason.
+    pub skipped: BTreeMap<&'static str, u64>,
     #[serde(flatten)]
     pub last: LastResults,
 }
@@ -209,6 +219,16 @@ impl ConsumerStats {
             if let Some(error) = error {
                 last.failed(now, error);
             }
+        }
+    }
+
+    /// Records a delivery settled with nothing to do, for `reason`: handled, so a success.
+    pub fn record_skip(&self, reason: &'static str) {
+        if let Ok(mut skipped) = self.skipped.lock() {
+            *skipped.entry(reason).or_default() += 1;
+        }
+        if let Ok(mut last) = self.last.lock() {
+            last.ran(Utc::now(), true);
         }
     }
 
@@ -227,6 +247,7 @@ impl ConsumerStats {
             parked: self.parked.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             requeued: self.requeued.load(Ordering::Relaxed),
+            skipped: self.skipped.lock().map(|s| s.clone()).unwrap_or_default(),
             last: self.last.lock().map(|l| l.clone()).unwrap_or_default(),
         }
     }

@@ -35,6 +35,9 @@ pub struct Readings {
     pub broker_reconnects: u64,
     /// Stuck rows by kind (`execution`, `email`), as the reconciler defines them.
     pub stuck_work: BTreeMap<&'static str, u64>,
+    /// `send_email` actions skipped in the last [`SKIP_WINDOW`], by kind (`reply-limit`,
+    /// `loop-guard`, `recipient-cap`), over the whole installation.
+    pub recent_skips: BTreeMap<String, u64>,
     /// The replicas reporting to the database, live and silent.
     pub replicas: worker_store::replicas::Census,
     /// Every queue of the topology with its retry tiers and dead queue, as the broker last
@@ -265,6 +268,9 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
             r.stuck_work.insert(kind.as_str(), stuck.get(kind));
         }
     }
+    if let Ok(skips) = job_automation_action::skips_since(pool, Utc::now() - SKIP_WINDOW).await {
+        r.recent_skips = skips;
+    }
     if let Ok(age) = job_dead_letter_archive::oldest_age(pool).await {
         r.oldest_dead_letter_age = age;
     }
@@ -343,7 +349,19 @@ async fn broker_depths(supervisor: &worker_broker::Supervisor) -> Option<BTreeMa
 }
 
 /// Compares the readings with the thresholds; each crossing and clearing is logged once.
+/// The window of [`Readings::recent_skips`], and of the reply-limit alert's count.
+pub const SKIP_WINDOW: chrono::Duration = chrono::Duration::minutes(10);
+
 pub fn evaluate(alerts: &AlertBook, settings: &AlertSettings, r: &Readings) {
+    alerts.evaluate(
+        "reply-limit-skips",
+        "replies the reply limit held back in the last 10 minutes",
+        r.recent_skips
+            .get(job_automation_action::SkipKind::ReplyLimit.as_str())
+            .copied()
+            .unwrap_or_default() as f64,
+        settings.reply_limit_skips as f64,
+    );
     for (queue, depth) in &r.dead_letter_depth {
         alerts.evaluate(
             &format!("dead-letter-depth:{queue}"),
@@ -427,6 +445,32 @@ mod tests {
         r.dead_letter_depth.insert("email.send".into(), 0);
         evaluate(&alerts, &settings, &r);
         assert!(alerts.active().is_empty());
+    }
+
+    #[test]
+    fn reply_limit_skips_over_the_threshold_are_an_alert_and_other_skips_are_not() {
+        let alerts = AlertBook::default();
+        let settings = AlertSettings::default();
+        let mut r = Readings::default();
+        r.recent_skips
+            .insert("reply-limit".into(), settings.reply_limit_skips);
+        r.recent_skips.insert("loop-guard".into(), 500);
+        evaluate(&alerts, &settings, &r);
+        assert!(
+            alerts.active().is_empty(),
+            "at the threshold, and loop-guard skips are not counted"
+        );
+        r.recent_skips
+            .insert("reply-limit".into(), settings.reply_limit_skips + 1);
+        evaluate(&alerts, &settings, &r);
+        let active = alerts.active();
+        assert_eq!(active.len(), 1, "{active:?}");
+        assert_eq!(active[0].name, "reply-limit-skips");
+        assert!(
+            active[0].message.contains("reply limit"),
+            "{}",
+            active[0].message
+        );
     }
 
     #[test]

@@ -151,6 +151,42 @@ async fn concurrent_claims_take_disjoint_rows_in_id_order() -> anyhow::Result<()
 }
 
 #[tokio::test]
+async fn a_published_row_leaves_its_publication_with_its_trace_id() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut tx = db.pool.begin().await?;
+    let traced = message(1).with_header(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
+    let ids =
+        outbox::enqueue_many(&mut tx, "events", "mail.received", &[traced, message(2)]).await?;
+    tx.commit().await?;
+    let mut tx = db.pool.begin().await?;
+    outbox::claim(&mut tx, 10).await?;
+    assert_eq!(outbox::mark_processed(&mut tx, &ids).await?, 2);
+    // Marked again (a second drain's late confirm): no second publication.
+    assert_eq!(outbox::mark_processed(&mut tx, &ids).await?, 0);
+    tx.commit().await?;
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT message_id, routing_key, trace_id FROM publications ORDER BY message_id",
+    )
+    .fetch_all(&db.pool)
+    .await?;
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "m-1".into(),
+                "mail.received".into(),
+                Some("4bf92f3577b34da6a3ce929d0e0e4736".into())
+            ),
+            ("m-2".into(), "mail.received".into(), None),
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let mut tx = db.pool.begin().await?;

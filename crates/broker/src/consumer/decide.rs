@@ -27,6 +27,10 @@ impl DeadReason {
 pub enum Outcome {
     Succeeded,
     Duplicate,
+    /// Settled with nothing to do, for this reason ([`Handled::Skipped`]).
+    Skipped {
+        reason: &'static str,
+    },
     /// Parked in a retry tier, to come back as attempt `next_attempt`.
     Parked {
         next_attempt: u32,
@@ -49,6 +53,7 @@ impl Outcome {
         match self {
             Self::Succeeded => "succeeded",
             Self::Duplicate => "duplicate",
+            Self::Skipped { .. } => "skipped",
             Self::Parked { .. } => "parked",
             Self::DeadLettered { reason, .. } => match reason {
                 DeadReason::Malformed => "dead-lettered:malformed",
@@ -94,6 +99,10 @@ pub fn decide(
             value: Handled::Duplicate,
             ..
         } => return Decision::Ack(Outcome::Duplicate),
+        RetryOutcome::Succeeded {
+            value: Handled::Skipped(reason),
+            ..
+        } => return Decision::Ack(Outcome::Skipped { reason }),
         RetryOutcome::Cancelled { .. } => return Decision::Requeue,
         RetryOutcome::Failed { failure, .. } => failure,
     };
@@ -159,6 +168,28 @@ mod tests {
 
     fn failed(failure: Failure) -> RetryOutcome<Handled> {
         RetryOutcome::Failed { failure, tries: 3 }
+    }
+
+    #[test]
+    fn a_skip_is_acked_with_its_reason() {
+        let skipped = RetryOutcome::Succeeded {
+            value: Handled::Skipped("reply-limit"),
+            tries: 1,
+        };
+        let decision = decide(&skipped, 1, 5, &queue());
+        assert_eq!(
+            decision,
+            Decision::Ack(Outcome::Skipped {
+                reason: "reply-limit"
+            })
+        );
+        assert_eq!(
+            Outcome::Skipped {
+                reason: "reply-limit"
+            }
+            .as_str(),
+            "skipped"
+        );
     }
 
     #[test]

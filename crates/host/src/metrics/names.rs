@@ -37,8 +37,10 @@ pub const DEPRECATED: &[Deprecation] = &[
 ];
 
 /// Counter: consumer deliveries settled, by `worker_job`, `queue` and `outcome` (`succeeded`,
-/// `duplicate`, `parked`, `dead-lettered`, `requeued`, `abandoned`) and, for parked and dead
-/// letters, `class` and `reason` (`malformed`, `rejected`, `gave-up`).
+/// `duplicate`, `skipped`, `parked`, `dead-lettered`, `requeued`, `abandoned`) and, for parked
+/// and dead letters, `class` and `reason` (`malformed`, `rejected`, `gave-up`); for skips,
+/// `reason` is why nothing was done (`no-match`, `loop-guard`, `recipient-cap`,
+/// `reply-limit`).
 pub const MESSAGES: &str = "worker_messages_total";
 /// Counter: in-process tries that failed and were tried again, by `worker_job` and `class`.
 pub const RETRIED_TRIES: &str = "worker_retried_tries_total";

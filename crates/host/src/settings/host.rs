@@ -313,6 +313,9 @@ pub struct AlertSettings {
     /// any silent replica is an alert.
     #[serde(with = "humantime_serde")]
     pub replica_silent_after: Duration,
+    /// Replies the reply limit held back in the last 10 minutes, over every automation,
+    /// above this: "we stopped answering someone" before anyone asks.
+    pub reply_limit_skips: u64,
 }
 
 impl Default for AlertSettings {
@@ -328,6 +331,7 @@ impl Default for AlertSettings {
             db_probe_failures: 3,
             stuck_work: 0,
             replica_silent_after: Duration::from_secs(60),
+            reply_limit_skips: 20,
         }
     }
 }

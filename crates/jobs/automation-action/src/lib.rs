@@ -90,6 +90,7 @@ pub mod render;
 pub mod reply_limit;
 mod send_email;
 pub mod settings;
+pub mod skips;
 pub mod webhook;
 
 use std::time::Duration;
@@ -101,6 +102,7 @@ pub use reply_limit::{
     DEFAULT_RECIPIENTS_MAX, DEFAULT_REPLY_LIMIT, DEFAULT_REPLY_WINDOW, ReplyLimit,
 };
 pub use settings::{AutoReplySettings, AutomationActionSettings};
+pub use skips::{SkipKind, skips_since};
 pub use webhook::WebhookClient;
 
 /// The job's name, in logs, metrics and the attempt log.

@@ -17,6 +17,7 @@ use worker_store::{ProcessedMessages, Tx, classify};
 use crate::execution::Execution;
 use crate::render::{RenderedEmail, render_email};
 use crate::reply_limit::{self, DEFAULT_RECIPIENTS_MAX, ReplyLimit};
+use crate::skips::SkipKind;
 use crate::{GUARD_SCOPE, LAST_ERROR_MAX, MESSAGE_ID_DOMAIN, loops};
 
 /// What one executor's mails go by: where their commands are queued, whose mail is not
@@ -65,8 +66,7 @@ impl SendEmail {
         if let Some(reason) =
             loops::reason_not_to_answer(&execution.event.data, &self.own_addresses)
         {
-            skip(tx, id, &reason).await?;
-            return Ok(Handled::Done);
+            return skip(tx, id, SkipKind::LoopGuard, &reason).await;
         }
         let mut email = render_email(action, &execution.event.data)?;
         // The action's own sender is the host's too, for this mail.
@@ -74,21 +74,18 @@ impl SendEmail {
         if let Some(reason) =
             sender.and_then(|sender| loops::reason_not_to_answer(&execution.event.data, &[sender]))
         {
-            skip(tx, id, &reason).await?;
-            return Ok(Handled::Done);
+            return skip(tx, id, SkipKind::LoopGuard, &reason).await;
         }
         // Before the reply limit, which takes a lock per recipient.
         if let Some(reason) = reply_limit::over_recipients_max(&email, self.recipients_max) {
-            skip(tx, id, &reason).await?;
-            return Ok(Handled::Done);
+            return skip(tx, id, SkipKind::RecipientCap, &reason).await;
         }
         if let Some(reason) = self
             .reply_limit
             .apply(tx, execution.automation_id, &mut email)
             .await?
         {
-            skip(tx, id, &reason).await?;
-            return Ok(Handled::Done);
+            return skip(tx, id, SkipKind::ReplyLimit, &reason).await;
         }
         self.queue_email(tx, id, execution, &email).await?;
         sqlx::query(
@@ -153,19 +150,25 @@ impl SendEmail {
     }
 }
 
-/// Records the locked execution `skipped` with `reason`: done, without an effect. The guard's
-/// mark is already taken in the same transaction.
-async fn skip(tx: &mut PgConnection, id: Uuid, reason: &str) -> Result<(), Failure> {
-    tracing::warn!(%reason, "send_email skipped: the mail is not answered");
+/// Records the locked execution `skipped` with its `kind` and `reason`: done, without an
+/// effect. The guard's mark is already taken in the same transaction.
+async fn skip(
+    tx: &mut PgConnection,
+    id: Uuid,
+    kind: SkipKind,
+    reason: &str,
+) -> Result<Handled, Failure> {
+    tracing::warn!(%reason, skip = kind.as_str(), "send_email skipped: the mail is not answered");
     sqlx::query(
-        "UPDATE action_executions SET status = 'skipped', skip_reason = $2, \
+        "UPDATE action_executions SET status = 'skipped', skip_kind = $2, skip_reason = $3, \
              attempts = attempts + 1, last_error = NULL, updated_at = now(), finished_at = now() \
          WHERE id = $1",
     )
     .bind(id)
+    .bind(kind.as_str())
     .bind(truncate(reason, LAST_ERROR_MAX))
     .execute(&mut *tx)
     .await
     .map_err(classify)?;
-    Ok(())
+    Ok(Handled::Skipped(kind.as_str()))
 }

@@ -117,13 +117,25 @@ async fn run(
 ) -> (String, Option<String>, bool) {
     let body = serde_json::to_vec(command).unwrap();
     let handled = execute_once(executor, &ctx(), &body).await.unwrap();
-    assert_eq!(handled, Handled::Done);
-    let (status, reason): (String, Option<String>) =
-        sqlx::query_as("SELECT status, skip_reason FROM action_executions WHERE id = $1")
-            .bind(command.action_execution_id)
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let (status, reason, kind): (String, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT status, skip_reason, skip_kind FROM action_executions WHERE id = $1",
+    )
+    .bind(command.action_execution_id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    // A skip is stored with its kind and settles the delivery as a skip of that kind.
+    match handled {
+        Handled::Skipped(counted) => {
+            assert_eq!(status, "skipped");
+            assert_eq!(kind.as_deref(), Some(counted), "{reason:?}");
+        }
+        other => {
+            assert_eq!(other, Handled::Done);
+            assert_ne!(status, "skipped");
+            assert_eq!(kind, None);
+        }
+    }
     let queued: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM outbound_emails WHERE action_execution_id = $1)",
     )
@@ -132,6 +144,14 @@ async fn run(
     .await
     .unwrap();
     (status, reason, queued)
+}
+
+async fn skip_kind(pool: &PgPool, command: &ActionCommand) -> Option<String> {
+    sqlx::query_scalar("SELECT skip_kind FROM action_executions WHERE id = $1")
+        .bind(command.action_execution_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -183,6 +203,10 @@ async fn mail_that_must_not_be_answered_is_skipped_with_the_reason() -> anyhow::
         let command = execution(&db.pool, automation_id, &event).await;
         let (status, reason, queued) = run(&db.pool, &executor, &command).await;
         assert_eq!(status, "skipped", "{from} {extra}");
+        assert_eq!(
+            skip_kind(&db.pool, &command).await.as_deref(),
+            Some("loop-guard")
+        );
         let reason = reason.unwrap_or_default();
         assert!(reason.contains(why), "{from} {extra}: {reason}");
         assert!(!queued, "{from} {extra}");
@@ -376,6 +400,10 @@ async fn an_upgraded_installation_keeps_counting_the_mails_it_sent_before() -> a
     let event = mail_event("victim@example.com", json!({}));
     let command = execution(&db.pool, automation_id, &event).await;
     assert_eq!(run(&db.pool, &executor, &command).await.0, "skipped");
+    assert_eq!(
+        skip_kind(&db.pool, &command).await.as_deref(),
+        Some("reply-limit")
+    );
     Ok(())
 }
 
@@ -406,6 +434,10 @@ async fn a_mail_to_more_recipients_than_the_cap_is_skipped_with_the_count_and_th
     let command = execution_of(&db.pool, automation_id, &event, copy_all.clone()).await;
     let (status, reason, queued) = run(&db.pool, &executor, &command).await;
     assert_eq!((status.as_str(), queued), ("skipped", false));
+    assert_eq!(
+        skip_kind(&db.pool, &command).await.as_deref(),
+        Some("recipient-cap")
+    );
     let reason = reason.unwrap_or_default();
     assert!(
         reason.contains("51 recipients") && reason.contains("50"),

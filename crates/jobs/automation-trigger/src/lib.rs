@@ -69,6 +69,9 @@ pub use condition::{Condition, ConditionError, ConditionSpec, Op};
 pub use import::{AutomationDefinition, ImportError, ImportReport, import_file};
 pub use settings::AutomationTriggerSettings;
 
+/// The skip reason of an event no enabled automation matched.
+pub const NO_MATCH: &str = "no-match";
+
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "automation-trigger";
 
@@ -277,7 +280,7 @@ impl ConsumerJob for AutomationTrigger {
         let matched = self.matching(event).await?;
         if matched.is_empty() {
             tracing::debug!("no automation matched");
-            return Ok(Handled::Done);
+            return Ok(Handled::Skipped(NO_MATCH));
         }
         self.queue(event, &matched).await
     }

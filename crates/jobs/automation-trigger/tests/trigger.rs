@@ -227,11 +227,14 @@ async fn each_condition_kind_matches_and_does_not_match() -> anyhow::Result<()> 
     let e = event(mail("order 99999 urgent: no"));
     assert_eq!(names(trigger.matching(&e).await?), ["all-of", "equals"]);
 
-    // What does not match writes nothing at all.
+    // What does not match writes nothing at all, and is settled as a skip for no match.
     let mut nobody = mail("hello");
     nobody["from"] = json!("bob@localhost");
     let body = serde_json::to_vec(&event(nobody))?;
-    assert_eq!(execute_once(&trigger, &ctx(), &body).await?, Handled::Done);
+    assert_eq!(
+        execute_once(&trigger, &ctx(), &body).await?,
+        Handled::Skipped(job_automation_trigger::NO_MATCH)
+    );
     assert_eq!(
         count(&db.pool, "SELECT count(*) FROM automation_trigger_log").await,
         0

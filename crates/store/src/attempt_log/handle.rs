@@ -21,7 +21,9 @@ use super::writer::AttemptLogWriter;
 fn is_quiet(outcome: &str, tries: u32) -> bool {
     match outcome {
         // A success after failed tries completes their story: keep it.
-        "succeeded" | "duplicate" | "done" | "ran" => tries <= 1,
+        // A skip (nothing to do, by decision) is recorded where the decision is (a skipped
+        // execution's row) and counted; a row per unmatched event would cost without telling.
+        "succeeded" | "duplicate" | "skipped" | "done" | "ran" => tries <= 1,
         // Every tick of a replica that does not hold the lease.
         "skipped-lease" => true,
         _ => false,
@@ -212,6 +214,8 @@ mod tests {
     #[test]
     fn quiet_outcomes_are_first_try_successes_and_lease_skips() {
         assert!(is_quiet("succeeded", 1));
+        assert!(is_quiet("skipped", 1));
+        assert!(!is_quiet("skipped", 2));
         assert!(!is_quiet("succeeded", 2));
         assert!(is_quiet("ran", 1));
         assert!(is_quiet("skipped-lease", 1));

@@ -73,14 +73,20 @@ pub async fn claim(tx: &mut PgConnection, limit: u32) -> Result<Vec<OutboxRow>, 
     .map_err(classify)
 }
 
-/// Marks the rows `ids` processed, in one statement. Returns how many were marked.
+/// Marks the rows `ids` processed and records their publications (a mail's story reads each
+/// hop's publish time and trace there), in one statement. Returns how many were marked.
 pub async fn mark_processed(tx: &mut PgConnection, ids: &[i64]) -> Result<u64, Failure> {
     if ids.is_empty() {
         return Ok(0);
     }
     let done = sqlx::query(
-        "UPDATE outbox SET status = 'processed', processed_at = now() \
-         WHERE id = ANY($1) AND status = 'pending'",
+        "WITH marked AS ( \
+             UPDATE outbox SET status = 'processed', processed_at = now() \
+             WHERE id = ANY($1) AND status = 'pending' \
+             RETURNING message_id, routing_key, processed_at, headers ->> 'traceparent' AS tp) \
+         INSERT INTO publications (message_id, routing_key, published_at, trace_id) \
+         SELECT message_id, routing_key, processed_at, NULLIF(split_part(tp, '-', 2), '') \
+         FROM marked",
     )
     .bind(ids)
     .execute(tx)
