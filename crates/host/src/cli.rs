@@ -94,6 +94,11 @@ pub enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Serve the fleet view: one page over every installation listed in its own settings file
+    /// (`--config`, else `config/fleet.toml`; see config/fleet.example.toml), each read from
+    /// its admin address with a viewer account's API token. It reads no host settings and
+    /// reaches no database or broker.
+    Fleet,
 }
 
 #[derive(Debug, Subcommand)]

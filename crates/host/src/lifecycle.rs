@@ -230,6 +230,8 @@ async fn serve_admin(
         broker: supervisor.status(),
         alerts: watched.alerts.clone(),
         database: Arc::new(DatabaseReading(started.health.clone())),
+        environment: settings.admin.environment(),
+        schema: watched.schema.clone(),
     };
     let console = console(
         settings,
@@ -368,7 +370,8 @@ async fn reach_services(
     Ok((pool, supervisor))
 }
 
-async fn wait_for_signal() {
+/// Waits for SIGTERM or SIGINT (the fleet view stops on them too).
+pub(crate) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -16,6 +16,9 @@ fn main() -> ExitCode {
             return ExitCode::from(code as u8);
         }
     };
+    if let Some(Command::Fleet) = cli.command {
+        return commands::fleet::main(cli.config.as_deref());
+    }
     let source = settings::source_from(cli.config.as_deref());
     let env: Vec<(String, String)> = std::env::vars().collect();
     let settings = match Settings::load(&source, &env) {

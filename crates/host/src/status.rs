@@ -21,6 +21,10 @@ pub struct StatusBoard {
     pub alerts: std::sync::Arc<crate::alerts::AlertBook>,
     /// The database's state as the health monitor last saw it.
     pub database: std::sync::Arc<dyn Reading>,
+    /// `admin.environment`, for the console's band and the fleet view.
+    pub environment: Option<crate::environment::Environment>,
+    /// The schema found at start (after migrating): the fleet view shows it beside the release.
+    pub schema: Option<worker_store::schema::SchemaVersion>,
 }
 
 /// One job on the board.
@@ -79,6 +83,8 @@ impl StatusBoard {
             "replica": self.replica,
             "release": crate::version::VERSION,
             "revision": crate::version::REVISION,
+            "environment": self.environment,
+            "schema": self.schema,
             "started_at": self.started_at,
             "broker": {
                 "state": broker.state.as_str(),

@@ -5,6 +5,7 @@ pub mod actor;
 pub mod automations;
 pub mod config;
 pub mod dlq;
+pub mod fleet;
 pub mod health;
 pub mod jobs;
 pub mod mail;
@@ -74,6 +75,10 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Topology {
                 action: TopologyAction::Declare,
             } => topology::declare(&settings).await,
+            // `main` runs the fleet view before any host settings are read.
+            Command::Fleet => Err(Fatal::usage(
+                "the fleet view takes its own settings file: worker-host fleet --config fleet.toml",
+            )),
             Command::Run | Command::Config { .. } | Command::Health => {
                 lifecycle::run(settings, observability).await
             }

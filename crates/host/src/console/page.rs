@@ -152,6 +152,8 @@ struct Chrome {
     /// The caller may manage accounts.
     admin: bool,
     open_reading: bool,
+    /// `admin.environment`: the band at the top of every page.
+    environment: Option<crate::environment::Environment>,
 }
 
 /// Renders page `template` with `context`, framed for the caller.
@@ -169,6 +171,7 @@ pub fn render(console: &Console, caller: &Caller, template: &str, context: Value
             .is_some_and(|s| s.role >= worker_store::operators::Role::Admin)
             && caller.csrf().is_some(),
         open_reading: console.access.open_reading(),
+        environment: console.board.environment.clone(),
     };
     let context = minijinja::context! { chrome => Value::from_serialize(&chrome), ..context };
     console

@@ -44,6 +44,7 @@ const TEMPLATES: &[(&str, &str)] = &[
         "dead_letter_edit.html",
         include_str!("templates/dead_letter_edit.html"),
     ),
+    ("fleet.html", include_str!("templates/fleet.html")),
 ];
 
 /// The console's stylesheet, served as `/console.css` (the pages have no inline style).

@@ -62,6 +62,24 @@ pub struct AdminSettings {
     /// How long one request may take, from its headers to the end of the answer.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// The environment this installation is (`production`, `staging`, ...): a band with its
+    /// name on every page of the console, red for production, and `environment` on
+    /// `/status`, which the fleet view shows. Unset: no band.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
+    /// The band's colour instead of the default (red for production, blue for any other):
+    /// `red`, `amber`, `blue`, `green` or `grey`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub environment_colour: Option<crate::environment::Colour>,
+}
+
+impl AdminSettings {
+    /// The environment's band, when `environment` is set.
+    pub fn environment(&self) -> Option<crate::environment::Environment> {
+        self.environment
+            .as_deref()
+            .map(|name| crate::environment::Environment::new(name, self.environment_colour))
+    }
 }
 
 /// `[admin.auth_proxy]`: a header set by a reverse proxy that has already signed the user in
@@ -119,6 +137,8 @@ impl Default for AdminSettings {
             max_connections: 256,
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
+            environment: None,
+            environment_colour: None,
         }
     }
 }

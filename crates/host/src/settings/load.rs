@@ -204,7 +204,7 @@ fn error_key(path: &str, kind: &figment::error::Kind) -> String {
     }
 }
 
-fn from_figment(
+pub(crate) fn from_figment(
     errors: Vec<figment::Error>,
     file: &str,
     file_text: Option<&str>,
@@ -244,12 +244,12 @@ fn from_figment(
 }
 
 /// True for a key that holds a secret (`database.password`, `imap.accounts.0.password`,
-/// `admin.operator_token`, `admin.scrape_token`):
+/// `admin.operator_token`, `admin.scrape_token`, a fleet view's `installations.0.token`):
 /// its value is never parsed as anything but text and never quoted in an error.
 fn is_secret_key(key: &str) -> bool {
     matches!(
         key.rsplit('.').next(),
-        Some("password" | "operator_token" | "scrape_token")
+        Some("password" | "operator_token" | "scrape_token" | "token")
     )
 }
 
@@ -273,7 +273,7 @@ fn describe_secret_kind(kind: &figment::error::Kind) -> String {
 /// The file's text as a TOML table, parsed before figment does, to report a syntax error by
 /// file, line and key. The parser's own report quotes the offending line, which may hold a
 /// password: only its message (what was expected) is kept, never the line's text.
-fn parse_table(text: &str, path_text: &str) -> Result<toml::Table, SettingsError> {
+pub(crate) fn parse_table(text: &str, path_text: &str) -> Result<toml::Table, SettingsError> {
     let error = match toml::from_str::<toml::Table>(text) {
         Ok(table) => return Ok(table),
         Err(error) => error,

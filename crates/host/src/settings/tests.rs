@@ -1012,3 +1012,24 @@ fn the_retention_ages_written_in_their_old_sections_are_the_retention_jobs() {
         ["workers.dedup_retention", "workers.attempt_log.retention"]
     );
 }
+
+#[test]
+fn an_environment_band_is_read_and_an_empty_name_or_a_lone_colour_is_named() {
+    let text = format!("{SECRETS}[admin]\nenvironment = \"production\"\n");
+    let band = load_text(&text).unwrap().admin.environment().unwrap();
+    assert!(band.production);
+    assert_eq!(band.colour, crate::environment::Colour::Red);
+    assert!(load_text(SECRETS).unwrap().admin.environment().is_none());
+    let why = problem_at("[admin]\nenvironment = \" \"\n", "admin.environment");
+    assert!(why.contains("environment's name"), "{why}");
+    let why = problem_at(
+        "[admin]\nenvironment_colour = \"amber\"\n",
+        "admin.environment_colour",
+    );
+    assert!(why.contains("admin.environment"), "{why}");
+    let errors = load_text(&format!(
+        "{SECRETS}[admin]\nenvironment = \"staging\"\nenvironment_colour = \"pink\"\n"
+    ))
+    .unwrap_err();
+    assert_eq!(errors[0].key, "admin.environment_colour", "{errors:?}");
+}

@@ -286,6 +286,19 @@ impl Settings {
                 );
             }
         }
+        if let Some(Err(problem)) = admin
+            .environment
+            .as_deref()
+            .map(crate::environment::check_name)
+        {
+            fail("admin.environment", problem);
+        }
+        if admin.environment_colour.is_some() && admin.environment.is_none() {
+            fail(
+                "admin.environment_colour",
+                "set admin.environment too: the colour is the colour of its band".into(),
+            );
+        }
         let hashing = admin.password_hashing;
         if let Err(e) = argon2::Params::new(
             hashing.memory_kib,

@@ -9,6 +9,7 @@ pub mod browser;
 pub mod console;
 pub mod container;
 pub mod edit;
+pub mod fleet;
 pub mod history;
 
 use std::collections::{BTreeMap, BTreeSet};
