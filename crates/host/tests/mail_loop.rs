@@ -31,8 +31,8 @@ use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use support::{
-    Host, SERIAL, base_settings, inbox, mail_account_settings, publish_confirmed, send_mail,
-    short_id, write_automation,
+    Host, SERIAL, SmtpFailSwitch, base_settings, inbox, mail_account_settings, publish_confirmed,
+    send_mail, short_id, write_automation,
 };
 use worker_testkit::{TestDb, TestVhost};
 
@@ -99,32 +99,6 @@ impl Mailboxes {
 /// (without angle brackets).
 async fn send_ping(from: &str, to: &str, subject: &str) -> anyhow::Result<String> {
     send_mail(from, to, subject, "mail-loop.test").await
-}
-
-/// While it lives, the local SMTP server answers RCPT for `address` with `reply`.
-struct SmtpFailSwitch {
-    path: PathBuf,
-}
-
-impl SmtpFailSwitch {
-    fn set(address: &str, reply: &str) -> anyhow::Result<Self> {
-        let dir = worker_testkit::services_dir().join("smtp-fail");
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join(address);
-        std::fs::write(&path, format!("{reply}\n"))
-            .with_context(|| format!("writing the switch {}", path.display()))?;
-        Ok(Self { path })
-    }
-
-    fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for SmtpFailSwitch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

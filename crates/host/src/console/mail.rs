@@ -166,6 +166,11 @@ pub async fn story_page(
     }
     let story = story_of(&console, &id).await?;
     let end = (story.end.name(), story.end.sentence());
+    let others = story
+        .mail
+        .from_address
+        .as_deref()
+        .map(|from| serde_urlencoded::to_string([("from", from)]).unwrap_or_default());
     render(
         &console,
         &caller,
@@ -174,6 +179,7 @@ pub async fn story_page(
             s => Value::from_serialize(&story),
             state => end.0,
             sentence => end.1,
+            others => others,
         },
     )
 }

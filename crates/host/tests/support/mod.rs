@@ -635,6 +635,32 @@ pub async fn send_mail(
     Ok(message_id)
 }
 
+/// While it lives, the local SMTP server answers RCPT for `address` with `reply`.
+pub struct SmtpFailSwitch {
+    path: PathBuf,
+}
+
+impl SmtpFailSwitch {
+    pub fn set(address: &str, reply: &str) -> anyhow::Result<Self> {
+        let dir = worker_testkit::services_dir().join("smtp-fail");
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(address);
+        std::fs::write(&path, format!("{reply}\n"))
+            .with_context(|| format!("writing the switch {}", path.display()))?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SmtpFailSwitch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// A mail as read back over IMAP.
 #[derive(Debug)]
 pub struct ReceivedMail {
