@@ -23,10 +23,9 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
