@@ -71,6 +71,8 @@ pub struct Console {
     pub password_hashing: crate::settings::PasswordHashing,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
+    /// The consumer jobs' pauses as this replica obeys them.
+    pub gates: Option<Arc<crate::jobs::ConsumerGates>>,
 }
 
 /// The operator actions, each a form's target and, under `/api/`, a script's.
