@@ -87,6 +87,7 @@ fn shared_thresholds() -> Vec<(&'static str, String)> {
             a.db_probe_failures.to_string(),
         ),
         ("WorkerHostStuckWork", a.stuck_work.to_string()),
+        ("WorkerHostJobPausedLong", a.pause_age.as_secs().to_string()),
         // The host counts silent replicas against 0 too; `replica_silent_after` is carried by
         // the gauge's state.
         ("WorkerHostReplicaSilent", "0".to_string()),

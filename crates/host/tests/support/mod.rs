@@ -8,6 +8,7 @@
 pub mod browser;
 pub mod console;
 pub mod container;
+pub mod pause;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
