@@ -322,7 +322,9 @@ async fn a_consumer_job_is_paused_and_resumed_from_the_command_line_with_a_reaso
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_finishes_the_deliveries_held_and_returns_none() -> anyhow::Result<()> {
-    // Under the demo automation's reply limit per address (10).
+    // More than email-send's concurrency (8), under its prefetch (50) and under the demo
+    // automation's reply limit per address (10): at the pause, 8 sends are in flight and one
+    // delivery is prefetched, not started.
     const HELD: u32 = 9;
     let _serial = SERIAL.lock().await;
     let world = World::start("CONSOLE_PAUSE_SHOW_LOG", Setup::with_token()).await?;
@@ -331,26 +333,27 @@ async fn a_pause_finishes_the_deliveries_held_and_returns_none() -> anyhow::Resu
     watch
         .wait_consumers(QUEUE, 1, Duration::from_secs(10))
         .await?;
-    // Each send takes a second: the pause comes while sends are in flight and the rest are
-    // prefetched (email-send's prefetch is 50, its concurrency 8).
     let local = format!("held-{}", short_id());
     world
         .sink
-        .delay_answer(&format!("{local}@localhost"), Duration::from_secs(1))?;
+        .delay_answer(&format!("{local}@localhost"), Duration::from_secs(2))?;
     publish_pings(&world.vhost, &format!("{local}@localhost"), HELD as usize).await?;
-    let sending = || async {
-        anyhow::Ok(
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM outbound_emails WHERE status = 'sending'",
-            )
-            .fetch_one(&world.db.pool)
-            .await?,
-        )
+    let db = &world.db.pool;
+    let count = |sql: &'static str| async move {
+        anyhow::Ok(sqlx::query_scalar::<_, i64>(sql).fetch_one(db).await?)
     };
     wait_for(
-        "sends in flight",
+        "every reply published and sends in flight",
         || host.log_tail(),
-        || async { Ok((sending().await? > 0).then_some(())) },
+        || async {
+            let published = count(
+            "SELECT count(*) FROM outbox WHERE status = 'processed' AND routing_key = 'email.send'",
+        )
+        .await?;
+            let sending =
+                count("SELECT count(*) FROM outbound_emails WHERE status = 'sending'").await?;
+            Ok((published == i64::from(HELD) && sending > 0).then_some(()))
+        },
     )
     .await;
     let (code, out, err) = host
@@ -361,53 +364,32 @@ async fn a_pause_finishes_the_deliveries_held_and_returns_none() -> anyhow::Resu
         .wait_consumers(QUEUE, 0, Duration::from_secs(6))
         .await?;
 
-    // What the consumer held is finished; what it had not taken waits in the queue.
-    let waiting = wait_for(
+    // Everything the consumer held, in flight or prefetched, is sent while it is paused;
+    // nothing went back to the queue.
+    wait_for(
         "the held deliveries finished",
         || host.log_tail(),
         || async {
             let (ready, consumers) = watch.counts(QUEUE).await?;
             assert_eq!(consumers, 0, "no consumer while paused");
-            let sent = world.sink.delivered(&local).len() as u32;
-            let published: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM outbox WHERE status = 'processed' \
-             AND routing_key = 'email.send'",
-            )
-            .fetch_one(&world.db.pool)
-            .await?;
-            let settled = sending().await? == 0 && sent + ready == published as u32;
-            Ok((settled && published as u32 == HELD).then_some(ready))
+            assert_eq!(ready, 0, "no delivery returned to the queue");
+            let sent = count("SELECT count(*) FROM outbound_emails WHERE status = 'sent'").await?;
+            Ok((sent == i64::from(HELD)).then_some(()))
         },
     )
     .await;
-    assert!(
-        world.sink.delivered(&local).len() as u32 + waiting == HELD,
-        "every mail sent or waiting"
-    );
-
-    let (code, out, err) = host.cli(&["jobs", "resume", "email-send"]).await?;
-    assert_eq!(code, Some(0), "{out}{err}");
-    delivered(&world, &local, HELD as usize).await;
     assert_eq!(
         world.sink.delivered(&local).len(),
         HELD as usize,
         "each once"
     );
-    let (acked, redelivered) = acked_and_redelivered(
-        &world.vhost,
-        QUEUE,
-        u64::from(HELD),
-        Duration::from_secs(15),
-    )
-    .await?;
-    assert!(
-        acked >= u64::from(HELD),
-        "the management API caught up: {acked} acks"
-    );
-    assert_eq!(
-        redelivered, 0,
-        "the pause returned no delivery to the queue"
-    );
+    assert_eq!(watch.counts(QUEUE).await?, (0, 0));
+
+    let (code, out, err) = host.cli(&["jobs", "resume", "email-send"]).await?;
+    assert_eq!(code, Some(0), "{out}{err}");
+    watch
+        .wait_consumers(QUEUE, 1, Duration::from_secs(6))
+        .await?;
     world.host.stop_cleanly().await;
     Ok(())
 }
@@ -538,4 +520,34 @@ fn urlencode(name: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_whose_notice_is_lost_takes_effect_within_the_poll() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let world = World::start("CONSOLE_PAUSE_SHOW_LOG", Setup::with_token()).await?;
+    let watch = QueueWatch::open(&world.vhost).await?;
+    watch
+        .wait_consumers(QUEUE, 1, Duration::from_secs(10))
+        .await?;
+    // Written past the store, so that no notice is sent: only the poll can see it.
+    sqlx::query(
+        "WITH a AS (INSERT INTO dead_letter_actions (action, actor_user, actor_host, filter) \
+         VALUES ('pause', 'test', 'test', '{\"job\": \"email-send\"}') RETURNING id) \
+         INSERT INTO job_pauses (job, action_id) SELECT 'email-send', id FROM a",
+    )
+    .execute(&world.db.pool)
+    .await?;
+    let stopped = watch.wait_consumers(QUEUE, 0, BOUND).await?;
+    sqlx::query("DELETE FROM job_pauses")
+        .execute(&world.db.pool)
+        .await?;
+    let started = watch.wait_consumers(QUEUE, 1, BOUND).await?;
+    println!(
+        "without a notice (workers.pause_poll 5 s): stopped after {} ms, consuming again after {} ms",
+        stopped.as_millis(),
+        started.as_millis()
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
 }
