@@ -147,7 +147,7 @@ pub use connection::{
 };
 pub use consumer::{
     ConsumeLoop, ConsumeSettings, ConsumerEvents, ConsumerRunner, ConsumerSettings, DeadReason,
-    DeliveryReport, Outcome, Scope, SessionEnd, Settle,
+    DeliveryReport, Gate, Outcome, Scope, SessionEnd, Settle,
 };
 pub use message::{Delivery, HeaderValue, Headers, Properties};
 pub use publisher::{Outgoing, PublishError, Publisher, PublisherSettings, headers_from_json};

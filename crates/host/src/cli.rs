@@ -79,7 +79,7 @@ pub enum Command {
         #[command(subcommand)]
         action: crate::commands::mail::MailAction,
     },
-    /// Pause and resume timer jobs on every replica.
+    /// Pause and resume jobs (timers and consumers) on every replica.
     Jobs {
         #[command(subcommand)]
         action: JobsAction,
@@ -170,21 +170,29 @@ pub enum OutboxAction {
 
 #[derive(Debug, Subcommand)]
 pub enum JobsAction {
-    /// The timer jobs, and which of them an operator paused (by whom, since when).
+    /// The jobs, and which of them an operator paused (by whom, since when, why).
     List {
         #[arg(long)]
         json: bool,
     },
-    /// Hold back a timer job's scheduled ticks on every replica until it is resumed.
+    /// Pause a job on every replica until it is resumed: a timer job's scheduled ticks are
+    /// held back; a consumer job's consumers stop taking deliveries (what they hold is
+    /// finished and acked; the rest waits in the queue).
     Pause {
-        /// The job, as `jobs list` names it (`draft-expiry`, say).
+        /// The job, as `jobs list` names it (`draft-expiry`, `email-send`, say).
         job: String,
+        /// Why, recorded in the audit trail and shown with the pause.
+        #[arg(long)]
+        reason: Option<String>,
         #[command(flatten)]
         actor: crate::commands::actor::ActorArgs,
     },
-    /// Let a paused timer job tick on its schedule again.
+    /// Let a paused job run again: a timer on its schedule, a consumer on its queue.
     Resume {
         job: String,
+        /// Why, recorded in the audit trail.
+        #[arg(long)]
+        reason: Option<String>,
         #[command(flatten)]
         actor: crate::commands::actor::ActorArgs,
     },

@@ -53,6 +53,20 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
     tracker.spawn(attempt_writer.run(shutdown.child_token()));
     let history = worker_store::history::Tally::default();
     let lease = Arc::new(AdvisoryLease::new(pool.clone()));
+    // Read before any consumer starts, so that a replica starting while a consumer job is
+    // paused never consumes its queue; a failed reading starts them, and the watch corrects
+    // it within `workers.pause_poll`.
+    let paused = worker_store::pauses::list(&pool).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "could not read the paused jobs at start; the next reading applies them");
+        Vec::new()
+    });
+    let consumer_gates = Arc::new(jobs::ConsumerGates::new(&paused));
+    tracker.spawn(jobs::watch_pauses(
+        consumer_gates.clone(),
+        pool.clone(),
+        settings.workers.pause_poll,
+        shutdown.child_token(),
+    ));
     let jobs_context = JobsContext {
         settings: settings.clone(),
         pool: pool.clone(),
@@ -67,6 +81,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         pauses: Some(Arc::new(crate::scheduler::control::DatabasePauses::new(
             pool.clone(),
         ))),
+        consumer_gates: Some(consumer_gates),
         liveness: liveness.clone(),
     };
     let started = jobs::start_all(&jobs_context).map_err(Fatal::usage)?;
@@ -233,7 +248,7 @@ async fn serve_admin(
         environment: settings.admin.environment(),
         schema: watched.schema.clone(),
     };
-    let console = console(
+    let mut console = console(
         settings,
         supervisor,
         board.clone(),
@@ -242,6 +257,7 @@ async fn serve_admin(
         shutdown,
     )
     .await?;
+    console.gates = started.gates;
     let server = admin::serve(
         settings.admin.listen,
         admin::Limits::of(&settings.admin),
@@ -303,6 +319,7 @@ async fn console(
             ),
             recipients_max: settings.jobs.automation_action.auto_replies.recipients_max,
         },
+        gates: None,
     })
 }
 

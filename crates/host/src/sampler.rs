@@ -43,6 +43,18 @@ pub struct Readings {
     /// Every queue of the topology with its retry tiers and dead queue, as the broker last
     /// counted them (`None` for a queue it did not answer for).
     pub queues: Vec<QueueReading>,
+    /// The paused jobs, by their current name, with when each was paused.
+    pub paused_since: BTreeMap<String, chrono::DateTime<Utc>>,
+}
+
+impl Readings {
+    /// How long `job` has been paused at `now`; zero when it is not.
+    pub fn paused_for(&self, job: &str, now: chrono::DateTime<Utc>) -> Duration {
+        self.paused_since
+            .get(job)
+            .and_then(|since| (now - *since).to_std().ok())
+            .unwrap_or_default()
+    }
 }
 
 /// One consumer queue, its retry tiers and its dead queue, with their depths.
@@ -166,6 +178,22 @@ pub fn register_gauges(metrics: &Metrics, readings: Arc<RwLock<Readings>>) {
         .build();
     let r = read.clone();
     meter
+        .f64_observable_gauge(names::JOB_PAUSED)
+        .with_unit("s")
+        .with_description("how long an operator has had the job paused (0 while it is not)")
+        .with_callback(move |o| {
+            let readings = r();
+            let now = Utc::now();
+            for spec in crate::settings::all() {
+                o.observe(
+                    readings.paused_for(spec.name, now).as_secs_f64(),
+                    &[KeyValue::new(names::JOB_LABEL, spec.name)],
+                );
+            }
+        })
+        .build();
+    let r = read.clone();
+    meter
         .u64_observable_gauge(names::REPLICAS)
         .with_description("replicas reporting to the shared database, by state")
         .with_callback(move |o| {
@@ -282,6 +310,16 @@ pub async fn sample(sources: &Sources, previous: Readings) -> Readings {
 
     if let Err(e) = worker_store::replicas::report(pool, &sources.replica).await {
         tracing::debug!(error = %e, "this replica's report to the database failed; trying again next round");
+    }
+    if let Ok(paused) = worker_store::pauses::list(pool).await {
+        // A pause under a job's earlier name is its pause.
+        r.paused_since = paused
+            .into_iter()
+            .map(|p| {
+                let job = crate::settings::find(&p.job).map_or(p.job, |spec| spec.name.into());
+                (job, p.paused_at)
+            })
+            .collect();
     }
     if let Ok(census) = worker_store::replicas::census(pool, sources.replica_silent_after).await {
         r.replicas = census;
@@ -416,6 +454,15 @@ pub fn evaluate(alerts: &AlertBook, settings: &AlertSettings, r: &Readings) {
             settings.stuck_work as f64,
         );
     }
+    let now = Utc::now();
+    for spec in crate::settings::all() {
+        alerts.evaluate(
+            &format!("job-paused:{}", spec.name),
+            &format!("seconds job {} has been paused", spec.name),
+            r.paused_for(spec.name, now).as_secs() as f64,
+            settings.pause_age.as_secs() as f64,
+        );
+    }
     alerts.evaluate(
         "db-probe-failures",
         "failed database probes in a row",
@@ -427,6 +474,40 @@ pub fn evaluate(alerts: &AlertBook, settings: &AlertSettings, r: &Readings) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pause_older_than_pause_age_is_an_alert_for_its_job() {
+        let alerts = AlertBook::default();
+        let settings = AlertSettings {
+            pause_age: Duration::from_secs(3600),
+            ..AlertSettings::default()
+        };
+        let mut r = Readings::default();
+        r.paused_since.insert(
+            "email-send".into(),
+            Utc::now() - chrono::Duration::minutes(61),
+        );
+        r.paused_since.insert(
+            "draft-expiry".into(),
+            Utc::now() - chrono::Duration::minutes(5),
+        );
+        evaluate(&alerts, &settings, &r);
+        let names: Vec<String> = alerts
+            .active()
+            .into_iter()
+            .map(|a| a.name)
+            .filter(|n| n.starts_with("job-paused"))
+            .collect();
+        assert_eq!(names, vec!["job-paused:email-send".to_string()]);
+        r.paused_since.clear();
+        evaluate(&alerts, &settings, &r);
+        assert!(
+            alerts
+                .active()
+                .iter()
+                .all(|a| !a.name.starts_with("job-paused"))
+        );
+    }
 
     #[test]
     fn dead_letter_depth_over_its_threshold_is_an_alert_per_queue() {

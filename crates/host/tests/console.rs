@@ -481,7 +481,7 @@ async fn a_pause_and_ticks_under_a_jobs_former_name_are_its_own() -> anyhow::Res
     let former =
         worker_core::JobSpec::timer("dead-letter-maintenance", worker_core::Lease::OneReplica);
     let actor = worker_store::audit::Actor::new("erin", "an-older-release");
-    worker_store::pauses::pause(&world.db.pool, &former, &actor).await?;
+    worker_store::pauses::pause(&world.db.pool, &former, &actor, None).await?;
     let host = &world.host;
     host.wait_for("ticks skipped while paused", || async {
         Ok((host.count("dead-letter-archive", "skipped_paused").await? >= 2).then_some(()))

@@ -91,6 +91,7 @@ fn shared_thresholds() -> Vec<(&'static str, String)> {
             "WorkerHostReplyLimitSkipping",
             a.reply_limit_skips.to_string(),
         ),
+        ("WorkerHostJobPausedLong", a.pause_age.as_secs().to_string()),
         // The host counts silent replicas against 0 too; `replica_silent_after` is carried by
         // the gauge's state.
         ("WorkerHostReplicaSilent", "0".to_string()),

@@ -61,7 +61,7 @@
 //! One file a concern: `settings` ([`ConsumerSettings`]), `headers` (their names, and
 //! [`attempt_of`]), `decide` (the pure [`decide()`]), `dead_letter` (parking and
 //! dead-lettering, each described by one verdict), `acks` (the coalescing ack book),
-//! `events` ([`ConsumerEvents`]), `runner` ([`ConsumerRunner`], the pipeline per delivery),
+//! `events` ([`ConsumerEvents`]), `gate` ([`Gate`], an operator's pause), `runner` ([`ConsumerRunner`], the pipeline per delivery),
 //! `session` ([`ConsumeLoop`], the consume loop), `pump` (one session of it: take, hand
 //! out, settle, stop) and `handlers` (the handler tasks, their [`Scope`], and the wait for
 //! them on shutdown).
@@ -70,6 +70,7 @@ mod acks;
 mod dead_letter;
 mod decide;
 mod events;
+mod gate;
 mod handlers;
 mod headers;
 mod pump;
@@ -80,6 +81,7 @@ mod settings;
 pub use acks::Settle;
 pub use decide::{DeadReason, Decision, Outcome, decide};
 pub use events::{ConsumerEvents, DeliveryReport, NoEvents};
+pub use gate::Gate;
 pub use handlers::{CANCEL_WAIT, Scope};
 pub use headers::{
     ATTEMPT_HEADER, DEAD_AT_HEADER, DEAD_ATTEMPTS_HEADER, DEAD_CLASS_HEADER, DEAD_ERROR_HEADER,

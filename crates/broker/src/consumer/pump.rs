@@ -1,6 +1,8 @@
 //! One session of a consume loop: the [`Pump`] that takes deliveries, spawns their handlers,
 //! books their answers and acks them, and on shutdown settles the deliveries in flight until
-//! the settle deadline, returning what is left to the queue.
+//! the settle deadline, returning what is left to the queue. When its [`Gate`] closes (an
+//! operator's pause) it stops the consumer the same way but works off everything it holds with
+//! no deadline but the handlers' own timeouts, and returns nothing.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -14,6 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckBook, Settle};
+use super::gate::{Gate, closing};
 use super::handlers::{CANCEL_WAIT, Handlers, Scope};
 use super::settings::ConsumeSettings;
 use crate::message::Delivery;
@@ -25,6 +28,8 @@ pub enum SessionEnd {
     Shutdown,
     /// The channel or connection was lost (or could not be opened), with why.
     Lost(String),
+    /// The gate closed (the job is paused) and every delivery held was settled.
+    Paused,
 }
 
 /// How the loop of one session ended.
@@ -34,6 +39,8 @@ pub(super) enum End {
     AllSettled,
     /// Shutdown, and the settle deadline came first.
     DeadlineOver,
+    /// The gate closed, and every delivery held was settled.
+    Paused,
 }
 
 /// A handler's answer, or its panic.
@@ -57,6 +64,10 @@ pub(super) struct Pump<'a, H> {
     settling: Option<Instant>,
     /// Whether the consumer may still yield deliveries (it ends after `basic.cancel`).
     consuming: bool,
+    /// An operator's pause, when the loop has one.
+    gate: Option<Gate>,
+    /// Set once the gate closed: the consumer is cancelled, what it holds is worked off.
+    pausing: bool,
 }
 
 impl<'a, H, Fut> Pump<'a, H>
@@ -70,6 +81,7 @@ where
         handler: H,
         channel: Channel,
         consumer: Consumer,
+        gate: Option<Gate>,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Self {
@@ -87,19 +99,29 @@ where
             flush_at: None,
             settling: None,
             consuming: true,
+            gate,
+            pausing: false,
         }
     }
 
     pub(super) async fn pump(&mut self, shutdown: &CancellationToken) -> End {
         loop {
-            if self.settling.is_some() && !self.consuming && self.acks.pending() == 0 {
-                return End::AllSettled;
+            if (self.settling.is_some() || self.pausing)
+                && !self.consuming
+                && self.acks.pending() == 0
+            {
+                return if self.settling.is_some() {
+                    End::AllSettled
+                } else {
+                    End::Paused
+                };
             }
             let step = tokio::select! {
                 biased;
                 Some(done) = self.done_rx.recv() => self.settled(done).await,
                 () = sleep_until(self.flush_at), if self.flush_at.is_some() => self.flush_due().await,
                 () = shutdown.cancelled(), if self.settling.is_none() => self.start_settling().await,
+                () = closing(self.gate.as_mut()), if self.settling.is_none() && !self.pausing => self.start_pausing().await,
                 () = sleep_until(self.settling), if self.settling.is_some() => Err(End::DeadlineOver),
                 p = self.semaphore.clone().acquire_owned(), if self.permit.is_none() && self.consuming => {
                     self.permit = p.ok();
@@ -150,6 +172,22 @@ where
     async fn start_settling(&mut self) -> Result<(), End> {
         self.settling = Some(self.handlers.settle_until(self.settings.settle_deadline));
         tracing::info!(queue = %self.settings.queue, in_flight = self.acks.pending(), "stopping the consumer; finishing the deliveries it holds");
+        if self.pausing {
+            // Cancelled already, for the pause: only the deadline is new.
+            return Ok(());
+        }
+        self.cancel_consumer().await
+    }
+
+    /// Paused: as on shutdown, the broker sends no more and what is held is worked off, but
+    /// with no deadline (each handler has its timeout) and nothing returned to the queue.
+    async fn start_pausing(&mut self) -> Result<(), End> {
+        self.pausing = true;
+        tracing::info!(queue = %self.settings.queue, in_flight = self.acks.pending(), "paused: stopping the consumer; finishing the deliveries it holds");
+        self.cancel_consumer().await
+    }
+
+    async fn cancel_consumer(&mut self) -> Result<(), End> {
         let cancel = self
             .channel
             .basic_cancel(self.consumer.tag(), BasicCancelOptions::default());
@@ -176,7 +214,7 @@ where
                 "the consumer failed: {}",
                 worker_core::error_chain(&e)
             ))),
-            None if self.settling.is_some() => {
+            None if self.settling.is_some() || self.pausing => {
                 self.consuming = false;
                 Ok(())
             }
@@ -207,6 +245,7 @@ where
             End::Lost(why) => self.lost(why).await,
             End::AllSettled => self.all_settled().await,
             End::DeadlineOver => self.deadline_over().await,
+            End::Paused => self.paused().await,
         }
     }
 
@@ -232,6 +271,24 @@ where
         }
         tracing::info!(%queue, "every delivery held was finished");
         self.close().await
+    }
+
+    /// Everything held was worked off for a pause: the last acks, then the channel closes
+    /// (the loop opens another when the gate opens).
+    async fn paused(mut self) -> SessionEnd {
+        let queue = &self.settings.queue;
+        if let Err(e) = self.acks.flush(&self.channel, true).await {
+            tracing::warn!(%queue, error = %e, "acking the last deliveries before the pause failed; the broker requeues them");
+        }
+        tracing::info!(%queue, "paused: every delivery held was finished; consuming nothing until resumed");
+        drop(self.consumer);
+        self.orphaned.cancel();
+        let _ = tokio::time::timeout(
+            CANCEL_WAIT,
+            self.channel.close(200, "consumer paused".into()),
+        )
+        .await;
+        SessionEnd::Paused
     }
 
     /// Cancels the handlers in flight, settles what they answer within [`CANCEL_WAIT`], and

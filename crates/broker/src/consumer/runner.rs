@@ -98,6 +98,13 @@ impl<J: ConsumerJob> ConsumerRunner<J> {
         }
     }
 
+    /// The runner, consuming only while `gate` is open (an operator's pause closes it).
+    #[must_use]
+    pub fn gated(mut self, gate: super::Gate) -> Self {
+        self.consume = self.consume.gated(gate);
+        self
+    }
+
     pub fn queue(&self) -> &QueueTopology {
         &self.shared.queue
     }

@@ -15,6 +15,10 @@
 //! next connection without waiting for them; they stay tracked, and shutdown waits for them
 //! within the same settle deadline.
 //!
+//! With a [`Gate`], an operator's pause stops the loop as shutdown does, but without a
+//! deadline and without returning anything (see `gate.rs`); while the gate is closed the loop
+//! opens no consumer, on this connection or the next, and it consumes again once it opens.
+//!
 //! A handler that panics takes the loop down with it: the panic is resumed in the loop's own
 //! task, as if the process died there, and its delivery is left to the broker.
 
@@ -27,6 +31,7 @@ use lapin::{Channel, Consumer};
 use tokio_util::sync::CancellationToken;
 
 use super::acks::Settle;
+use super::gate::Gate;
 use super::handlers::{Handlers, Scope};
 use super::pump::{Pump, SessionEnd};
 use super::settings::ConsumeSettings;
@@ -37,13 +42,22 @@ use crate::message::Delivery;
 #[derive(Debug, Clone)]
 pub struct ConsumeLoop {
     settings: Arc<ConsumeSettings>,
+    gate: Option<Gate>,
 }
 
 impl ConsumeLoop {
     pub fn new(settings: ConsumeSettings) -> Self {
         Self {
             settings: Arc::new(settings),
+            gate: None,
         }
+    }
+
+    /// The loop, consuming only while `gate` is open.
+    #[must_use]
+    pub fn gated(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     pub fn settings(&self) -> &ConsumeSettings {
@@ -68,7 +82,19 @@ impl ConsumeLoop {
         let mut failed_generation = None;
         let mut backoff =
             worker_core::Backoff::doubling(Duration::from_millis(100), Duration::from_secs(10));
+        let mut gate = self.gate.clone();
         loop {
+            if let Some(gate) = gate.as_mut()
+                && gate.is_closed()
+            {
+                tracing::info!(queue = %self.settings.queue, "paused: not consuming until resumed");
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    () = gate.opened() => {}
+                }
+                tracing::info!(queue = %self.settings.queue, "resumed: consuming again");
+            }
             let session = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -83,7 +109,11 @@ impl ConsumeLoop {
             let handler = per_session(&session);
             let end = self.session(&session, &shutdown, &handlers, handler).await;
             drop(hold);
-            let SessionEnd::Lost(why) = end else { break };
+            let why = match end {
+                SessionEnd::Lost(why) => why,
+                SessionEnd::Paused => continue,
+                SessionEnd::Shutdown => break,
+            };
             tracing::warn!(queue = %self.settings.queue, error = %why, "consumer lost its channel; resuming on the next connection");
             if session.is_open() {
                 // The connection is fine but the channel is not (a refused consume, say):
@@ -146,7 +176,14 @@ impl ConsumeLoop {
             concurrency = settings.concurrency,
             "consuming"
         );
-        let mut pump = Pump::new(settings, handlers, handler, channel, consumer);
+        let mut pump = Pump::new(
+            settings,
+            handlers,
+            handler,
+            channel,
+            consumer,
+            self.gate.clone(),
+        );
         let end = pump.pump(shutdown).await;
         pump.finish(end).await
     }

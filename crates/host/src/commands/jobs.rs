@@ -1,4 +1,4 @@
-//! `worker-host jobs list|pause|resume`: the timer jobs and their pauses, which every replica
+//! `worker-host jobs list|pause|resume`: the jobs and their pauses, which every replica
 //! obeys (the console's pause and resume buttons do the same, through the same library).
 
 use worker_store::pauses;
@@ -7,7 +7,7 @@ use super::actor::actor;
 use crate::cli::JobsAction;
 use crate::connections;
 use crate::exit::Fatal;
-use crate::jobs::{pausable, pause_of, timer_names};
+use crate::jobs::{find, job_names, pausable, pause_of};
 use crate::settings::Settings;
 
 pub async fn run(settings: &Settings, action: JobsAction) -> Result<(), Fatal> {
@@ -19,16 +19,23 @@ pub async fn run(settings: &Settings, action: JobsAction) -> Result<(), Fatal> {
     result
 }
 
+fn kind(job: &str) -> &'static str {
+    match find(job) {
+        Some(spec) if spec.is_timer() => "timer",
+        _ => "consumer",
+    }
+}
+
 async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> {
     match action {
         JobsAction::List { json } => {
             let paused = pauses::list(pool).await.map_err(Fatal::from_failure)?;
             if json {
-                let jobs: Vec<_> = timer_names()
+                let jobs: Vec<_> = job_names()
                     .into_iter()
                     .map(|job| {
                         let pause = pause_of(&paused, job);
-                        serde_json::json!({"job": job, "pausable": pausable(job).is_ok(), "paused": pause})
+                        serde_json::json!({"job": job, "kind": kind(job), "pausable": pausable(job).is_ok(), "paused": pause})
                     })
                     .collect();
                 println!(
@@ -37,22 +44,31 @@ async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> 
                 );
                 return Ok(());
             }
-            for job in timer_names() {
+            for job in job_names() {
                 match pause_of(&paused, job) {
                     Some(p) => println!(
-                        "{job:<22} paused since {} by {} (action {})",
+                        "{job:<22} paused since {} by {} (action {}){}",
                         p.paused_at.format("%Y-%m-%d %H:%M:%S"),
                         p.actor_label(),
-                        p.action_id
+                        p.action_id,
+                        p.reason
+                            .as_deref()
+                            .map(|why| format!(": {why}"))
+                            .unwrap_or_default()
                     ),
-                    None => println!("{job:<22} running on its schedule"),
+                    None if kind(job) == "timer" => println!("{job:<22} running on its schedule"),
+                    None => println!("{job:<22} consuming its queue"),
                 }
             }
         }
-        JobsAction::Pause { job, actor: given } => {
+        JobsAction::Pause {
+            job,
+            reason,
+            actor: given,
+        } => {
             let spec = pausable(&job).map_err(Fatal::usage)?;
             let job = spec.name;
-            let change = pauses::pause(pool, spec, &actor(&given))
+            let change = pauses::pause(pool, spec, &actor(&given), reason.as_deref())
                 .await
                 .map_err(Fatal::from_failure)?;
             if change.changed {
@@ -67,17 +83,23 @@ async fn dispatch(pool: &sqlx::PgPool, action: JobsAction) -> Result<(), Fatal> 
                 );
             }
         }
-        JobsAction::Resume { job, actor: given } => {
+        JobsAction::Resume {
+            job,
+            reason,
+            actor: given,
+        } => {
             let spec = pausable(&job).map_err(Fatal::usage)?;
             let job = spec.name;
-            let change = pauses::resume(pool, spec, &actor(&given))
+            let change = pauses::resume(pool, spec, &actor(&given), reason.as_deref())
                 .await
                 .map_err(Fatal::from_failure)?;
+            let again = if spec.is_timer() {
+                "runs on its schedule again"
+            } else {
+                "consumes its queue again"
+            };
             if change.changed {
-                println!(
-                    "{job} runs on its schedule again (action {})",
-                    change.action_id
-                );
+                println!("{job} {again} (action {})", change.action_id);
             } else {
                 println!(
                     "{job} was not paused (recorded as action {})",

@@ -1,7 +1,8 @@
 //! `/jobs/{name}`: a timer job's schedule, last and next run, durations and skips by cause,
 //! who paused it, its latest failed ticks and the operator actions on it; run it now,
 //! pause and resume it (the pause in the database, so every replica obeys it). A consumer's
-//! page shows its queue and counts.
+//! page shows its queue and counts, and pauses and resumes it the same way: its consumers
+//! stop on every replica.
 
 use axum::Form;
 use axum::extract::Path;
@@ -35,6 +36,9 @@ struct JobPage {
     /// A consumer's queue and counts.
     consumer: Option<serde_json::Value>,
     paused: Option<pauses::Pause>,
+    /// A consumer's: whether this replica holds its consumers stopped now (it follows the
+    /// pause within `workers.pause_poll`, at once on the notice).
+    stopped_here: Option<bool>,
     /// Why it cannot be paused, when it cannot.
     not_pausable: Option<String>,
     recent_ticks: Vec<AttemptRecord>,
@@ -91,9 +95,13 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
             action,
         })
         .collect();
+    let stopped_here = consumer
+        .is_some()
+        .then(|| console.gates.as_ref().is_some_and(|g| g.is_closed(name)));
     Ok(JobPage {
         name: name.to_string(),
         kind,
+        stopped_here,
         not_pausable: pausable(name).err(),
         timer,
         consumer,
@@ -175,26 +183,36 @@ pub async fn run_now(
     }
 }
 
+/// A pause's or a resume's form: the session's CSRF token and, optionally, why.
+#[derive(Debug, serde::Deserialize)]
+pub struct PauseForm {
+    #[serde(default)]
+    pub csrf: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 async fn change_pause(
     console: &Console,
     caller: &Who,
     headers: &HeaderMap,
     name: &str,
-    csrf: &str,
+    form: &PauseForm,
     pause: bool,
 ) -> PageResult {
-    let actor = may_act(caller, headers, csrf)?;
-    if console.board.timer(name).is_none() {
+    let actor = may_act(caller, headers, &form.csrf)?;
+    if !console.board.jobs.iter().any(|job| job.name == name) {
         return Err(Problem::not_found(format!(
-            "this host runs no timer job called `{name}`"
+            "this host runs no job called `{name}`"
         )));
     }
     let spec = pausable(name)
         .map_err(|why| Problem::new(StatusCode::CONFLICT, "Cannot be paused", why))?;
+    let reason = form.reason.as_deref();
     let changed = if pause {
-        pauses::pause(&console.pool, spec, &actor).await
+        pauses::pause(&console.pool, spec, &actor, reason).await
     } else {
-        pauses::resume(&console.pool, spec, &actor).await
+        pauses::resume(&console.pool, spec, &actor, reason).await
     };
     changed.map_err(|e| Problem::failed("Changing the pause", e))?;
     Ok(see_other(&format!("/jobs/{name}")))
@@ -205,9 +223,9 @@ pub async fn pause(
     caller: Who,
     headers: HeaderMap,
     Path(name): Path<String>,
-    Form(form): Form<CsrfForm>,
+    Form(form): Form<PauseForm>,
 ) -> PageResult {
-    change_pause(&console, &caller, &headers, &name, &form.csrf, true).await
+    change_pause(&console, &caller, &headers, &name, &form, true).await
 }
 
 pub async fn resume(
@@ -215,9 +233,9 @@ pub async fn resume(
     caller: Who,
     headers: HeaderMap,
     Path(name): Path<String>,
-    Form(form): Form<CsrfForm>,
+    Form(form): Form<PauseForm>,
 ) -> PageResult {
-    change_pause(&console, &caller, &headers, &name, &form.csrf, false).await
+    change_pause(&console, &caller, &headers, &name, &form, false).await
 }
 
 /// A timer's latest rows of the attempt log, newest first, under its name and every name it

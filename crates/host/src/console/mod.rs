@@ -83,6 +83,8 @@ pub struct Console {
     pub shutdown: CancellationToken,
     /// How an operator's edit of a failed mail is checked and sent.
     pub edits: edit::EditSettings,
+    /// The consumer jobs' pauses as this replica obeys them.
+    pub gates: Option<Arc<crate::jobs::ConsumerGates>>,
 }
 
 /// The operator actions, each a form's target and, under `/api/`, a script's.

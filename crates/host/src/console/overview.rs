@@ -98,7 +98,8 @@ fn at(value: &serde_json::Value) -> Option<chrono::DateTime<chrono::Utc>> {
 fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::Value {
     let counts = &job["counts"];
     let name = job["name"].as_str().unwrap_or_default();
-    let state = if crate::jobs::pause_of(paused, name).is_some() {
+    let pause = crate::jobs::pause_of(paused, name);
+    let state = if pause.is_some() {
         "paused"
     } else {
         match (at(&counts["last_error_at"]), at(&counts["last_success"])) {
@@ -110,6 +111,8 @@ fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::
     };
     let mut job = job.clone();
     job["state"] = state.into();
+    // Who paused it, when and why, on the overview's row.
+    job["pause"] = pause.map_or(serde_json::Value::Null, |p| serde_json::json!(p));
     job
 }
 

@@ -23,7 +23,11 @@ pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
         .map(|job| start(ctx, job, &mut health))
         .collect::<Result<Vec<_>, _>>()?;
     let health = health.ok_or_else(|| job_error(job_db_health::JOB_NAME, "not in the list"))?;
-    Ok(Started { entries, health })
+    Ok(Started {
+        entries,
+        health,
+        gates: ctx.consumer_gates.clone(),
+    })
 }
 
 /// Builds and starts one job of the list: a line a job.

@@ -1,5 +1,6 @@
-//! The jobs by name, as an operator names them: which are timers, which may be paused, and
-//! which job an older name (a pause row, an attempt-log row) belongs to.
+//! The jobs by name, as an operator names them: which are timers, which may be paused (every
+//! timer but the database probe, and every consumer), and which job an older name (a pause
+//! row, an attempt-log row) belongs to.
 
 use worker_core::JobSpec;
 
@@ -14,15 +15,20 @@ pub fn timer_names() -> Vec<&'static str> {
         .collect()
 }
 
-/// The job an operator may pause as `job` (any timer job but the database probe, which drives
-/// readiness: paused, it would take the host out of its load balancer), or why not. An older
-/// name of a job is taken for the job.
+/// Every job, by name, in the list's order: what `jobs list` shows.
+pub fn job_names() -> Vec<&'static str> {
+    all().into_iter().map(|spec| spec.name).collect()
+}
+
+/// The job an operator may pause as `job` (any consumer job, whose consumers stop on every
+/// replica; any timer job but the database probe, which drives readiness: paused, it would
+/// take the host out of its load balancer), or why not. An older name of a job is taken for
+/// the job.
 pub fn pausable(job: &str) -> Result<&'static JobSpec, String> {
-    let timers = timer_names();
-    let spec = find(job).filter(|spec| spec.is_timer()).ok_or_else(|| {
+    let spec = find(job).ok_or_else(|| {
         format!(
-            "no timer job is called `{job}`; the timer jobs are {}",
-            timers.join(", ")
+            "no job is called `{job}`; the jobs are {}",
+            job_names().join(", ")
         )
     })?;
     if spec.name == job_db_health::JOB_NAME {
@@ -66,9 +72,16 @@ mod tests {
     }
 
     #[test]
-    fn the_database_probe_and_consumers_cannot_be_paused() {
+    fn the_database_probe_cannot_be_paused() {
         assert!(pausable("db-health").unwrap_err().contains("readiness"));
-        let why = pausable("email-send").unwrap_err();
-        assert!(why.contains("no timer job is called `email-send`"), "{why}");
+        let why = pausable("no-such-job").unwrap_err();
+        assert!(why.contains("no job is called `no-such-job`"), "{why}");
+    }
+
+    #[test]
+    fn consumer_jobs_can_be_paused() {
+        for job in ["email-send", "automation-trigger", "automation-action"] {
+            assert_eq!(pausable(job).map(|spec| spec.name), Ok(job));
+        }
     }
 }

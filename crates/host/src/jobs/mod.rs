@@ -4,6 +4,7 @@
 //! pipeline), timer jobs in a [`crate::scheduler::TimerTask`] (busy guard, lease, timeout).
 //!
 //! - `list.rs`: the jobs by name, what an operator may pause;
+//! - `gates.rs`: consumer jobs' pauses on this replica, kept in step with the database;
 //! - `build.rs`: each job built from its section and the host's shared parts;
 //! - `run.rs`: the wrapping of a consumer and of a timer, and their tasks.
 
@@ -20,11 +21,13 @@ use crate::settings::Settings;
 use crate::status::JobEntry;
 
 mod build;
+mod gates;
 mod list;
 mod run;
 
 pub use build::{poller_config, reconciler_config, start_all};
-pub use list::{all, find, pausable, pause_of, timer_names};
+pub use gates::{ConsumerGates, watch as watch_pauses};
+pub use list::{all, find, job_names, pausable, pause_of, timer_names};
 pub use run::Built;
 pub use run::consumer;
 
@@ -44,6 +47,8 @@ pub struct JobsContext {
     pub shutdown: CancellationToken,
     /// Where timer jobs read whether an operator paused them (every replica reads the same).
     pub pauses: Option<Arc<dyn PauseCheck>>,
+    /// Where consumer jobs learn whether an operator paused them; `None` consumes always.
+    pub consumer_gates: Option<Arc<ConsumerGates>>,
     /// Every unit of work in progress, for the watchdog ([`crate::watchdog`]).
     pub liveness: worker_core::liveness::Liveness,
 }
@@ -68,4 +73,6 @@ fn job_error(job: &str, problem: impl std::fmt::Display) -> JobError {
 pub struct Started {
     pub entries: Vec<JobEntry>,
     pub health: job_db_health::HealthHandle,
+    /// The consumer jobs' pauses as this replica obeys them.
+    pub gates: Option<Arc<ConsumerGates>>,
 }

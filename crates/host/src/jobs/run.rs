@@ -94,7 +94,7 @@ fn same_name(spec: &JobSpec, built: &str) -> Result<(), JobError> {
 
 /// Runs `job` on its section's queue through the recoverability pipeline, with the section's
 /// runner settings (its retry, else `workers.retry`), settling what it holds within
-/// `workers.settle_deadline` on shutdown.
+/// `workers.settle_deadline` on shutdown, and consuming only while it is not paused.
 pub fn consumer<J: worker_core::ConsumerJob>(
     ctx: &JobsContext,
     listed: ListedJob<'_>,
@@ -135,7 +135,14 @@ pub fn consumer<J: worker_core::ConsumerJob>(
             stats: observer.stats.clone(),
         },
     };
-    let runner = worker_broker::ConsumerRunner::observed(job, queue, runner, observer);
+    let mut runner = worker_broker::ConsumerRunner::observed(job, queue, runner, observer);
+    if let Some(gate) = ctx
+        .consumer_gates
+        .as_ref()
+        .and_then(|gates| gates.gate(name))
+    {
+        runner = runner.gated(gate);
+    }
     let supervisor = ctx.supervisor.clone();
     let shutdown = ctx.shutdown.child_token();
     ctx.tracker

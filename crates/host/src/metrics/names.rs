@@ -64,6 +64,10 @@ pub const TIMER_LAST_RUN: &str = "worker_timer_last_run_timestamp_seconds";
 pub const TIMER_INTERVAL: &str = "worker_timer_interval_seconds";
 /// Gauge: 1 while an operator has paused a timer job, else 0, by `worker_job`.
 pub const TIMER_PAUSED: &str = "worker_timer_paused";
+/// Gauge (seconds): how long an operator has had a job paused (`worker-host jobs pause`, the
+/// console), timer or consumer, by `worker_job`; 0 while it is not paused. Read from the
+/// shared database, so every replica reports the same pauses.
+pub const JOB_PAUSED: &str = "worker_job_paused_seconds";
 /// Gauge: messages ready in a consumer queue, by `queue`.
 pub const QUEUE_DEPTH: &str = "worker_queue_depth";
 /// Gauge: messages waiting in a queue's dead-letter queue, by `queue`.

@@ -11,16 +11,19 @@
 //!   the tick's work unless the job says otherwise: the outbox drain two per lane, the poller
 //!   one per account polled at once and its idle lease), and its lease's connection when it
 //!   takes the lease;
-//! * one archiver per dead queue, the attempt-log writer and the sampler: one each;
+//! * one archiver per dead queue, the attempt-log writer, the sampler and the pause watch
+//!   (its reading of the paused jobs): one each;
 //! * the history's writer: two (its lease's, and its writes under the lease).
 //!
-//! The outbox listener (`LISTEN`) and the health probe hold connections of their own, outside
-//! the pool ([`DEDICATED`]): the server sees `max_connections + DEDICATED` from each replica.
+//! The outbox and pause listeners (`LISTEN`) and the health probe hold connections of their
+//! own, outside the pool ([`DEDICATED`]): the server sees `max_connections + DEDICATED` from
+//! each replica.
 
 use super::Settings;
 
-/// Connections the host opens outside the pool: the outbox listener and the health probe.
-pub const DEDICATED: u32 = 2;
+/// Connections the host opens outside the pool: the outbox and pause listeners and the health
+/// probe.
+pub const DEDICATED: u32 = 3;
 
 /// One user of the pool and how many connections it may hold at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +72,7 @@ impl Settings {
             "the history's writer 2 (its lease and its writes)".into(),
             2,
         );
+        need("the pause watch 1".into(), 1);
         needs
     }
 
@@ -85,7 +89,7 @@ impl Settings {
         let parts: Vec<&str> = needs.iter().map(|n| n.what.as_str()).collect();
         Err(format!(
             "database.max_connections = {max} cannot serve what the jobs may ask of the pool at \
-             once: {} = {total}; raise it or lower those (the outbox listener and the health \
+             once: {} = {total}; raise it or lower those (the outbox and pause listeners and the health \
              probe have {DEDICATED} connections of their own besides)",
             parts.join(" + ")
         ))

@@ -261,6 +261,12 @@ pub struct WorkersSettings {
     pub retry: RetryPolicy,
     /// The attempt log: a row per failed try and per final outcome.
     pub attempt_log: worker_store::AttemptLogSettings,
+    /// How often each replica reads the paused jobs, besides the notice every pause and
+    /// resume sends at once: the bound on how long a replica that missed the notice (its
+    /// listening connection down) keeps consuming a paused job's queue, or keeps a resumed
+    /// one stopped.
+    #[serde(with = "humantime_serde")]
+    pub pause_poll: Duration,
 }
 
 impl WorkersSettings {
@@ -280,6 +286,7 @@ impl Default for WorkersSettings {
             lease_timeout: Duration::from_secs(15),
             retry: RetryPolicy::default(),
             attempt_log: worker_store::AttemptLogSettings::default(),
+            pause_poll: Duration::from_secs(5),
         }
     }
 }
@@ -316,6 +323,9 @@ pub struct AlertSettings {
     /// Replies the reply limit held back in the last 10 minutes, over every automation,
     /// above this: "we stopped answering someone" before anyone asks.
     pub reply_limit_skips: u64,
+    /// A job paused for longer than this (a pause forgotten) is an alert, per job.
+    #[serde(with = "humantime_serde")]
+    pub pause_age: Duration,
 }
 
 impl Default for AlertSettings {
@@ -332,6 +342,7 @@ impl Default for AlertSettings {
             stuck_work: 0,
             replica_silent_after: Duration::from_secs(60),
             reply_limit_skips: 20,
+            pause_age: Duration::from_secs(4 * 3600),
         }
     }
 }

@@ -128,6 +128,8 @@ impl Settings {
             fail("workers.attempt_log", problem);
         }
         durations.push(("alerts.interval".into(), self.alerts.interval));
+        durations.push(("alerts.pause_age".into(), self.alerts.pause_age));
+        durations.push(("workers.pause_poll".into(), self.workers.pause_poll));
         durations.push((
             "alerts.outbox_oldest_pending".into(),
             self.alerts.outbox_oldest_pending,

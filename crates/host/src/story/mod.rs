@@ -5,17 +5,20 @@
 //! between steps and one end state in words. `worker-host mail show|find` and the console's
 //! `/mail/{id}` and `/mail` show the same [`Story`] and [`Found`] rows.
 //!
-//! - `read.rs`: gathering the parts of one mail, or of a page of mails at once;
+//! - `parts.rs`: what was recorded past the mail itself;
+//! - `read.rs`: gathering those parts from the tables' owners;
 //! - `state.rs`: the end state (answered, skipped and why, failed, waiting, in progress);
 //! - `timeline.rs`: the steps in time order, with their gaps;
 //! - `search.rs`: the search by sender, recipient, Message-ID, subject and time.
 
+mod parts;
 mod read;
 mod search;
 mod state;
 mod timeline;
 
-pub use read::{Parts, Retention, Story, read_story};
+pub use parts::Parts;
+pub use read::{Retention, Story, read_story};
 pub use search::{Found, Search, find};
 pub use state::EndState;
 pub use timeline::Step;

@@ -4,18 +4,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use job_automation_action::story::ExecutionRecord;
-use job_automation_trigger::story::Verdict;
-use job_email_send::story::OutboundRecord;
 use job_inbound_email_poller::story::StoredMail;
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 use worker_core::Failure;
-use worker_store::attempt_log::AttemptRecord;
-use worker_store::dead_letters::DeadLetterSummary;
-use worker_store::outbox::Publication;
 
+use super::parts::Parts;
 use super::state::EndState;
 use super::timeline::{Step, timeline};
 
@@ -24,18 +19,6 @@ use super::timeline::{Step, timeline};
 pub struct Retention {
     pub attempt_log: Duration,
     pub publications: Duration,
-}
-
-/// Everything recorded about one mail's handling, past the mail itself.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Parts {
-    pub publications: Vec<Publication>,
-    pub verdicts: Vec<Verdict>,
-    pub executions: Vec<ExecutionRecord>,
-    pub outbound: Vec<OutboundRecord>,
-    /// The failed tries and final outcomes of the action and send commands.
-    pub attempts: Vec<AttemptRecord>,
-    pub dead_letters: Vec<DeadLetterSummary>,
 }
 
 /// One mail's story.

@@ -3,7 +3,7 @@
 use job_inbound_email_poller::story::StoredMail;
 use serde::Serialize;
 
-use super::read::Parts;
+use super::parts::Parts;
 
 /// Where a mail's handling ended, or stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use job_inbound_email_poller::story::StoredMail;
 use serde::Serialize;
 
-use super::read::Parts;
+use super::parts::Parts;
 
 /// One step of a mail's story.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

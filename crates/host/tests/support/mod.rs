@@ -11,6 +11,7 @@ pub mod container;
 pub mod edit;
 pub mod fleet;
 pub mod history;
+pub mod pause;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

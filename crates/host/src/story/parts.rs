@@ -1,0 +1,21 @@
+//! The parts of a mail's story past the mail itself, as their owners read them.
+
+use job_automation_action::story::ExecutionRecord;
+use job_automation_trigger::story::Verdict;
+use job_email_send::story::OutboundRecord;
+use serde::Serialize;
+use worker_store::attempt_log::AttemptRecord;
+use worker_store::dead_letters::DeadLetterSummary;
+use worker_store::outbox::Publication;
+
+/// Everything recorded about one mail's handling, past the mail itself.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Parts {
+    pub publications: Vec<Publication>,
+    pub verdicts: Vec<Verdict>,
+    pub executions: Vec<ExecutionRecord>,
+    pub outbound: Vec<OutboundRecord>,
+    /// The failed tries and final outcomes of the action and send commands.
+    pub attempts: Vec<AttemptRecord>,
+    pub dead_letters: Vec<DeadLetterSummary>,
+}
