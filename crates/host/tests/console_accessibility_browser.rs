@@ -128,6 +128,33 @@ async fn every_console_page_passes_axe_core_and_fits_a_phone() -> anyhow::Result
         problems.extend(check_page(&browser, path, shot.map(|s| shots.join(s))).await);
     }
 
+    // The pages past the anchors: the mail search, a queue's history, the outbound mail a
+    // dead letter names and its edit form, a malformed dead letter's edit form.
+    let malformed: i64 =
+        sqlx::query_scalar("SELECT id FROM dead_letters WHERE message_id = 'broken-0'")
+            .fetch_one(&world.db.pool)
+            .await?;
+    client
+        // The last is a refused reply's (the first may be the malformed one, on its queue).
+        .goto(&format!(
+            "{base}/dead-letters/{}",
+            dead.last().expect("dead letters")
+        ))
+        .await?;
+    let outbound = link(&browser, "#mail-link a").await;
+    let more: Vec<(String, &str)> = vec![
+        ("/mail".into(), "#mails"),
+        ("/queues/email.send".into(), "h1"),
+        (outbound.clone(), "#mail-status"),
+        (format!("{outbound}/edit"), "form"),
+        (format!("/dead-letters/{malformed}/edit"), "form"),
+    ];
+    for (path, ready) in &more {
+        client.goto(&format!("{base}{path}")).await?;
+        element(client, ready).await;
+        problems.extend(check_page(&browser, path, None).await);
+    }
+
     // A replay's dry run (the confirm page), then the trail and its entry.
     client.goto(&format!("{base}/dead-letters")).await?;
     element(client, "a.open-group").await.click().await?;

@@ -215,6 +215,10 @@ async fn every_end_state_is_named_in_words_by_the_cli_and_the_console() -> anyho
         (&waiting, "retry tier"),
         (&replayed, "after an operator's replay"),
     ];
+    // A dead letter links to the story of the mail it answers.
+    client.goto(&format!("{base}/dead-letters/{dead}")).await?;
+    element(client, "#story-link a").await.click().await?;
+    text_of(client, "#end-state", "after an operator's replay").await;
     for (mail, words) in pages {
         let id = mail["id"].as_str().unwrap();
         client.goto(&format!("{base}/mail/{id}")).await?;

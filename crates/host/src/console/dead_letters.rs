@@ -283,6 +283,8 @@ struct One {
     retention_secs: f64,
     /// The outbound mail its `email.send` command names (edited on the mail's page).
     mail: Option<uuid::Uuid>,
+    /// The stored inbound mail whose story this dead letter is part of.
+    story: Option<uuid::Uuid>,
 }
 
 async fn one(console: &Console, id: i64) -> Result<One, Problem> {
@@ -312,6 +314,12 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
         ..FilterForm::default()
     }
     .group(&dead.queue, &dead.fingerprint);
+    let story = match &dead.message_id {
+        Some(message_id) => crate::story::mail_of_message(&console.pool, message_id)
+            .await
+            .map_err(|e| Problem::failed("Finding the dead letter's mail", e))?,
+        None => None,
+    };
     let body = body(&dead);
     let mail = super::edit::mail_of(dead.message_type.as_deref(), &dead.queue, &dead.body);
     // Only the bounded copy goes out.
@@ -335,6 +343,7 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
         group_link: format!("/dead-letters/messages?{}", group.query()),
         retention_secs: console.archive_retention.as_secs_f64(),
         mail,
+        story,
         dead,
     })
 }

@@ -22,3 +22,20 @@ pub use read::{Retention, Story, read_story};
 pub use search::{Found, Search, find};
 pub use state::EndState;
 pub use timeline::Step;
+
+/// The stored inbound mail a command's message id leads back to: an action execution's id,
+/// or an outbound mail's (through the mails an operator edited it from). `None` when the
+/// message is neither, or its work did not start from a mail.
+pub async fn mail_of_message(
+    pool: &sqlx::PgPool,
+    message_id: &str,
+) -> Result<Option<uuid::Uuid>, worker_core::Failure> {
+    let Ok(id) = message_id.parse::<uuid::Uuid>() else {
+        return Ok(None);
+    };
+    let execution = match job_email_send::story::execution_of(pool, id).await? {
+        Some(execution) => execution,
+        None => id,
+    };
+    job_automation_action::story::inbound_mail_of(pool, execution).await
+}

@@ -74,3 +74,16 @@ pub async fn events_answering(
     .await
     .map_err(classify)
 }
+
+/// The stored inbound mail whose event led to the execution `id` (the event's data names it),
+/// if the event came from a mail.
+pub async fn inbound_mail_of(pool: &PgPool, id: Uuid) -> Result<Option<Uuid>, Failure> {
+    let found: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT event -> 'data' ->> 'inbound_email_id' FROM action_executions WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .map_err(classify)?;
+    Ok(found.flatten().and_then(|id| id.parse().ok()))
+}

@@ -56,3 +56,21 @@ pub async fn outbound_of(
     .await
     .map_err(worker_store::classify)
 }
+
+/// The action execution that queued the mail `id`, through the mails an operator edited it
+/// from (`supersedes`, a key lookup each); `None` for a mail no execution queued.
+pub async fn execution_of(pool: &PgPool, id: Uuid) -> Result<Option<Uuid>, Failure> {
+    sqlx::query_scalar(
+        "WITH RECURSIVE chain AS ( \
+             SELECT id, supersedes, action_execution_id, 0 AS depth FROM outbound_emails \
+             WHERE id = $1 \
+             UNION ALL \
+             SELECT e.id, e.supersedes, e.action_execution_id, c.depth + 1 \
+             FROM outbound_emails e JOIN chain c ON e.id = c.supersedes WHERE c.depth < 100) \
+         SELECT action_execution_id FROM chain WHERE action_execution_id IS NOT NULL LIMIT 1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .map_err(worker_store::classify)
+}

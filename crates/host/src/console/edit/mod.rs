@@ -41,6 +41,8 @@ fn mail_id(text: &str) -> Result<Uuid, Problem> {
 #[derive(Debug, Serialize)]
 struct MailPage {
     mail: OutboundMail,
+    /// The stored inbound mail this one answers, for the link to its story.
+    story: Option<Uuid>,
     /// The edits of it (as the original) and the one that made it (as a copy), with diffs.
     edits: Vec<audit::Entry>,
     /// Why it cannot be edited, when it cannot.
@@ -84,7 +86,11 @@ async fn mail_page_data(console: &Console, id: Uuid) -> Result<MailPage, Problem
             .await
             .map_err(failed)?,
     );
+    let story = crate::story::mail_of_message(&console.pool, &id.to_string())
+        .await
+        .map_err(failed)?;
     Ok(MailPage {
+        story,
         not_editable: not_editable(&found),
         mail: found,
         edits,
