@@ -232,8 +232,21 @@ async fn every_end_state_is_named_in_words_by_the_cli_and_the_console() -> anyho
     browser
         .screenshot(&shots.join("mail-story-skipped.png"))
         .await?;
-    // The search, from the header's link.
+    // The overview counts the skips by reason, and so does /metrics.
     client.goto(&format!("{base}/")).await?;
+    text_of(client, "#jobs", "skipped (reply-limit)").await;
+    text_of(client, "#jobs", "skipped (no-match)").await;
+    let metrics = host.metrics().await?;
+    assert_eq!(
+        metrics.sum(
+            "worker_messages_total",
+            &[("outcome", "skipped"), ("reason", "loop-guard")]
+        ),
+        1.0,
+        "{}",
+        metrics.0
+    );
+    // The search, from the header's link.
     element(client, "header nav a[href='/mail']")
         .await
         .click()
