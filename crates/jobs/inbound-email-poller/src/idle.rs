@@ -56,7 +56,8 @@ pub struct IdleConfig {
     /// Idle where the server offers it; off, only the schedule polls.
     pub enabled: bool,
     /// How often an IDLE is ended and issued again (RFC 2177: at least every 29 minutes), which
-    /// also bounds how long a silently dead connection goes unnoticed.
+    /// also bounds how long a silently dead connection goes unnoticed. Unused while rechecking
+    /// with `NOOP`: no IDLE is issued, and each `NOOP`'s answer shows the connection alive.
     pub refresh: Duration,
     /// How often the server is asked to look at the mailbox at once, for servers that hold
     /// their notifications back; zero: never.

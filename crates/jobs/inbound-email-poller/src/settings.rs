@@ -45,7 +45,8 @@ pub struct InboundEmailPollerSettings {
     /// the schedule still polls, as a safety net.
     pub idle: bool,
     /// How often an IDLE is ended and issued again (at most 25 minutes), which bounds how long
-    /// a silently dead connection goes unnoticed.
+    /// a silently dead connection goes unnoticed (unused with `idle_recheck_with = "noop"`,
+    /// whose every answer shows the connection alive).
     #[serde(with = "humantime_serde")]
     pub idle_refresh: Duration,
     /// How often the server is asked to look at the mailbox at once: for servers that hold
