@@ -15,11 +15,15 @@
 //!   message timeout is a dead connection (a server gone silent), and the account is
 //!   reconnected, with a doubling wait ([`IdleConfig::reconnect_max`] at most).
 //! * **Rechecked, for servers that hold their news back**: Dovecot reports a change 500 ms
-//!   after it sees it (`NOTIFY_DELAY_MSECS`, compiled in), and other servers batch too. Every
-//!   [`IdleConfig::recheck`] the session ends its IDLE and starts it again, which has the
-//!   server look at the mailbox at once and report what is new in its answer: a mail is seen
-//!   within `recheck` whatever the server's own delay, for two small commands per account
-//!   each time. Zero leaves it to the server's notifications (and `refresh`).
+//!   after it sees it (`NOTIFY_DELAY_MSECS`, compiled in; its NOTIFY, RFC 5465, goes through
+//!   the same delay), and other servers batch too. Every [`IdleConfig::recheck`] the session
+//!   has the server look at the mailbox at once and report what is new in its answer, so a
+//!   mail is seen within `recheck` whatever the server's own delay. How it asks is
+//!   [`IdleConfig::recheck_with`]: by default a `NOOP` on a session that stays out of IDLE
+//!   (one command, which cost Dovecot 0.6 of an ended and re-issued IDLE, so it can ask more
+//!   often for the same CPU: docs/SCALING.md), or `DONE` and a new IDLE, which keeps the
+//!   server's own notices coming in between. Zero leaves it to the server's notifications
+//!   (and `refresh`).
 //! * News the server sends between two IDLEs (in the answer to `DONE`, or before the next
 //!   IDLE's go-ahead) is read from the session's unsolicited responses, so none is missed.
 //! * **Falls back to the schedule**: an account whose server does not offer IDLE is polled on
@@ -33,6 +37,7 @@ use std::time::Duration;
 
 use async_imap::extensions::idle::IdleResponse;
 use async_imap::types::UnsolicitedResponse;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
@@ -51,11 +56,14 @@ pub struct IdleConfig {
     /// Idle where the server offers it; off, only the schedule polls.
     pub enabled: bool,
     /// How often an IDLE is ended and issued again (RFC 2177: at least every 29 minutes), which
-    /// also bounds how long a silently dead connection goes unnoticed.
+    /// also bounds how long a silently dead connection goes unnoticed. Unused while rechecking
+    /// with `NOOP`: no IDLE is issued, and each `NOOP`'s answer shows the connection alive.
     pub refresh: Duration,
-    /// How often an IDLE is ended and issued again so that the server looks at the mailbox
-    /// at once, for servers that hold their notifications back; zero: never.
+    /// How often the server is asked to look at the mailbox at once, for servers that hold
+    /// their notifications back; zero: never.
     pub recheck: Duration,
+    /// How the recheck asks.
+    pub recheck_with: RecheckWith,
     /// How often a replica without the idle lease tries for it.
     pub lease_retry: Duration,
     /// The longest wait between two reconnects of a failing account.
@@ -67,11 +75,26 @@ impl Default for IdleConfig {
         Self {
             enabled: true,
             refresh: Duration::from_secs(4 * 60),
-            recheck: Duration::from_millis(250),
+            recheck: Duration::from_millis(150),
+            recheck_with: RecheckWith::Noop,
             lease_retry: Duration::from_secs(5),
             reconnect_max: Duration::from_secs(60),
         }
     }
+}
+
+/// How a recheck has the server look at the mailbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecheckWith {
+    /// A `NOOP`, on a session that stays out of IDLE between rechecks: one command and one
+    /// wake-up of the server each time, where an ended and re-issued IDLE is two, and sets up
+    /// the server's change watch again. The server's own notices are not asked for, so with
+    /// this a mail is seen at the next recheck, never sooner.
+    #[default]
+    Noop,
+    /// `DONE` and a new IDLE: the server's own notices come in between.
+    Idle,
 }
 
 /// The first wait before a reconnect; doubles up to [`IdleConfig::reconnect_max`].
@@ -230,6 +253,11 @@ impl Idler {
         self.stats.set_idle(&account.name, "idling");
         let command = self.config.message_timeout;
         let idle = &self.config.idle;
+        if idle.recheck_with == RecheckWith::Noop && !idle.recheck.is_zero() {
+            return self
+                .noop_rechecks(session, account, wake, cancel, backoff)
+                .await;
+        }
         let each = if idle.recheck.is_zero() {
             idle.refresh
         } else {
@@ -293,6 +321,45 @@ impl Idler {
         }
     }
 
+    /// The session's life when it rechecks with `NOOP`: one every [`IdleConfig::recheck`],
+    /// whose answer carries what is new (and, answered in time, shows the connection alive).
+    async fn noop_rechecks(
+        &self,
+        mut session: Session,
+        account: &ImapAccount,
+        wake: &Arc<Notify>,
+        cancel: &CancellationToken,
+        backoff: &mut Backoff,
+    ) -> Ended {
+        let command = self.config.message_timeout;
+        // Ticks that a slow answer made late are not caught up in a burst.
+        let mut every = tokio::time::interval(self.config.idle.recheck);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => {
+                    let polite = command.min(Duration::from_secs(2));
+                    let _ = timed(Stage::Logout, polite, session.logout()).await;
+                    return Ended::Cancelled;
+                }
+                _ = every.tick() => {}
+            }
+            let answered = tokio::select! {
+                // Shutting down mid-command: the connection is dropped, not logged out.
+                () = cancel.cancelled() => return Ended::Cancelled,
+                answered = timed(Stage::Idle, command, session.noop()) => answered,
+            };
+            if let Err(err) = answered {
+                return Ended::Failed(err);
+            }
+            backoff.reset();
+            if news_between(&session) {
+                self.stats.idle_news(&account.name);
+                wake.notify_one();
+            }
+        }
+    }
+
     /// Connects and logs in, checks that the server offers IDLE, and opens the mailbox
     /// read-only; `None` when the server offers no IDLE.
     async fn open(&self, account: &ImapAccount) -> Result<Option<Session>, ImapError> {
@@ -324,8 +391,9 @@ impl Idler {
     }
 }
 
-/// Whether the server reported new mail outside an IDLE's wait (in the answer to `DONE`, or
-/// before the next IDLE's go-ahead): async-imap keeps such responses aside, unread.
+/// Whether the server reported new mail outside an IDLE's wait (in the answer to `DONE` or to
+/// a `NOOP`, or before the next IDLE's go-ahead): async-imap keeps such responses aside,
+/// unread.
 fn news_between(session: &Session) -> bool {
     let mut news = false;
     while let Ok(response) = session.unsolicited_responses.try_recv() {

@@ -125,7 +125,7 @@ use tracing::Instrument;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 
 pub use config::{ConfigError, IDLE_REFRESH_MAX, ImapAccount, PollerConfig, validate_accounts};
-pub use idle::{IDLE_LEASE, IdleConfig, Idler};
+pub use idle::{IDLE_LEASE, IdleConfig, Idler, RecheckWith};
 pub use ids::{event_id, inbound_email_id};
 pub use imap::{ImapError, Stage, classify_imap};
 pub use limits::{MailLimits, OverLimit};

@@ -45,14 +45,17 @@ pub struct InboundEmailPollerSettings {
     /// the schedule still polls, as a safety net.
     pub idle: bool,
     /// How often an IDLE is ended and issued again (at most 25 minutes), which bounds how long
-    /// a silently dead connection goes unnoticed.
+    /// a silently dead connection goes unnoticed (unused with `idle_recheck_with = "noop"`,
+    /// whose every answer shows the connection alive).
     #[serde(with = "humantime_serde")]
     pub idle_refresh: Duration,
-    /// How often an IDLE is also ended and issued again so that the server looks at the
-    /// mailbox at once: for servers that hold their news back (Dovecot, by 500 ms). Two small
-    /// commands per account each time; `0s`: leave it to the server's notifications.
+    /// How often the server is asked to look at the mailbox at once: for servers that hold
+    /// their news back (Dovecot, by 500 ms). `0s`: leave it to the server's notifications.
     #[serde(with = "humantime_serde")]
     pub idle_recheck: Duration,
+    /// How a recheck asks: `noop` (one command, on a session that stays out of IDLE) or
+    /// `idle` (`DONE` and a new IDLE, two commands, with the server's notices in between).
+    pub idle_recheck_with: crate::RecheckWith,
     /// How soon another replica takes over idling when the one that idles goes away.
     #[serde(with = "humantime_serde")]
     pub idle_lease_retry: Duration,
@@ -80,6 +83,7 @@ impl Default for InboundEmailPollerSettings {
             idle: config.idle.enabled,
             idle_refresh: config.idle.refresh,
             idle_recheck: config.idle.recheck,
+            idle_recheck_with: config.idle.recheck_with,
             idle_lease_retry: config.idle.lease_retry,
             idle_reconnect_max: config.idle.reconnect_max,
         }
@@ -110,6 +114,7 @@ impl InboundEmailPollerSettings {
                 enabled: self.idle,
                 refresh: self.idle_refresh,
                 recheck: self.idle_recheck,
+                recheck_with: self.idle_recheck_with,
                 lease_retry: self.idle_lease_retry,
                 reconnect_max: self.idle_reconnect_max,
             },
