@@ -34,7 +34,7 @@ out=""
 pass=()
 seconds() {
     case "$1" in
-    *ms) echo "scale=3; ${1%ms} / 1000" | bc ;;
+    *ms) awk -v ms="${1%ms}" 'BEGIN { print ms / 1000 }' ;;
     *s) echo "${1%s}" ;;
     *m) echo "$(( ${1%m} * 60 ))" ;;
     *) echo "$1" ;;
