@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -95,12 +96,23 @@ class Rabbit:
 
     def call(self, method, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        request.add_header("Authorization", self.auth)
-        request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            text = answer.read()
-        return json.loads(text) if text else None
+        # The management listener refuses connections now and then while the machine is busy
+        # (seen for a few seconds under a test run): a refused or broken call did nothing, so
+        # it is tried again; an HTTP error answer is not.
+        for attempt in range(6):
+            request = urllib.request.Request(self.base + path, data=data, method=method)
+            request.add_header("Authorization", self.auth)
+            request.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    text = answer.read()
+                return json.loads(text) if text else None
+            except urllib.error.HTTPError:
+                raise
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if attempt == 5:
+                    raise
+                time.sleep(2)
 
     def publish(self, vhost, exchange, key, message_id, payload):
         answer = self.call(
@@ -214,8 +226,11 @@ class Load:
     def direct_loop(self):
         started = time.monotonic()
         while not self.stop.wait(max(0.0, started + (self.direct + 1) * self.args.direct_every - time.monotonic())):
-            self.outbound(f"{self.run['prefix']}-direct@localhost", f"direct {self.direct}")
-            self.direct += 1
+            try:
+                self.outbound(f"{self.run['prefix']}-direct@localhost", f"direct {self.direct}")
+                self.direct += 1
+            except Exception as err:  # that command is lost; the stream goes on
+                self.errors.append(f"direct command: {err!r}")
 
     def failures_loop(self):
         os.makedirs(self.fail_dir, exist_ok=True)
@@ -231,8 +246,11 @@ class Load:
             with open(refused, "w") as f:
                 f.write("550 5.1.1 no such user (soak run)\n")
             os.chmod(refused, 0o644)
-            self.outbound(address, f"refused {self.failures}")
-            self.failures += 1
+            try:
+                self.outbound(address, f"refused {self.failures}")
+                self.failures += 1
+            except Exception as err:
+                self.errors.append(f"refused mail: {err!r}")
         if refused:
             time.sleep(5)
             os.unlink(refused)
@@ -388,7 +406,7 @@ def report(path, samples, results, meta, args, near, svg_name):
         f"Load put in: {meta['pings']} pings, {meta['direct']} direct commands, {meta['failures']} refused "
         f"mails ({meta['replays']} dead letters replayed); longest APPEND behind schedule {meta['ping_lag']:.1f} s. "
         f"After the load: {meta['sent']} of {meta['mails']} mails sent, {meta['dead_left']} dead letters left, "
-        f"{meta['unsent']} unsent. Stream errors: {meta['errors'] or 'none'}.",
+        f"{meta['unsent']} unsent. Stream errors: {meta['errors'] or 'none'}. Samples lost: {meta['lost'] or 'none'}.",
         "",
         "| minute | RSS MiB | fds | threads | PG conns | queued | in retry tiers | outbox pending | pings | mails | sent | dead letters | DB MiB |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -573,6 +591,7 @@ def main():
 
     load = Load(run, args, db, rabbit, run["vhost"], imap, host_cmd)
     samples = []
+    lost = []
     t0 = time.monotonic()
     load.start()
     say(f"load on: {args.rate} pings/s for {args.minutes} min, a sample every {args.sample} s")
@@ -586,7 +605,13 @@ def main():
             time.sleep(max(0.0, due - time.monotonic()))
             if host.poll() is not None:
                 die(f"the host exited ({host.returncode}) at minute {(time.monotonic() - t0) / 60:.1f}: see {args.out}/host.log")
-            s = sample(t0, host.pid, db, run["db"], rabbit, run["vhost"], load)
+            try:
+                s = sample(t0, host.pid, db, run["db"], rabbit, run["vhost"], load)
+            except Exception as err:  # a service that did not answer this time: a gap in the table
+                lost.append(f"minute {(time.monotonic() - t0) / 60:.2f}: {err!r}")
+                say(f"sample lost: {lost[-1]}")
+                n += 1
+                continue
             samples.append(s)
             say(f"minute {s['minute']:>6}: RSS {s['rss_kib'] / 1024:.1f} MiB, fds {s['fds']}, threads {s['threads']}, "
                 f"PG conns {s['pg_conns']}, queued {s['queued']}, outbox pending {s['outbox_pending']}, "
@@ -604,6 +629,8 @@ def main():
         after = sample(t0, host.pid, db, run["db"], rabbit, run["vhost"], load)
         after["after"] = True
         samples.append(after)
+        if len(lost) * 3 > len(samples):
+            die(f"{len(lost)} samples lost of {len(lost) + len(samples)}: " + "; ".join(lost))
         results = checks(samples, args, near)
         unsent = expected - after["sent"]
         results.append((
@@ -621,6 +648,7 @@ def main():
             "pings": load.pings, "direct": load.direct, "failures": load.failures, "replays": load.replays,
             "ping_lag": load.ping_lag, "sent": after["sent"], "mails": after["mails"],
             "dead_left": after["dead_letters"], "unsent": max(unsent, 0), "errors": "; ".join(load.errors),
+            "lost": "; ".join(lost),
         }
         with open(os.path.join(args.out, "samples.json"), "w") as f:
             json.dump({"meta": meta, "samples": samples}, f)
