@@ -12,7 +12,7 @@ mod support;
 use std::path::PathBuf;
 
 use fantoccini::Locator;
-use support::browser::{element, text_of};
+use support::browser::{element, screenshot_dir, text_of};
 use support::console::{TOKEN, World};
 use support::{SERIAL, publish_confirmed};
 use worker_testkit::Browser;
@@ -20,24 +20,6 @@ use worker_testkit::Browser;
 /// A phone held upright, in CSS pixels.
 const PHONE: (u32, u32) = (390, 844);
 const DESKTOP: (u32, u32) = (1280, 900);
-
-fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
-    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            let dir = if dir.is_absolute() {
-                dir
-            } else {
-                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
-            };
-            (dir, None)
-        }
-        _ => {
-            let temp = tempfile::tempdir().unwrap();
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    }
-}
 
 /// Checks the page now shown at both widths; returns what failed, page by page.
 async fn check_page(browser: &Browser, page: &str, shot: Option<PathBuf>) -> Vec<String> {

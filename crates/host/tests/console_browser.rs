@@ -10,32 +10,12 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use support::browser::{element, text_of};
+use support::browser::{element, screenshot_dir, text_of};
 use support::console::{TOKEN, World};
 use support::{SERIAL, publish_confirmed};
 use worker_testkit::Browser;
-
-/// Where the screenshots go, and the folder to remove after, if it is a temporary one.
-fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
-    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            let dir = if dir.is_absolute() {
-                dir
-            } else {
-                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
-            };
-            (dir, None)
-        }
-        _ => {
-            let temp = tempfile::tempdir().unwrap();
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    }
-}
 
 /// Five commands that never decode: a second group, so that the search has to find ours.
 async fn malformed_commands(world: &World) -> anyhow::Result<()> {

@@ -10,33 +10,13 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::SERIAL;
-use support::browser::{element, text_of};
+use support::browser::{element, screenshot_dir, text_of};
 use support::console::{TOKEN, World};
 use support::edit::{delivered, failed_mail, fresh_address, wait_delivered};
 use worker_testkit::Browser;
-
-/// Where the screenshots go, and the folder to remove after, if it is a temporary one.
-fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
-    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            let dir = if dir.is_absolute() {
-                dir
-            } else {
-                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
-            };
-            (dir, None)
-        }
-        _ => {
-            let temp = tempfile::tempdir().unwrap();
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_edits_a_refused_mails_recipient_and_it_is_delivered_once() -> anyhow::Result<()>

@@ -18,12 +18,11 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, Locator};
 use support::SERIAL;
-use support::browser::{element, text_of};
+use support::browser::{element, screenshot_dir, text_of};
 use support::fleet::{FleetView, Installation, VIEWER_PASSWORD, silent_listener};
 use worker_testkit::Browser;
 
@@ -33,25 +32,6 @@ const SHOW_LOG: &str = "CONSOLE_FLEET_SHOW_LOG";
 /// up to 3 s (the view's `timeout`) for it, so a page that waited on the readings would take
 /// longer than this; the page must not wait at all, and 2 s leaves the slow machine room.
 const PAGE_BOUND: Duration = Duration::from_secs(2);
-
-/// Where the screenshots go, and the folder to remove after, if it is a temporary one.
-fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
-    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            let dir = if dir.is_absolute() {
-                dir
-            } else {
-                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
-            };
-            (dir, None)
-        }
-        _ => {
-            let temp = tempfile::tempdir().unwrap();
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    }
-}
 
 fn entry(name: &str, url: &str, token: &str, environment: &str) -> String {
     format!(

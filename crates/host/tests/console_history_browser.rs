@@ -7,10 +7,8 @@
 
 mod support;
 
-use std::path::PathBuf;
-
 use support::SERIAL;
-use support::browser::{element, text_of};
+use support::browser::{element, screenshot_dir, text_of};
 use support::console::World;
 use support::history::{failures, seed_week, units};
 use worker_testkit::Browser;
@@ -22,24 +20,6 @@ const QUEUE: &str = "automation.action";
 /// Hours seeded, back from the current one: the whole week's range even if the hour turns
 /// during the test.
 const HOURS: i64 = 166;
-
-fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
-    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            let dir = if dir.is_absolute() {
-                dir
-            } else {
-                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
-            };
-            (dir, None)
-        }
-        _ => {
-            let temp = tempfile::tempdir().unwrap();
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_page_shows_a_seeded_week_with_its_totals_beside_the_chart() -> anyhow::Result<()> {

@@ -14,11 +14,10 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::Host;
-use support::browser::{element, text_of};
+use support::browser::{element, screenshot_dir, text_of};
 use support::console::{Operator, Setup, TOKEN, World};
 use support::pause::{QUEUE, QueueWatch, acked_and_redelivered};
 use support::{SERIAL, publish_pings, short_id, wait_for};
@@ -32,25 +31,6 @@ const BOUND: Duration = Duration::from_secs(6);
 
 /// Pauses and resumes timed after the browser's, each from the next replica's console.
 const CYCLES: usize = 6;
-
-/// Where the screenshots go, and the folder to remove after, if it is a temporary one.
-fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
-    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            let dir = if dir.is_absolute() {
-                dir
-            } else {
-                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
-            };
-            (dir, None)
-        }
-        _ => {
-            let temp = tempfile::tempdir().unwrap();
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    }
-}
 
 /// Waits until `count` replies to `local`@localhost were delivered by the sink.
 async fn delivered(world: &World, local: &str, count: usize) {

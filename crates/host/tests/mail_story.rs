@@ -11,10 +11,8 @@
 
 mod support;
 
-use std::path::PathBuf;
-
 use serde_json::Value;
-use support::browser::{element, text_of};
+use support::browser::{element, screenshot_dir, text_of};
 use support::{
     Host, SERIAL, SmtpFailSwitch, base_settings, mail_account_settings, send_mail, short_id,
     write_automation,
@@ -22,24 +20,6 @@ use support::{
 use worker_testkit::{Browser, TestDb, TestVhost};
 
 const TOKEN: &str = "mail-story-operator-token";
-
-fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
-    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            let dir = if dir.is_absolute() {
-                dir
-            } else {
-                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
-            };
-            (dir, None)
-        }
-        _ => {
-            let temp = tempfile::tempdir().unwrap();
-            (temp.path().to_path_buf(), Some(temp))
-        }
-    }
-}
 
 /// A host polling `account` every second, answering each address once an hour, with a short
 /// first retry tier and a long second one (a refused reply waits there).

@@ -2,6 +2,7 @@
 //! waits up to a minute, since a page may be loading or reloading itself, and fails with the
 //! page's source.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, Locator};
@@ -37,5 +38,26 @@ pub async fn text_of(client: &Client, css: &str, wanted: &str) -> String {
             panic!("`{css}` never said `{wanted}` (last: `{text}`)\n{source}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Where a browser test's screenshots go: `WH_CONSOLE_SCREENSHOTS` (relative to the
+/// repository; `docs/console` writes the README's pictures), else a folder that is removed
+/// when the second value is dropped.
+pub fn screenshot_dir() -> (PathBuf, Option<tempfile::TempDir>) {
+    match std::env::var("WH_CONSOLE_SCREENSHOTS") {
+        Ok(dir) if !dir.is_empty() => {
+            let dir = PathBuf::from(dir);
+            let dir = if dir.is_absolute() {
+                dir
+            } else {
+                PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir)
+            };
+            (dir, None)
+        }
+        _ => {
+            let temp = tempfile::tempdir().expect("a temporary folder for the screenshots");
+            (temp.path().to_path_buf(), Some(temp))
+        }
     }
 }
