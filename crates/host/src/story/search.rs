@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 use worker_core::Failure;
 
-use super::read::read_parts;
+use super::read::read_parts_of;
 use super::state::EndState;
 
 /// What a search asks; every field narrows.
@@ -68,10 +68,11 @@ pub async fn find(pool: &PgPool, search: &Search) -> Result<Vec<Found>, Failure>
         },
     )
     .await?;
-    let mut found = Vec::with_capacity(mails.len());
-    for mail in mails {
-        let parts = read_parts(pool, &mail).await?;
-        found.push(Found {
+    let parts = read_parts_of(pool, &mails).await?;
+    Ok(mails
+        .into_iter()
+        .zip(parts)
+        .map(|(mail, parts)| Found {
             end: EndState::of(&mail, &parts),
             id: mail.id,
             received_at: mail.received_at,
@@ -79,7 +80,6 @@ pub async fn find(pool: &PgPool, search: &Search) -> Result<Vec<Found>, Failure>
             from: mail.from_address,
             subject: mail.subject,
             message_id: mail.message_id,
-        });
-    }
-    Ok(found)
+        })
+        .collect())
 }

@@ -67,46 +67,67 @@ pub fn failing(conditions: &Value, data: &Value) -> Result<Vec<String>, String> 
     Ok(failed)
 }
 
-/// An automation as its verdict needs it: id, name, enabled, conditions, last edit, and when
-/// it matched the event.
-type AutomationRow = (
-    Uuid,
-    String,
-    bool,
-    Value,
-    DateTime<Utc>,
-    Option<DateTime<Utc>>,
-);
+/// An automation as its verdict needs it: id, name, event type, enabled, conditions, last edit.
+type AutomationRow = (Uuid, String, String, bool, Value, DateTime<Utc>);
 
 /// Every automation of `event`'s type, enabled or not, with its verdict on the event.
 pub async fn verdicts(pool: &PgPool, event: &DomainEvent) -> Result<Vec<Verdict>, Failure> {
-    let rows: Vec<AutomationRow> = sqlx::query_as(
-        "SELECT a.id, a.name, a.enabled, a.conditions, a.updated_at, \
-                    (SELECT min(l.matched_at) FROM automation_trigger_log l \
-                      WHERE l.automation_id = a.id AND l.event_id = $2) \
-             FROM automations a WHERE a.event_type = $1 ORDER BY a.name, a.id",
+    let mut all = verdicts_of(pool, std::slice::from_ref(event)).await?;
+    Ok(all.pop().unwrap_or_default())
+}
+
+/// [`verdicts`] for each of `events`, in their order, in two statements whatever their
+/// number (a page of a search).
+pub async fn verdicts_of(
+    pool: &PgPool,
+    events: &[DomainEvent],
+) -> Result<Vec<Vec<Verdict>>, Failure> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+    let automations: Vec<AutomationRow> = sqlx::query_as(
+        "SELECT id, name, event_type, enabled, conditions, updated_at FROM automations \
+         WHERE event_type = ANY($1) ORDER BY name, id",
     )
-    .bind(&event.event_type)
-    .bind(event.id)
+    .bind(&types)
     .fetch_all(pool)
     .await
     .map_err(classify)?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, name, enabled, conditions, updated_at, matched_at)| {
-            let (failed_conditions, unusable) = match failing(&conditions, &event.data) {
-                Ok(failed) => (failed, None),
-                Err(problem) => (Vec::new(), Some(problem)),
-            };
-            Verdict {
-                automation_id: id,
-                automation: name,
-                enabled,
-                matched_at,
-                failed_conditions,
-                unusable,
-                changed_since: updated_at > event.occurred_at,
-            }
+    let matches: Vec<(Uuid, Uuid, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT automation_id, event_id, min(matched_at) FROM automation_trigger_log \
+         WHERE event_id = ANY($1) GROUP BY automation_id, event_id",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await
+    .map_err(classify)?;
+    Ok(events
+        .iter()
+        .map(|event| {
+            automations
+                .iter()
+                .filter(|a| a.2 == event.event_type)
+                .map(|(id, name, _, enabled, conditions, updated_at)| {
+                    let (failed_conditions, unusable) = match failing(conditions, &event.data) {
+                        Ok(failed) => (failed, None),
+                        Err(problem) => (Vec::new(), Some(problem)),
+                    };
+                    Verdict {
+                        automation_id: *id,
+                        automation: name.clone(),
+                        enabled: *enabled,
+                        matched_at: matches
+                            .iter()
+                            .find(|(a, e, _)| a == id && *e == event.id)
+                            .map(|m| m.2),
+                        failed_conditions,
+                        unusable,
+                        changed_since: *updated_at > event.occurred_at,
+                    }
+                })
+                .collect()
         })
         .collect())
 }
