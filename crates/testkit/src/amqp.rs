@@ -19,9 +19,9 @@ pub async fn connect(vhost: &TestVhost) -> anyhow::Result<Connection> {
         .with_context(|| format!("connecting to vhost {}", vhost.name))
 }
 
-/// The messages ready in `queue`, as the broker says now (a passive declare: exact, unlike
-/// the management API's sampled figure). The queue must exist.
-pub async fn ready(channel: &Channel, queue: &str) -> anyhow::Result<u32> {
+/// The messages ready in `queue` and its consumers, as the broker says now (a passive
+/// declare: exact, unlike the management API's sampled figures). The queue must exist.
+pub async fn counts(channel: &Channel, queue: &str) -> anyhow::Result<(u32, u32)> {
     let q = channel
         .queue_declare(
             queue.into(),
@@ -33,7 +33,12 @@ pub async fn ready(channel: &Channel, queue: &str) -> anyhow::Result<u32> {
         )
         .await
         .with_context(|| format!("declaring {queue} passively"))?;
-    Ok(q.message_count())
+    Ok((q.message_count(), q.consumer_count()))
+}
+
+/// The messages ready in `queue`, as the broker says now ([`counts`]).
+pub async fn ready(channel: &Channel, queue: &str) -> anyhow::Result<u32> {
+    Ok(counts(channel, queue).await?.0)
 }
 
 /// Takes every message ready in `queue` (auto-acked), in order; at most `limit`, so that a

@@ -129,8 +129,9 @@ impl FilterArgs {
     }
 }
 
+/// A time as an operator gives it on the command line (RFC 3339, a UTC time or an age);
 /// clap names the flag (`--since`, `--until`) in front of the error.
-fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
+pub(crate) fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
     archive::parse_time(text, Utc::now())
 }
 

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use uuid::Uuid;
 
+use super::dlq::parse_since;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
@@ -40,20 +41,16 @@ pub struct FindArgs {
     #[arg(long)]
     pub subject: Option<String>,
     /// Received at or after: an RFC 3339 time, 2026-11-29T10:00 (UTC) or an age (2h, 30m).
-    #[arg(long, value_parser = parse_time)]
+    #[arg(long, value_parser = parse_since)]
     pub since: Option<DateTime<Utc>>,
     /// Received before: an RFC 3339 time or an age.
-    #[arg(long, value_parser = parse_time)]
+    #[arg(long, value_parser = parse_since)]
     pub until: Option<DateTime<Utc>>,
     /// At most this many (1 to 200).
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
     #[arg(long)]
     pub json: bool,
-}
-
-fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
-    job_dead_letter_archive::parse_time(text, Utc::now())
 }
 
 /// How long the story's tables keep their rows, from the settings.

@@ -31,7 +31,8 @@ pub struct FilterForm {
     pub status: Option<String>,
 }
 
-fn given(field: &Option<String>) -> Option<String> {
+/// A field as given: trimmed, and absent when empty.
+pub(crate) fn given(field: &Option<String>) -> Option<String> {
     field
         .as_deref()
         .map(str::trim)

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::Console;
 use super::caller::Who;
-use super::filter::parse_time;
+use super::filter::{given, parse_time};
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use crate::story::{self, Found, Search, Story};
 
@@ -30,13 +30,6 @@ pub struct SearchForm {
     until: Option<String>,
     /// The next page: the last mail of this one, `<received_at>_<id>`.
     after: Option<String>,
-}
-
-fn given(text: &Option<String>) -> Option<String> {
-    text.as_deref()
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(str::to_string)
 }
 
 impl SearchForm {

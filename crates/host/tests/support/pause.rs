@@ -4,9 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use worker_testkit::TestVhost;
 
 /// `email-send`'s queue.
@@ -30,19 +27,7 @@ impl QueueWatch {
 
     /// `queue`'s ready messages and consumers, as the broker says now.
     pub async fn counts(&self, queue: &str) -> anyhow::Result<(u32, u32)> {
-        let q = self
-            .channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .with_context(|| format!("declaring {queue} passively"))?;
-        Ok((q.message_count(), q.consumer_count()))
+        worker_testkit::amqp::counts(&self.channel, queue).await
     }
 
     /// Waits (up to `within`) until `queue` has `count` consumers; returns how long it took.
