@@ -28,6 +28,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "throughput/hops.rs"]
+mod hops;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -418,12 +420,19 @@ async fn main() {
     world.host.stop_cleanly().await;
 
     let counting = world_with_statement_log().await;
-    let before = statements_in(&counting.host.log_text());
+    let before = counting.host.log_text().len();
     measure(&counting, "counted", counted, || {
         append_pings(&counting, counted)
     })
     .await;
-    let statements = (statements_in(&counting.host.log_text()) - before) as f64 / counted as f64;
+    let text = counting.host.log_text();
+    let counted_log = text.get(before..).unwrap_or("");
+    let statements = statements_in(counted_log) as f64 / counted as f64;
+    let by_hop = hops::count(counted_log);
+    if let Ok(path) = std::env::var("BENCH_STATEMENT_LOG") {
+        std::fs::write(&path, counted_log).unwrap();
+        println!("the counted run's log: {path}");
+    }
     counting.host.stop_cleanly().await;
 
     println!();
@@ -447,8 +456,9 @@ async fn main() {
         );
     }
     println!(
-        "database round trips (statements) per inbound mail: {statements:.1} (sqlx's statement log, {counted} mails)"
+        "database round trips (statements) per inbound mail: {statements:.1} (sqlx's statement log, {counted} mails), by hop:"
     );
+    hops::print(&by_hop, counted);
     let slowest = [
         ("SMTP sink", smtp),
         ("Dovecot", imap),

@@ -31,6 +31,17 @@ impl ProcessedMessages {
         format!("EXISTS (SELECT 1 FROM processed_messages WHERE scope = {scope} AND id = {id})")
     }
 
+    /// The statement that marks `(scope, id)`, over the statement's placeholders, `RETURNING
+    /// true` when it made the mark and no row when the mark was there already: for a caller
+    /// that writes the mark in a CTE of the statement that writes the effect it guards, so
+    /// that the two commit together at the cost of one round trip.
+    pub fn mark_sql(scope: &str, id: &str) -> String {
+        format!(
+            "INSERT INTO processed_messages (scope, id) VALUES ({scope}, {id}) \
+             ON CONFLICT DO NOTHING RETURNING true"
+        )
+    }
+
     /// Whether `id` in `scope` is marked, read inside `tx`. Only a look: a caller that marks
     /// with its effect later looks first to skip the work a duplicate would do.
     pub async fn is_marked(

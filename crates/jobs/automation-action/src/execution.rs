@@ -1,6 +1,8 @@
-//! The action execution row: loaded and locked for a command ([`load`]), and a failed try
-//! that claimed nothing added to it ([`record_unclaimed_failure`]).
+//! The action execution row: loaded and locked for a command, with the guard's mark read
+//! alongside ([`load`]), and a failed try that claimed nothing added to it
+//! ([`record_unclaimed_failure`]).
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -9,9 +11,27 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 use worker_core::{Failure, truncate};
 use worker_messages::{ActionCommand, AutomationAction, DomainEvent};
-use worker_store::classify;
+use worker_store::{ProcessedMessages, classify};
 
-use crate::LAST_ERROR_MAX;
+use crate::{GUARD_SCOPE, LAST_ERROR_MAX};
+
+/// The row locked, with the guard's mark of the command read in the same round trip.
+static LOAD_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT automation_id, event_id, action_index, action, event, status, claimed_by, \
+                claimed_at, coalesce(claimed_at < now() - make_interval(secs => $2), true) AS stale, \
+                {} AS marked \
+         FROM action_executions WHERE id = $1 FOR UPDATE",
+        ProcessedMessages::marked_sql("$3", "$4")
+    )
+});
+
+/// What [`load`] found.
+pub(crate) enum Loaded {
+    /// The guard has seen the command: a duplicate, whatever the row says.
+    Marked,
+    Found(Box<Execution>),
+}
 
 /// The execution row, locked.
 pub(crate) struct Execution {
@@ -38,25 +58,34 @@ struct ExecutionRow {
     claimed_by: Option<Uuid>,
     claimed_at: Option<DateTime<Utc>>,
     stale: bool,
+    marked: bool,
 }
 
-/// Locks and decodes the execution row; checks it is the one the command names.
+/// Locks the execution row and reads the guard's mark of the command, in one statement;
+/// decodes the row and checks it is the one the command names.
 pub(crate) async fn load(
     tx: &mut PgConnection,
     command: &ActionCommand,
     stale_after: Duration,
-) -> Result<Execution, Failure> {
-    let row: Option<ExecutionRow> = sqlx::query_as(
-        "SELECT automation_id, event_id, action_index, action, event, status, claimed_by, \
-                claimed_at, coalesce(claimed_at < now() - make_interval(secs => $2), true) AS stale \
-         FROM action_executions WHERE id = $1 FOR UPDATE",
-    )
-    .bind(command.action_execution_id)
-    .bind(stale_after.as_secs_f64())
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(classify)?;
+) -> Result<Loaded, Failure> {
+    let id = command.action_execution_id;
+    let row: Option<ExecutionRow> = sqlx::query_as(LOAD_SQL.as_str())
+        .bind(id)
+        .bind(stale_after.as_secs_f64())
+        .bind(GUARD_SCOPE)
+        .bind(id.to_string())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(classify)?;
     let Some(row) = row else {
+        // No row to read the mark with: a command whose row went after it was done is still
+        // a duplicate.
+        if ProcessedMessages::new()
+            .is_marked(tx, GUARD_SCOPE, &id.to_string())
+            .await?
+        {
+            return Ok(Loaded::Marked);
+        }
         return Err(Failure::permanent(
             "unknown-execution",
             format!(
@@ -65,6 +94,9 @@ pub(crate) async fn load(
             ),
         ));
     };
+    if row.marked {
+        return Ok(Loaded::Marked);
+    }
     let (automation_id, event_id, action_index) =
         (row.automation_id, row.event_id, row.action_index);
     if (automation_id, event_id, i64::from(action_index))
@@ -87,7 +119,7 @@ pub(crate) async fn load(
         .map_err(|err| Failure::permanent("bad-action", format!("the stored action: {err}")))?;
     let event = serde_json::from_value(row.event)
         .map_err(|err| Failure::permanent("bad-event", format!("the stored event: {err}")))?;
-    Ok(Execution {
+    Ok(Loaded::Found(Box::new(Execution {
         automation_id,
         event_id,
         action,
@@ -96,7 +128,7 @@ pub(crate) async fn load(
         claimed_by: row.claimed_by,
         claimed_at: row.claimed_at,
         stale: row.stale,
-    })
+    })))
 }
 
 /// Adds a failed try that claimed nothing (a `send_email`, or a webhook before its

@@ -8,16 +8,16 @@ use sqlx::PgPool;
 use uuid::Uuid;
 use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
 use worker_messages::{ActionCommand, AutomationAction, Message};
-use worker_store::{ProcessedMessages, Tx, classify};
+use worker_store::{Tx, classify};
 
 use crate::address::WebhookAllow;
 use crate::claim::{Claim, Refused, WebhookClaims};
-use crate::execution::{load, record_unclaimed_failure};
+use crate::execution::{Loaded, load, record_unclaimed_failure};
 use crate::reply_limit::ReplyLimit;
 use crate::send_email::SendEmail;
 use crate::settings::AutomationActionSettings;
 use crate::webhook::WebhookClient;
-use crate::{GUARD_SCOPE, JOB_NAME, loops};
+use crate::{JOB_NAME, loops};
 
 /// Why an executor could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +33,6 @@ pub enum BuildError {
 #[derive(Debug, Clone)]
 pub struct ActionExecutor {
     pool: PgPool,
-    guard: ProcessedMessages,
     send_email: SendEmail,
     webhooks: WebhookClaims,
 }
@@ -56,7 +55,6 @@ impl ActionExecutor {
         webhook_timeout: Duration,
     ) -> Result<Self, BuildError> {
         Ok(Self {
-            guard: ProcessedMessages::new(),
             send_email: SendEmail::new(commands_exchange.into()),
             webhooks: WebhookClaims::new(pool.clone(), webhook_timeout)?,
             pool,
@@ -176,15 +174,13 @@ impl ActionExecutor {
 
     async fn apply(&self, tx: &mut Tx, command: &ActionCommand) -> Result<Started, Refused> {
         let id = command.action_execution_id;
-        if self
-            .guard
-            .is_marked(tx, GUARD_SCOPE, &id.to_string())
-            .await?
-        {
-            tracing::info!("duplicate command: the guard has seen this action execution");
-            return Ok(Started::Finished(Handled::Duplicate));
-        }
-        let execution = load(tx, command, self.webhooks.stale_after).await?;
+        let execution = match load(tx, command, self.webhooks.stale_after).await? {
+            Loaded::Marked => {
+                tracing::info!("duplicate command: the guard has seen this action execution");
+                return Ok(Started::Finished(Handled::Duplicate));
+            }
+            Loaded::Found(execution) => execution,
+        };
         if execution.status == "succeeded" || execution.status == "skipped" {
             // The mark was swept by retention but the row remembers: still a duplicate.
             tracing::info!("duplicate command: the action execution is already done");

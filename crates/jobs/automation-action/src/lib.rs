@@ -13,12 +13,13 @@
 //! undeduplicated re-emission) that finds the mark, or finds the execution `succeeded` (the
 //! mark swept by retention), is acknowledged as [`Handled::Duplicate`](worker_core::Handled::Duplicate) without doing anything.
 //!
-//! * **`send_email`** touches only the database, so it stays **one transaction**: the guard
-//!   is checked, the execution row locked, the email rendered from the event's fields
-//!   ([`render`]), the `outbound_emails` row (id [`worker_messages::outbound_email_id`] of the
-//!   execution id) and an outbox row for the [`EmailSendCommand`](worker_messages::EmailSendCommand) (routing key `email.send`)
-//!   written, the mark taken and the row set `succeeded`, all committed together: exactly
-//!   once. A concurrent duplicate waits on the row's lock, then finds it `succeeded`. A
+//! * **`send_email`** touches only the database, so it stays **one transaction**: the
+//!   execution row locked with the guard's mark read in the same statement, the email
+//!   rendered from the event's fields ([`render`]), then one statement (a CTE) that takes the
+//!   mark and, only if it is new, writes the `outbound_emails` row (id
+//!   [`worker_messages::outbound_email_id`] of the execution id), its recipients, an outbox
+//!   row for the [`EmailSendCommand`](worker_messages::EmailSendCommand) (routing key
+//!   `email.send`) and sets the row `succeeded`, all committed together: exactly once. A concurrent duplicate waits on the row's lock, then finds it `succeeded`. A
 //!   template that does not render is a permanent failure. Mail that must not be answered
 //!   ([`loops`], RFC 3834), and recipients past the reply limit ([`ReplyLimit`]; the
 //!   execution when no `to` is left) are not mailed: the execution is recorded `skipped`

@@ -20,13 +20,20 @@ pub const DEFAULT_REPLY_LIMIT: u32 = 10;
 /// ... within this window.
 pub const DEFAULT_REPLY_WINDOW: Duration = Duration::from_secs(3600);
 
-/// The count of mails an automation (`$1`) queued to an address (`$3`, bare and lower-case)
-/// within the last `$2` seconds: a range of `outbound_email_recipients_count`, so that it reads
-/// that address's mails only, however many the automation sends. Public so that a test can
-/// read its plan.
-pub const SENT_WITHIN: &str = "SELECT count(*) FROM outbound_email_recipients \
-     WHERE automation_id = $1 AND address = $3 \
-       AND created_at > now() - make_interval(secs => $2)";
+/// The counts of mails an automation (`$1`) queued to each of the addresses `$3` (bare and
+/// lower-case) within the last `$2` seconds, one row per address that has any: ranges of
+/// `outbound_email_recipients_count`, so that it reads those addresses' mails only, however
+/// many the automation sends. Public so that a test can read its plan.
+pub const SENT_WITHIN: &str = "SELECT address, count(*) FROM outbound_email_recipients \
+     WHERE automation_id = $1 AND address = ANY($3) \
+       AND created_at > now() - make_interval(secs => $2) \
+     GROUP BY address";
+
+/// Takes the reply limit's lock of each address (`$1`, sorted, so that two mails to the same
+/// addresses take them in the same order) until the transaction ends: every mail to an
+/// address is counted after the last one's transaction committed.
+const LOCK_ADDRESSES: &str = "SELECT count(pg_advisory_xact_lock(hashtextextended(a, 0))) \
+     FROM (SELECT unnest($1::text[]) AS a ORDER BY 1) AS sorted";
 
 /// At most `max` mails from one automation to one address within `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,18 +62,23 @@ impl ReplyLimit {
         automation_id: Uuid,
         email: &mut RenderedEmail,
     ) -> Result<Option<String>, Failure> {
-        let mut over = Vec::new();
-        for address in recipients(email) {
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(format!("reply-limit {automation_id} {address}"))
-                .execute(&mut *tx)
-                .await
-                .map_err(classify)?;
-            let sent = sent_within(tx, automation_id, &address, self.window).await?;
-            if sent >= i64::from(self.max) {
-                over.push((address, sent));
-            }
-        }
+        let addresses = recipients(email);
+        let keys: Vec<String> = addresses
+            .iter()
+            .map(|address| format!("reply-limit {automation_id} {address}"))
+            .collect();
+        // The locks first, in a statement of their own: a count in the same statement would
+        // read a snapshot taken before a lock it waited for.
+        sqlx::query(LOCK_ADDRESSES)
+            .bind(&keys)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+        let over: Vec<(String, i64)> = sent_to(tx, automation_id, &addresses, self.window)
+            .await?
+            .into_iter()
+            .filter(|(_, sent)| *sent >= i64::from(self.max))
+            .collect();
         if over.is_empty() {
             return Ok(None);
         }
@@ -120,25 +132,27 @@ fn recipients(email: &RenderedEmail) -> Vec<String> {
     recipients
 }
 
-/// Records the recipients of the mail `email_id` that `automation_id` queues, in its
-/// transaction, for [`SENT_WITHIN`] to count.
-pub async fn record(
-    tx: &mut PgConnection,
-    email_id: Uuid,
+/// The recipients of `email` as the reply limit counts them, bare, lower-case and once
+/// each: what the mail's statement records for [`SENT_WITHIN`] to count.
+pub(crate) fn counted_recipients(email: &RenderedEmail) -> Vec<String> {
+    recipients(email)
+}
+
+/// How many mails `automation_id` queued to each of `addresses` within `window`
+/// ([`SENT_WITHIN`]): the addresses with any, in one statement.
+pub async fn sent_to(
+    conn: &mut PgConnection,
     automation_id: Uuid,
-    email: &RenderedEmail,
-) -> Result<(), Failure> {
-    sqlx::query(
-        "INSERT INTO outbound_email_recipients (outbound_email_id, automation_id, address, created_at) \
-         SELECT $1, $2, unnest($3::text[]), now() ON CONFLICT DO NOTHING",
-    )
-    .bind(email_id)
-    .bind(automation_id)
-    .bind(recipients(email))
-    .execute(tx)
-    .await
-    .map_err(classify)?;
-    Ok(())
+    addresses: &[String],
+    window: Duration,
+) -> Result<Vec<(String, i64)>, Failure> {
+    sqlx::query_as(SENT_WITHIN)
+        .bind(automation_id)
+        .bind(window.as_secs_f64())
+        .bind(addresses)
+        .fetch_all(conn)
+        .await
+        .map_err(classify)
 }
 
 /// How many mails `automation_id` queued to `address` within `window` ([`SENT_WITHIN`]).
@@ -148,11 +162,6 @@ pub async fn sent_within(
     address: &str,
     window: Duration,
 ) -> Result<i64, Failure> {
-    sqlx::query_scalar(SENT_WITHIN)
-        .bind(automation_id)
-        .bind(window.as_secs_f64())
-        .bind(address)
-        .fetch_one(conn)
-        .await
-        .map_err(classify)
+    let counts = sent_to(conn, automation_id, &[address.to_string()], window).await?;
+    Ok(counts.first().map_or(0, |(_, sent)| *sent))
 }

@@ -317,7 +317,7 @@ async fn the_reply_limit_reads_only_the_mails_to_the_address_it_counts() -> anyh
     ))
     .bind(automation_id)
     .bind(window.as_secs_f64())
-    .bind("victim@example.com")
+    .bind(vec!["victim@example.com"])
     .fetch_one(&mut *conn)
     .await?;
     let read = worker_testkit::plan::rows_read(&plan[0]["Plan"]);

@@ -6,9 +6,10 @@
 //! 1. loads the enabled automations whose `event_type` is the event's type;
 //! 2. evaluates each one's conditions on the event's `data` ([`condition`]: equals, contains,
 //!    matches a regular expression, on a dotted JSON path), all of which must hold;
-//! 3. in **one transaction** ([`AutomationTrigger::queue`]): writes a trigger-log row per
-//!    matching automation still there (see below), and for each action of each match an
-//!    `action_executions` row (`ON CONFLICT DO NOTHING` on its id) and an outbox row for the [`ActionCommand`] on the commands exchange (routing key
+//! 3. in **one statement** ([`AutomationTrigger::queue`], [`QUEUE_SQL`]), its own transaction:
+//!    writes a trigger-log row per matching automation still there (see below), and for each
+//!    action of each match an `action_executions` row (`ON CONFLICT DO NOTHING` on its id) and
+//!    an outbox row for the [`ActionCommand`] on the commands exchange (routing key
 //!    `automation.action`). The outbox drain publishes the commands once that commits.
 //!
 //! ## Idempotency: deliberately not deduplicated
@@ -32,8 +33,8 @@
 //! ## An automation deleted while its event is in flight
 //!
 //! The platform may delete an automation between step 1 and step 3. Step 3 locks the matched
-//! automations that are still there (`FOR KEY SHARE`, so that a deletion waits for the commit)
-//! and **skips, with a warning, the ones already gone**; the others run and the event is
+//! automations that are still there (`FOR KEY SHARE`, so that a deletion waits for the commit),
+//! writes only for those, and **warns of the ones already gone**; the others run and the event is
 //! acknowledged. Failing on the foreign key instead would dead-letter the event and lose every
 //! other automation's actions with it.
 //!
@@ -54,6 +55,7 @@ pub mod settings;
 pub mod story;
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 
 use serde_json::Value;
 use sqlx::PgPool;
@@ -78,6 +80,39 @@ pub const JOB_NAME: &str = "automation-trigger";
 
 /// What the host needs to know of this job (its name, kind and lease).
 pub const JOB: worker_core::JobSpec = worker_core::catalog::JobSpec::consumer(JOB_NAME);
+
+/// Step 3 in one statement: the matched automations still there locked against deletion
+/// (`$1`), and for those only, a trigger-log row each (event `$2` of type `$3`), the actions'
+/// executions (ids `$5`, automations `$6`, positions `$7`, actions `$8`, with the event's
+/// snapshot `$4`) and their commands in the outbox (message ids `$9`, automations `$10`, types
+/// `$11`, content types `$12`, correlation ids `$13`, headers `$14`, bodies `$15`, to exchange
+/// `$16` with routing key `$17`). Returns the automations it wrote for.
+pub static QUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH present AS ( \
+             SELECT id FROM automations WHERE id = ANY($1) FOR KEY SHARE), \
+         logged AS ( \
+             INSERT INTO automation_trigger_log (automation_id, event_id, event_type) \
+             SELECT id, $2, $3 FROM present), \
+         executions AS ( \
+             INSERT INTO action_executions (id, automation_id, event_id, action_index, action, event) \
+             SELECT e.id, e.automation_id, $2, e.position, e.action, $4 \
+             FROM unnest($5::uuid[], $6::uuid[], $7::bigint[], $8::jsonb[]) \
+                  AS e(id, automation_id, position, action) \
+             WHERE e.automation_id IN (SELECT id FROM present) \
+             ON CONFLICT (id) DO NOTHING), \
+         queued AS ( \
+             {outbox} \
+             SELECT m.id, m.kind, m.content_type, m.correlation_id, $16, $17, m.headers, m.body \
+             FROM unnest($9::text[], $10::uuid[], $11::text[], $12::text[], $13::text[], \
+                         $14::jsonb[], $15::bytea[]) WITH ORDINALITY \
+                  AS m(id, automation_id, kind, content_type, correlation_id, headers, body, n) \
+             WHERE m.automation_id IN (SELECT id FROM present) \
+             ORDER BY m.n) \
+         SELECT id FROM present",
+        outbox = outbox::INSERT_INTO,
+    )
+});
 
 /// An automation whose conditions held for an event.
 #[derive(Debug, Clone, PartialEq)]
@@ -150,7 +185,7 @@ impl AutomationTrigger {
     }
 
     /// Step 3 of the crate docs for the automations [`Self::matching`] found: the trigger-log
-    /// rows, the executions and their commands, in one transaction.
+    /// rows, the executions and their commands, in one statement ([`QUEUE_SQL`]).
     pub async fn queue(
         &self,
         event: &DomainEvent,
@@ -158,61 +193,16 @@ impl AutomationTrigger {
     ) -> Result<Handled, Failure> {
         let snapshot =
             serde_json::to_value(event).map_err(|err| Failure::permanent("serialize", err))?;
+        let mut executions = Executions::default();
         let mut commands = Vec::new();
-        let mut tx = self.pool.begin().await.map_err(classify)?;
-        // An automation deleted since `matching` read it would fail every insert below on its
-        // foreign key, and with it the whole event. Lock the ones still there against deletion
-        // until this commits (a delete waits on a key-share lock), and skip the others.
-        let ids: Vec<Uuid> = matched.iter().map(|m| m.automation_id).collect();
-        let present: HashSet<Uuid> =
-            sqlx::query_scalar("SELECT id FROM automations WHERE id = ANY($1) FOR KEY SHARE")
-                .bind(&ids)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(classify)?
-                .into_iter()
-                .collect();
-        let mut queued = Vec::new();
         for automation in matched {
-            if !present.contains(&automation.automation_id) {
-                tracing::warn!(
-                    automation_id = %automation.automation_id,
-                    automation = %automation.name,
-                    "skipping an automation deleted while its event was in flight"
-                );
-                continue;
-            }
-            queued.push(automation.name.as_str());
-            sqlx::query(
-                "INSERT INTO automation_trigger_log (automation_id, event_id, event_type) \
-                 VALUES ($1, $2, $3)",
-            )
-            .bind(automation.automation_id)
-            .bind(event.id)
-            .bind(&event.event_type)
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
             for (index, action) in automation.actions.iter().enumerate() {
                 let index = u32::try_from(index)
                     .map_err(|_| Failure::permanent("too-many-actions", "over 2^32 actions"))?;
                 let execution_id = action_execution_id(event.id, automation.automation_id, index);
                 let action_json = serde_json::to_value(action)
                     .map_err(|err| Failure::permanent("serialize", err))?;
-                sqlx::query(
-                    "INSERT INTO action_executions \
-                         (id, automation_id, event_id, action_index, action, event) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
-                )
-                .bind(execution_id)
-                .bind(automation.automation_id)
-                .bind(event.id)
-                .bind(i64::from(index))
-                .bind(&action_json)
-                .bind(&snapshot)
-                .execute(&mut *tx)
-                .await
-                .map_err(classify)?;
+                executions.push(execution_id, automation.automation_id, index, action_json);
                 let command = ActionCommand {
                     action_execution_id: execution_id,
                     automation_id: automation.automation_id,
@@ -224,24 +214,86 @@ impl AutomationTrigger {
                         .map_err(|err| Failure::permanent("serialize", err))?
                         .with_header(SCHEMA_VERSION_HEADER, ActionCommand::VERSION)
                         .with_correlation_id(event.id.to_string());
-                commands.push(message);
+                commands.push((automation.automation_id, message));
             }
         }
-        outbox::enqueue_many(
-            &mut tx,
-            &self.commands_exchange,
-            &self.action_routing_key,
-            &commands,
-        )
-        .await?;
-        tx.commit().await.map_err(classify)?;
+        let ids: Vec<Uuid> = matched.iter().map(|m| m.automation_id).collect();
+        let column = |f: fn(&OutboxMessage) -> Option<&str>| -> Vec<Option<&str>> {
+            commands.iter().map(|(_, m)| f(m)).collect()
+        };
+        let present: HashSet<Uuid> = sqlx::query_scalar(QUEUE_SQL.as_str())
+            .bind(&ids)
+            .bind(event.id)
+            .bind(&event.event_type)
+            .bind(&snapshot)
+            .bind(&executions.ids)
+            .bind(&executions.automations)
+            .bind(&executions.positions)
+            .bind(&executions.actions)
+            .bind(column(|m| Some(m.message_id.as_str())))
+            .bind(commands.iter().map(|(a, _)| *a).collect::<Vec<Uuid>>())
+            .bind(column(|m| m.message_type.as_deref()))
+            .bind(column(|m| m.content_type.as_deref()))
+            .bind(column(|m| m.correlation_id.as_deref()))
+            .bind(
+                commands
+                    .iter()
+                    .map(|(_, m)| m.stored_headers())
+                    .collect::<Vec<Value>>(),
+            )
+            .bind(
+                commands
+                    .iter()
+                    .map(|(_, m)| m.body.as_slice())
+                    .collect::<Vec<&[u8]>>(),
+            )
+            .bind(&self.commands_exchange)
+            .bind(&self.action_routing_key)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .collect();
+        let mut queued = Vec::new();
+        for automation in matched {
+            if present.contains(&automation.automation_id) {
+                queued.push(automation.name.as_str());
+            } else {
+                // Deleted since `matching` read it: its inserts would fail on the foreign key,
+                // and with them the whole event.
+                tracing::warn!(
+                    automation_id = %automation.automation_id,
+                    automation = %automation.name,
+                    "skipping an automation deleted while its event was in flight"
+                );
+            }
+        }
+        let commands = commands.iter().filter(|(a, _)| present.contains(a)).count();
         tracing::info!(
             automations = queued.len(),
-            commands = commands.len(),
+            commands,
             matched = ?queued,
             "event matched; action commands queued"
         );
         Ok(Handled::Done)
+    }
+}
+
+/// The executions of an event's matched automations, as the columns [`QUEUE_SQL`] unnests.
+#[derive(Default)]
+struct Executions {
+    ids: Vec<Uuid>,
+    automations: Vec<Uuid>,
+    positions: Vec<i64>,
+    actions: Vec<Value>,
+}
+
+impl Executions {
+    fn push(&mut self, id: Uuid, automation: Uuid, position: u32, action: Value) {
+        self.ids.push(id);
+        self.automations.push(automation);
+        self.positions.push(i64::from(position));
+        self.actions.push(action);
     }
 }
 

@@ -8,7 +8,7 @@
 //! ## Claim, send, record: no database connection held across the send
 //!
 //! Every try is three steps, and only the first and the last touch the database, each in a
-//! short transaction of its own:
+//! single statement (its own short transaction: one round trip):
 //!
 //! 1. **Claim.** Lock the row, read its status and the processed-message guard (scope
 //!    [`GUARD_SCOPE`], `email.send`; read only — it is marked in step 3). `sent`, or a marked
@@ -20,7 +20,7 @@
 //!    and `claimed_at`.
 //! 2. **Send**, with no database connection held, under the send timeout.
 //! 3. **Record.** Accepted: the row `sent` with the server's answer and the guard's mark, in
-//!    one transaction, retried on *any* database error for the record budget
+//!    one statement, retried on *any* database error for the record budget
 //!    ([`EmailSender::with_record_budget`], 30 s by default): a mail the server accepted is
 //!    never recorded `failed`. Not accepted: the claim is released (below).
 //!

@@ -11,7 +11,6 @@ use sqlx::PgPool;
 use uuid::Uuid;
 use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
 use worker_messages::{EmailSendCommand, Message as _};
-use worker_store::ProcessedMessages;
 
 use crate::config::{SmtpConfigError, SmtpSettings};
 use crate::error::classify;
@@ -69,7 +68,6 @@ impl EmailSender {
         Ok(Self {
             store: EmailStore {
                 pool,
-                guard: ProcessedMessages::new(),
                 instance: Uuid::new_v4(),
                 record_budget: DEFAULT_RECORD_BUDGET,
             },

@@ -9,28 +9,60 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
-use worker_core::{Failure, ProcessedGuard as _, RetryPolicy, truncate};
+use worker_core::{Failure, RetryPolicy, truncate};
 use worker_store::{ProcessedMessages, classify as classify_db};
 
 use crate::{GUARD_SCOPE, JOB_NAME, LAST_ERROR_MAX};
 
-/// The claim's first statement: the row, locked, with the guard's mark read alongside in
-/// the same round trip.
+/// The claim, one statement: the row locked, with the guard's mark read alongside, and
+/// claimed when it is ours to send (neither marked, sent nor superseded, and not under a fresh
+/// claim of another try: [`ClaimRow::decide`] reads the same facts). The mail's columns come
+/// back with the claim, so the claim costs one round trip and commits on its own.
 static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT status, claimed_by, claimed_at, superseded_by, \
-                coalesce(claimed_at < now() - make_interval(secs => $2), true) AS stale, \
-                {} AS marked \
-         FROM outbound_emails WHERE id = $1 FOR UPDATE",
-        ProcessedMessages::marked_sql("$3", "$4")
+        "WITH found AS ( \
+             SELECT id, status, claimed_by, claimed_at, superseded_by, \
+                    coalesce(claimed_at < now() - make_interval(secs => $2), true) AS stale, \
+                    {marked} AS marked \
+             FROM outbound_emails WHERE id = $1 FOR UPDATE), \
+         claimed AS ( \
+             UPDATE outbound_emails AS o SET status = 'sending', claimed_by = $5, \
+                 claimed_at = now(), updated_at = now() \
+             FROM found AS f \
+             WHERE o.id = f.id AND NOT f.marked AND f.status <> 'sent' \
+               AND f.superseded_by IS NULL AND (f.status <> 'sending' OR f.stale) \
+             RETURNING o.claimed_at AS now_claimed_at, o.message_id, o.from_address, \
+                 o.to_addresses, o.cc_addresses, o.subject, o.text_body, o.html_body, \
+                 o.in_reply_to, o.reference_ids) \
+         SELECT f.status, f.claimed_by, f.claimed_at, f.superseded_by, f.stale, f.marked, c.* \
+         FROM found AS f LEFT JOIN claimed AS c ON true",
+        marked = ProcessedMessages::marked_sql("$3", "$4")
     )
 });
 
-/// The rows of one sender: its pool, the guard, and who its claims say they are.
+/// The record of an accepted mail, one statement: the row locked and `sent`, whether the
+/// claim was still ours, and the guard's mark (written even when the row is gone: the server
+/// took the mail).
+static RECORD_SENT_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH found AS ( \
+             SELECT id, coalesce(claimed_by = $2 AND claimed_at = $3, false) AS ours \
+             FROM outbound_emails WHERE id = $1 FOR UPDATE), \
+         sent AS ( \
+             UPDATE outbound_emails AS o SET status = 'sent', attempts = o.attempts + 1, \
+                 smtp_response = $4, last_error = NULL, sent_at = now(), \
+                 claimed_by = NULL, claimed_at = NULL, updated_at = now() \
+             FROM found AS f WHERE o.id = f.id), \
+         mark AS ({mark}) \
+         SELECT ours FROM found",
+        mark = ProcessedMessages::mark_sql("$5", "$6")
+    )
+});
+
+/// The rows of one sender: its pool, and who its claims say they are.
 #[derive(Clone)]
 pub(crate) struct EmailStore {
     pub(crate) pool: PgPool,
-    pub(crate) guard: ProcessedMessages,
     /// This process's claim owner, written in `claimed_by`.
     pub(crate) instance: Uuid,
     /// How long recording an outcome is retried on database errors.
@@ -51,7 +83,7 @@ pub(crate) struct Email {
     pub(crate) reference_ids: Vec<String>,
 }
 
-/// What the claim found about the row.
+/// What the claim found about the row, and the mail when it claimed it.
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
     status: String,
@@ -60,6 +92,75 @@ struct ClaimRow {
     superseded_by: Option<Uuid>,
     stale: bool,
     marked: bool,
+    /// Set when the statement claimed the row.
+    now_claimed_at: Option<DateTime<Utc>>,
+    #[sqlx(flatten)]
+    email: ClaimedEmail,
+}
+
+/// The mail's columns, all null unless the statement claimed the row.
+#[derive(sqlx::FromRow)]
+struct ClaimedEmail {
+    message_id: Option<String>,
+    from_address: Option<String>,
+    to_addresses: Option<Vec<String>>,
+    cc_addresses: Option<Vec<String>>,
+    subject: Option<String>,
+    text_body: Option<String>,
+    html_body: Option<String>,
+    in_reply_to: Option<String>,
+    reference_ids: Option<Vec<String>>,
+}
+
+impl ClaimedEmail {
+    /// The mail, when the statement returned it (`message_id` is `NOT NULL` in the table).
+    fn into_email(self) -> Option<Email> {
+        Some(Email {
+            message_id: self.message_id?,
+            from_address: self.from_address,
+            to_addresses: self.to_addresses.unwrap_or_default(),
+            cc_addresses: self.cc_addresses.unwrap_or_default(),
+            subject: self.subject.unwrap_or_default(),
+            text_body: self.text_body,
+            html_body: self.html_body,
+            in_reply_to: self.in_reply_to,
+            reference_ids: self.reference_ids.unwrap_or_default(),
+        })
+    }
+}
+
+impl ClaimRow {
+    /// What the claim means, by the same rules as the statement's: a row the statement
+    /// claimed is [`Claim::Mine`].
+    fn decide(self) -> Result<Claim, Failure> {
+        if self.marked {
+            return Ok(Claim::Duplicate("the guard has seen this email"));
+        }
+        if self.status == "sent" {
+            return Ok(Claim::Duplicate("the email was sent already"));
+        }
+        if let Some(by) = self.superseded_by {
+            return Ok(Claim::Superseded(by));
+        }
+        if self.status == "sending" && !self.stale {
+            return Ok(Claim::Busy {
+                owner: self.claimed_by,
+                since: self.claimed_at,
+            });
+        }
+        let took_over = (self.status == "sending").then_some((self.claimed_by, self.claimed_at));
+        match (self.now_claimed_at, self.email.into_email()) {
+            (Some(claimed_at), Some(email)) => Ok(Claim::Mine {
+                email: Box::new(email),
+                claimed_at,
+                took_over,
+            }),
+            // The statement's rules and these disagree: a defect, not the row's fault.
+            _ => Err(Failure::transient(
+                "the claim's statement did not claim a row its rules say is claimable",
+            )),
+        }
+    }
 }
 
 /// What the first short transaction decided.
@@ -83,73 +184,29 @@ pub(crate) enum Claim {
 }
 
 impl EmailStore {
-    /// The first short transaction: reads the row and the guard, and claims the row when it
-    /// is ours to send.
+    /// The first short transaction, one statement: reads the row and the guard, and claims
+    /// the row when it is ours to send.
     pub(crate) async fn claim(&self, id: Uuid, stale_after: Duration) -> Result<Claim, Failure> {
-        let mut tx = self.pool.begin().await.map_err(classify_db)?;
         let found: Option<ClaimRow> = sqlx::query_as(CLAIM_SQL.as_str())
             .bind(id)
             .bind(stale_after.as_secs_f64())
             .bind(GUARD_SCOPE)
             .bind(id.to_string())
-            .fetch_optional(&mut *tx)
+            .bind(self.instance)
+            .fetch_optional(&self.pool)
             .await
             .map_err(classify_db)?;
-        let Some(found) = found else {
-            return Err(Failure::permanent(
+        match found {
+            Some(found) => found.decide(),
+            None => Err(Failure::permanent(
                 "unknown-email",
                 format!("no outbound email {id}"),
-            ));
-        };
-        if found.marked {
-            return Ok(Claim::Duplicate("the guard has seen this email"));
+            )),
         }
-        if found.status == "sent" {
-            return Ok(Claim::Duplicate("the email was sent already"));
-        }
-        if let Some(by) = found.superseded_by {
-            return Ok(Claim::Superseded(by));
-        }
-        let took_over = if found.status == "sending" {
-            if !found.stale {
-                return Ok(Claim::Busy {
-                    owner: found.claimed_by,
-                    since: found.claimed_at,
-                });
-            }
-            Some((found.claimed_by, found.claimed_at))
-        } else {
-            None
-        };
-        let claimed_at: DateTime<Utc> = sqlx::query_scalar(
-            "UPDATE outbound_emails SET status = 'sending', claimed_by = $2, claimed_at = now(), \
-                 updated_at = now() \
-             WHERE id = $1 RETURNING claimed_at",
-        )
-        .bind(id)
-        .bind(self.instance)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(classify_db)?;
-        let email: Email = sqlx::query_as(
-            "SELECT message_id, from_address, to_addresses, cc_addresses, subject, text_body, \
-                    html_body, in_reply_to, reference_ids \
-             FROM outbound_emails WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(classify_db)?;
-        tx.commit().await.map_err(classify_db)?;
-        Ok(Claim::Mine {
-            email: Box::new(email),
-            claimed_at,
-            took_over,
-        })
     }
 
-    /// The second short transaction after an accepted mail: the row `sent` with the server's
-    /// answer and the guard's mark, together. Retried on any database error for the record
+    /// The second short transaction after an accepted mail, one statement: the row `sent`
+    /// with the server's answer and the guard's mark, together. Retried on any database error for the record
     /// budget: a mail the server accepted is never recorded `failed`. If it still cannot be
     /// recorded, the row stays `sending` and its claim goes stale.
     pub(crate) async fn record_sent(
@@ -160,33 +217,17 @@ impl EmailStore {
     ) -> Result<(), Failure> {
         let recorded = self
             .with_db_retries("recording the sent mail", || async {
-                let mut tx = self.pool.begin().await.map_err(classify_db)?;
                 // Whoever holds the claim now, the server took this mail: the row is `sent`.
-                let ours: Option<bool> = sqlx::query_scalar(
-                    "SELECT coalesce(claimed_by = $2 AND claimed_at = $3, false) \
-                     FROM outbound_emails WHERE id = $1 FOR UPDATE",
-                )
-                .bind(id)
-                .bind(self.instance)
-                .bind(claimed_at)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(classify_db)?;
-                sqlx::query(
-                    "UPDATE outbound_emails SET status = 'sent', attempts = attempts + 1, \
-                         smtp_response = $2, last_error = NULL, sent_at = now(), \
-                         claimed_by = NULL, claimed_at = NULL, updated_at = now() \
-                     WHERE id = $1",
-                )
-                .bind(id)
-                .bind(truncate(answer, LAST_ERROR_MAX))
-                .execute(&mut *tx)
-                .await
-                .map_err(classify_db)?;
-                self.guard
-                    .try_mark_processed(&mut tx, GUARD_SCOPE, &id.to_string())
-                    .await?;
-                tx.commit().await.map_err(classify_db)?;
+                let ours: Option<bool> = sqlx::query_scalar(RECORD_SENT_SQL.as_str())
+                    .bind(id)
+                    .bind(self.instance)
+                    .bind(claimed_at)
+                    .bind(truncate(answer, LAST_ERROR_MAX))
+                    .bind(GUARD_SCOPE)
+                    .bind(id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(classify_db)?;
                 Ok(ours)
             })
             .await;

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::LazyLock;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -97,8 +98,8 @@ impl OutboxMessage {
     }
 
     /// The headers to store: the message's own, plus the current trace context unless they
-    /// carry one already.
-    fn stored_headers(&self) -> Value {
+    /// carry one already. For a caller that writes the row itself ([`INSERT_INTO`]).
+    pub fn stored_headers(&self) -> Value {
         let mut headers = self.headers.clone();
         if !headers.contains_key(TRACEPARENT) {
             for (key, value) in current_trace_context() {
@@ -119,8 +120,15 @@ pub fn current_trace_context() -> HashMap<String, String> {
     carrier
 }
 
-/// Writes `message` into the outbox inside the caller's transaction and announces it on
-/// [`CHANNEL`] (delivered on commit only). Returns the row id.
+/// The head of an outbox row's insert, for a caller that writes the row as a CTE of the
+/// statement that writes the effect it announces; its columns take the message's
+/// `message_id`, `message_type`, `content_type`, `correlation_id`, the exchange, the routing
+/// key, [`OutboxMessage::stored_headers`] and the body, in that order.
+pub const INSERT_INTO: &str = "INSERT INTO outbox (message_id, message_type, content_type, \
+     correlation_id, exchange, routing_key, headers, body)";
+
+/// Writes `message` into the outbox inside the caller's transaction; the table's trigger
+/// announces it on [`CHANNEL`] (delivered on commit only). Returns the row id.
 ///
 /// Nothing is published unless the transaction commits.
 pub async fn enqueue(
@@ -129,28 +137,26 @@ pub async fn enqueue(
     routing_key: &str,
     message: &OutboxMessage,
 ) -> Result<i64, Failure> {
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO outbox (message_id, message_type, content_type, correlation_id, \
-                             exchange, routing_key, headers, body) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-    )
-    .bind(&message.message_id)
-    .bind(&message.message_type)
-    .bind(&message.content_type)
-    .bind(&message.correlation_id)
-    .bind(exchange)
-    .bind(routing_key)
-    .bind(message.stored_headers())
-    .bind(&message.body)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(classify)?;
-    notify(tx).await?;
+    static ONE: LazyLock<String> = LazyLock::new(|| {
+        format!("{INSERT_INTO} VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id")
+    });
+    let id: i64 = sqlx::query_scalar(ONE.as_str())
+        .bind(&message.message_id)
+        .bind(&message.message_type)
+        .bind(&message.content_type)
+        .bind(&message.correlation_id)
+        .bind(exchange)
+        .bind(routing_key)
+        .bind(message.stored_headers())
+        .bind(&message.body)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(classify)?;
     Ok(id)
 }
 
 /// Writes many messages to one exchange and routing key in one statement, inside the
-/// caller's transaction, and announces them once. Returns the row ids in input order.
+/// caller's transaction; the table's trigger announces them once. Returns the row ids in input order.
 pub async fn enqueue_many(
     tx: &mut PgConnection,
     exchange: &str,
@@ -170,42 +176,32 @@ pub async fn enqueue_many(
         .collect();
     let headers: Vec<Value> = messages.iter().map(OutboxMessage::stored_headers).collect();
     let bodies: Vec<&[u8]> = messages.iter().map(|m| m.body.as_slice()).collect();
-    let rows: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO outbox (message_id, message_type, content_type, correlation_id, \
-                             exchange, routing_key, headers, body) \
+    static MANY: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{INSERT_INTO} \
          SELECT m.id, m.kind, m.content_type, m.correlation_id, $5, $6, m.headers, m.body \
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $7::jsonb[], $8::bytea[]) \
               WITH ORDINALITY AS m(id, kind, content_type, correlation_id, headers, body, n) \
          ORDER BY m.n \
-         RETURNING id",
-    )
-    .bind(&ids)
-    .bind(&types)
-    .bind(&content_types)
-    .bind(&correlations)
-    .bind(exchange)
-    .bind(routing_key)
-    .bind(&headers)
-    .bind(&bodies)
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(classify)?;
-    notify(tx).await?;
+         RETURNING id"
+        )
+    });
+    let rows: Vec<i64> = sqlx::query_scalar(MANY.as_str())
+        .bind(&ids)
+        .bind(&types)
+        .bind(&content_types)
+        .bind(&correlations)
+        .bind(exchange)
+        .bind(routing_key)
+        .bind(&headers)
+        .bind(&bodies)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(classify)?;
     // Identity values are drawn in the order the rows are inserted, which is `n`.
     let mut rows = rows;
     rows.sort_unstable();
     Ok(rows)
-}
-
-/// `NOTIFY outbox` inside `tx`. PostgreSQL folds identical notifications of one transaction
-/// into one, so a transaction that enqueues many rows wakes the drain once.
-pub(super) async fn notify(tx: &mut PgConnection) -> Result<(), Failure> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(CHANNEL)
-        .execute(tx)
-        .await
-        .map_err(classify)?;
-    Ok(())
 }
 
 #[cfg(test)]

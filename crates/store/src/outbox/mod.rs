@@ -3,8 +3,9 @@
 //!
 //! A job that changes the database and must also publish a message calls [`enqueue`] with the
 //! transaction that makes its change. The row carries the message id, type, content type,
-//! headers (with the W3C trace context of the enqueuing span) and body. The same transaction
-//! sends a `NOTIFY` on [`CHANNEL`]; PostgreSQL delivers notifications only on commit, so the
+//! headers (with the W3C trace context of the enqueuing span) and body. The table's trigger
+//! (migration `20261209000100_outbox_notify_trigger.sql`) sends a `NOTIFY` on [`CHANNEL`] for
+//! every statement that inserted rows, at no round trip of the writer's; PostgreSQL delivers notifications only on commit, so the
 //! drain is woken exactly when there is something to publish, and never by a rollback.
 //!
 //! The outbox drain job (crate `job-outbox-drain`) runs the other half, through this module
@@ -37,7 +38,7 @@ pub use drain::{
     record_failures,
 };
 pub use enqueue::{
-    CHANNEL, OutboxMessage, TRACEPARENT, current_trace_context, enqueue, enqueue_many,
+    CHANNEL, INSERT_INTO, OutboxMessage, TRACEPARENT, current_trace_context, enqueue, enqueue_many,
 };
 pub use operators::{
     FailedRow, OutboxStatus, PendingRow, RETRY_PREVIEW_ROWS, RetryAllReport, RetryResult, failed,

@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use worker_core::Failure;
 
-use super::enqueue::notify;
+use super::enqueue::CHANNEL;
 use crate::audit::{self, Actor, EntryKind, NewEntry};
 use crate::classify;
 
@@ -324,4 +324,15 @@ pub async fn sweep_processed(
             return Ok(total);
         }
     }
+}
+/// `NOTIFY outbox` inside `tx`, for a retry that makes rows due again: the table's trigger
+/// announces inserts only. PostgreSQL folds identical notifications of one transaction into
+/// one.
+async fn notify(tx: &mut sqlx::PgConnection) -> Result<(), Failure> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(CHANNEL)
+        .execute(tx)
+        .await
+        .map_err(classify)?;
+    Ok(())
 }
