@@ -3,7 +3,9 @@
 //! A [`ConsumerJob`] on the `automation.trigger` queue (bound to the events exchange with
 //! `#`). For each [`DomainEvent`] it:
 //!
-//! 1. loads the enabled automations whose `event_type` is the event's type;
+//! 1. takes the enabled automations whose `event_type` is the event's type, as last read
+//!    ([`known`]: read again when they changed, and before an event is skipped as matching
+//!    nothing);
 //! 2. evaluates each one's conditions on the event's `data` ([`condition`]: equals, contains,
 //!    matches a regular expression, on a dotted JSON path), all of which must hold;
 //! 3. in **one statement** ([`AutomationTrigger::queue`], [`QUEUE_SQL`]), its own transaction:
@@ -51,6 +53,7 @@
 
 pub mod condition;
 pub mod import;
+mod known;
 pub mod settings;
 pub mod story;
 
@@ -75,6 +78,10 @@ pub use settings::AutomationTriggerSettings;
 /// The skip reason of an event no enabled automation matched.
 pub const NO_MATCH: &str = "no-match";
 
+/// How many times an event is matched on a fresh read when the automations keep changing
+/// under its writes, before it is written with what the last read matched.
+const CHANGED_TRIES: usize = 3;
+
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "automation-trigger";
 
@@ -86,11 +93,16 @@ pub const JOB: worker_core::JobSpec = worker_core::catalog::JobSpec::consumer(JO
 /// executions (ids `$5`, automations `$6`, positions `$7`, actions `$8`, with the event's
 /// snapshot `$4`) and their commands in the outbox (message ids `$9`, automations `$10`, types
 /// `$11`, content types `$12`, correlation ids `$13`, headers `$14`, bodies `$15`, to exchange
-/// `$16` with routing key `$17`). Returns the automations it wrote for.
+/// `$16` with routing key `$17`), if the event type's automations still have the fingerprint
+/// `$18` they were matched with (null: whatever they are now). Returns whether they had, and
+/// the automations it wrote for.
 pub static QUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH present AS ( \
-             SELECT id FROM automations WHERE id = ANY($1) FOR KEY SHARE), \
+        "WITH fresh AS ( \
+             SELECT $18::text IS NULL OR {fingerprint} = $18 AS ok), \
+         present AS ( \
+             SELECT id FROM automations \
+             WHERE id = ANY($1) AND (SELECT ok FROM fresh) FOR KEY SHARE), \
          logged AS ( \
              INSERT INTO automation_trigger_log (automation_id, event_id, event_type) \
              SELECT id, $2, $3 FROM present), \
@@ -109,8 +121,9 @@ pub static QUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
                   AS m(id, automation_id, kind, content_type, correlation_id, headers, body, n) \
              WHERE m.automation_id IN (SELECT id FROM present) \
              ORDER BY m.n) \
-         SELECT id FROM present",
+         SELECT (SELECT ok FROM fresh), array(SELECT id FROM present)",
         outbox = outbox::INSERT_INTO,
+        fingerprint = known::FINGERPRINT_SQL.replace("$1", "$3"),
     )
 });
 
@@ -128,6 +141,7 @@ pub struct AutomationTrigger {
     pool: PgPool,
     commands_exchange: String,
     action_routing_key: String,
+    known: known::Known,
 }
 
 impl AutomationTrigger {
@@ -138,6 +152,7 @@ impl AutomationTrigger {
             pool,
             commands_exchange: commands_exchange.into(),
             action_routing_key: AUTOMATION_ACTION.to_string(),
+            known: known::Known::default(),
         }
     }
 
@@ -149,48 +164,68 @@ impl AutomationTrigger {
         self
     }
 
-    /// The enabled automations of the event's type whose conditions all hold, by name.
-    /// Automations whose stored definition cannot be used are logged and left out.
+    /// The enabled automations of the event's type whose conditions all hold, by name, read
+    /// afresh. Automations whose stored definition cannot be used are logged and left out.
     pub async fn matching(&self, event: &DomainEvent) -> Result<Vec<Matched>, Failure> {
-        let rows: Vec<(Uuid, String, Value, Value)> = sqlx::query_as(
-            "SELECT id, name, conditions, actions FROM automations \
-             WHERE enabled AND event_type = $1 ORDER BY name, id",
-        )
-        .bind(&event.event_type)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(classify)?;
-        let mut matched = Vec::new();
-        for (automation_id, name, conditions, actions) in rows {
-            match usable(conditions, actions) {
-                Ok((conditions, actions)) => {
-                    if conditions.iter().all(|c| c.holds(&event.data)) {
-                        matched.push(Matched {
-                            automation_id,
-                            name,
-                            actions,
-                        });
-                    }
-                }
-                Err(problem) => tracing::error!(
-                    automation_id = %automation_id,
-                    automation = %name,
-                    event_id = %event.id,
-                    problem = %problem,
-                    "skipping an automation whose stored definition cannot be used; fix the row"
-                ),
-            }
-        }
-        Ok(matched)
+        let read = self.known.refresh(&self.pool, &event.event_type).await?;
+        Ok(read.matching(event))
     }
 
-    /// Step 3 of the crate docs for the automations [`Self::matching`] found: the trigger-log
-    /// rows, the executions and their commands, in one statement ([`QUEUE_SQL`]).
+    /// Steps 1 to 3 (see [`known`]): matched against the automations as last read, confirmed
+    /// by a fresh read before a skip, and read again when the writes find them changed.
+    async fn trigger(&self, event: &DomainEvent) -> Result<Handled, Failure> {
+        let (mut automations, mut fresh) = match self.known.get(&event.event_type) {
+            Some(known) => (known, false),
+            None => (
+                self.known.refresh(&self.pool, &event.event_type).await?,
+                true,
+            ),
+        };
+        for _ in 0..CHANGED_TRIES {
+            let matched = automations.matching(event);
+            if matched.is_empty() {
+                if fresh {
+                    tracing::debug!("no automation matched");
+                    return Ok(Handled::Skipped(NO_MATCH));
+                }
+            } else if self
+                .write(event, &matched, Some(&automations.fingerprint))
+                .await?
+            {
+                return Ok(Handled::Done);
+            }
+            automations = self.known.refresh(&self.pool, &event.event_type).await?;
+            fresh = true;
+        }
+        // Changed under every try: what the last read matched, whatever they are now.
+        let matched = automations.matching(event);
+        if matched.is_empty() {
+            return Ok(Handled::Skipped(NO_MATCH));
+        }
+        self.write(event, &matched, None).await?;
+        Ok(Handled::Done)
+    }
+
+    /// Step 3 of the crate docs for automations [`Self::matching`] found, whatever the
+    /// automations are now: the trigger-log rows, the executions and their commands, in one
+    /// statement ([`QUEUE_SQL`]).
     pub async fn queue(
         &self,
         event: &DomainEvent,
         matched: &[Matched],
     ) -> Result<Handled, Failure> {
+        self.write(event, matched, None).await?;
+        Ok(Handled::Done)
+    }
+
+    /// [`QUEUE_SQL`] for `matched`, if the event type's automations still have `fingerprint`
+    /// (`None`: whatever they are now); `false` when they had changed and nothing was written.
+    async fn write(
+        &self,
+        event: &DomainEvent,
+        matched: &[Matched],
+        fingerprint: Option<&str>,
+    ) -> Result<bool, Failure> {
         let snapshot =
             serde_json::to_value(event).map_err(|err| Failure::permanent("serialize", err))?;
         let mut executions = Executions::default();
@@ -221,7 +256,7 @@ impl AutomationTrigger {
         let column = |f: fn(&OutboxMessage) -> Option<&str>| -> Vec<Option<&str>> {
             commands.iter().map(|(_, m)| f(m)).collect()
         };
-        let present: HashSet<Uuid> = sqlx::query_scalar(QUEUE_SQL.as_str())
+        let (fresh, present): (bool, Vec<Uuid>) = sqlx::query_as(QUEUE_SQL.as_str())
             .bind(&ids)
             .bind(event.id)
             .bind(&event.event_type)
@@ -249,11 +284,15 @@ impl AutomationTrigger {
             )
             .bind(&self.commands_exchange)
             .bind(&self.action_routing_key)
-            .fetch_all(&self.pool)
+            .bind(fingerprint)
+            .fetch_one(&self.pool)
             .await
-            .map_err(classify)?
-            .into_iter()
-            .collect();
+            .map_err(classify)?;
+        if !fresh {
+            tracing::debug!("the automations changed since they were read: matching again");
+            return Ok(false);
+        }
+        let present: HashSet<Uuid> = present.into_iter().collect();
         let mut queued = Vec::new();
         for automation in matched {
             if present.contains(&automation.automation_id) {
@@ -275,7 +314,7 @@ impl AutomationTrigger {
             matched = ?queued,
             "event matched; action commands queued"
         );
-        Ok(Handled::Done)
+        Ok(true)
     }
 }
 
@@ -297,20 +336,6 @@ impl Executions {
     }
 }
 
-/// The stored conditions compiled and actions decoded, or why they cannot be.
-fn usable(
-    conditions: Value,
-    actions: Value,
-) -> Result<(Vec<Condition>, Vec<AutomationAction>), String> {
-    let specs: Vec<ConditionSpec> =
-        serde_json::from_value(conditions).map_err(|err| format!("conditions: {err}"))?;
-    let compiled =
-        condition::compile_all(&specs).map_err(|(at, err)| format!("conditions[{at}]: {err}"))?;
-    let actions: Vec<AutomationAction> =
-        serde_json::from_value(actions).map_err(|err| format!("actions: {err}"))?;
-    Ok((compiled, actions))
-}
-
 impl ConsumerJob for AutomationTrigger {
     type Input = DomainEvent;
 
@@ -330,11 +355,6 @@ impl ConsumerJob for AutomationTrigger {
         fields(event_id = %event.id, event_type = %event.event_type, attempt = ctx.attempt)
     )]
     async fn handle(&self, ctx: &WorkContext, event: &DomainEvent) -> Result<Handled, Failure> {
-        let matched = self.matching(event).await?;
-        if matched.is_empty() {
-            tracing::debug!("no automation matched");
-            return Ok(Handled::Skipped(NO_MATCH));
-        }
-        self.queue(event, &matched).await
+        self.trigger(event).await
     }
 }
