@@ -193,7 +193,7 @@ fn report(label: &str, latencies: impl IntoIterator<Item = Duration>) -> (Durati
 /// A host with the shipped defaults but for where the services are, its IMAP account and
 /// the demo's automation; `extra` sections besides (IDLE off).
 async fn host(account: &str, extra: &str) -> (Host, TestDb, TestVhost) {
-    common::launch("latency-bench", account, extra, &[]).await
+    common::launch_binary(None, "latency-bench", account, extra, &[]).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

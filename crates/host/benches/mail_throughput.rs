@@ -14,12 +14,19 @@
 //! For 2 and 3: mails a second end to end, the CPU per mail of each process group (the host,
 //! PostgreSQL, RabbitMQ, Dovecot, the SMTP sink, from `/proc`), the transactions per mail
 //! (`pg_stat_database` of the host's database) and, from a smaller run with sqlx's statement
-//! log on, the database round trips (statements) per mail. The host runs the shipped
-//! defaults (release build) but for where the services are.
+//! log on, the database round trips (statements) and transactions per mail, by hop (the
+//! span each statement ran in: the poller, the outbox drain, each consumer; the timers and
+//! anything outside a hop apart). The host runs the shipped defaults (release build) but for
+//! where the services are.
+//!
+//! `BENCH_BASELINE=<path of another worker-host build>` measures that build beside this one,
+//! each run in turn on worlds of their own, and prints the ratios; `BENCH_STATEMENT_LOG=<dir>`
+//! keeps each build's counted log there.
 //!
 //! ```text
 //! cargo bench -p worker-host --bench mail_throughput
 //! BENCH_MAILS=2000 BENCH_COUNT_MAILS=100 cargo bench -p worker-host --bench mail_throughput
+//! BENCH_BASELINE=/tmp/worker-host-before cargo bench -p worker-host --bench mail_throughput
 //! ```
 //!
 //! Needs the local services (`scripts/services.sh up`).
@@ -34,6 +41,7 @@ mod hops;
 mod support;
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::env;
@@ -280,10 +288,16 @@ struct World {
     account: String,
 }
 
-async fn world(rust_log: &str) -> World {
+async fn world(binary: Option<&Path>, rust_log: &str) -> World {
     let account = format!("bench-loop-{}", short_id());
-    let (host, db, vhost) =
-        common::launch("throughput-bench", &account, "", &[("RUST_LOG", rust_log)]).await;
+    let (host, db, vhost) = common::launch_binary(
+        binary,
+        "throughput-bench",
+        &account,
+        "",
+        &[("RUST_LOG", rust_log)],
+    )
+    .await;
     World {
         host,
         db,
@@ -408,46 +422,69 @@ async fn main() {
     let pg = pg_ceiling(mails * 4).await;
     println!("  PostgreSQL commits            {pg:>8.0} transactions/s (8 connections)");
 
-    let world = world("info").await;
-    let inbound = measure(&world, "inbound mails (IMAP)", mails, || {
-        append_pings(&world, mails)
-    })
-    .await;
-    let events = measure(&world, "events (broker)", mails, || {
-        publish_events(&world, mails)
-    })
-    .await;
-    world.host.stop_cleanly().await;
-
-    let counting = world_with_statement_log().await;
-    let before = counting.host.log_text().len();
-    measure(&counting, "counted", counted, || {
-        append_pings(&counting, counted)
-    })
-    .await;
-    let text = counting.host.log_text();
-    let counted_log = text.get(before..).unwrap_or("");
-    let statements = statements_in(counted_log) as f64 / counted as f64;
-    let by_hop = hops::count(counted_log);
-    if let Ok(path) = std::env::var("BENCH_STATEMENT_LOG") {
-        std::fs::write(&path, counted_log).unwrap();
-        println!("the counted run's log: {path}");
+    // A baseline build, measured beside this one in the same run.
+    let baseline: Option<PathBuf> = std::env::var_os("BENCH_BASELINE").map(PathBuf::from);
+    let builds: Vec<(&str, Option<&Path>)> = match &baseline {
+        Some(path) => vec![("baseline", Some(path.as_path())), ("this build", None)],
+        None => vec![("this build", None)],
+    };
+    let mut runs = Vec::new();
+    for (build, binary) in &builds {
+        let world = world(*binary, "info").await;
+        let inbound = measure(&world, "inbound mails (IMAP)", mails, || {
+            append_pings(&world, mails)
+        })
+        .await;
+        world.host.stop_cleanly().await;
+        runs.push((*build, inbound));
     }
-    counting.host.stop_cleanly().await;
+    let mut event_runs = Vec::new();
+    for (build, binary) in &builds {
+        let world = world(*binary, "info").await;
+        let events = measure(&world, "events (broker)", mails, || {
+            publish_events(&world, mails)
+        })
+        .await;
+        world.host.stop_cleanly().await;
+        event_runs.push((*build, events));
+    }
+    let mut counts = Vec::new();
+    for (build, binary) in &builds {
+        let counting = world_with_statement_log(*binary).await;
+        let before = counting.host.log_text().len();
+        measure(&counting, "counted", counted, || {
+            append_pings(&counting, counted)
+        })
+        .await;
+        let text = counting.host.log_text();
+        let counted_log = text.get(before..).unwrap_or("");
+        if let Ok(dir) = std::env::var("BENCH_STATEMENT_LOG") {
+            let path = Path::new(&dir).join(format!("{}.log", build.replace(' ', "-")));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, counted_log).unwrap();
+            println!("{build}: the counted run's log is {}", path.display());
+        }
+        counts.push((
+            *build,
+            statements_in(counted_log) as f64 / counted as f64,
+            hops::count(counted_log),
+        ));
+        counting.host.stop_cleanly().await;
+    }
 
     println!();
     println!(
-        "| run | mails | mails/s | CPU ms per mail: host | PostgreSQL | RabbitMQ | Dovecot | SMTP sink | transactions per mail |"
+        "| build | run | mails | mails/s | CPU ms per mail: host | PostgreSQL | RabbitMQ | Dovecot | SMTP sink | transactions per mail |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for figures in [&inbound, &events] {
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (build, figures) in runs.iter().chain(&event_runs) {
         let cpu: Vec<String> = figures
             .cpu
             .iter()
             .map(|(_, ms)| format!("{ms:.2}"))
             .collect();
         println!(
-            "| {} | {} | {:.0} | {} | {:.1} |",
+            "| {build} | {} | {} | {:.0} | {} | {:.1} |",
             figures.label,
             figures.mails,
             figures.per_second,
@@ -455,34 +492,48 @@ async fn main() {
             figures.transactions
         );
     }
-    println!(
-        "database round trips (statements) per inbound mail: {statements:.1} (sqlx's statement log, {counted} mails), by hop:"
-    );
-    hops::print(&by_hop, counted);
-    let slowest = [
-        ("SMTP sink", smtp),
-        ("Dovecot", imap),
-        ("PostgreSQL", pg / inbound.transactions.max(1.0)),
-    ]
-    .into_iter()
-    .min_by(|a, b| a.1.total_cmp(&b.1))
-    .unwrap();
-    println!(
-        "the slowest ceiling, in mails/s: {} {:.0} (PostgreSQL's in mails: its commits over the loop's transactions per mail); inbound end to end {:.0} mails/s = {:.2} of it (goal: 0.5 or more)",
-        slowest.0,
-        slowest.1,
-        inbound.per_second,
-        inbound.per_second / slowest.1
-    );
+    if let ([(_, old_in), (_, new_in)], [(_, old_ev), (_, new_ev)]) =
+        (runs.as_slice(), event_runs.as_slice())
+    {
+        let total = |f: &Figures| f.cpu.iter().map(|(_, ms)| ms).sum::<f64>();
+        println!(
+            "this build against the baseline: inbound {:.2}x the mails/s at {:.2}x the CPU per mail; events {:.2}x at {:.2}x",
+            new_in.per_second / old_in.per_second,
+            total(new_in) / total(old_in),
+            new_ev.per_second / old_ev.per_second,
+            total(new_ev) / total(old_ev),
+        );
+    }
+    for (build, statements, by_hop) in &counts {
+        println!();
+        println!(
+            "{build}: database round trips (statements) per inbound mail: {statements:.1} (sqlx's statement log, {counted} mails), by hop:"
+        );
+        hops::print(by_hop, counted);
+    }
+    println!();
+    for ((build, inbound), (_, events)) in runs.iter().zip(&event_runs) {
+        println!("{build}:");
+        print_bounds(inbound, smtp, imap, pg);
+        print_bounds(events, smtp, imap, pg);
+    }
+    // The bound moves as the loop's transactions fall: this build against the baseline's.
+    if let [(_, old), (_, new)] = runs.as_slice() {
+        let (_, old_bound) = bounds(old, pg);
+        println!(
+            "this build's inbound {:.0} mails/s = {:.2} of the baseline's bound ({old_bound:.0})",
+            new.per_second,
+            new.per_second / old_bound
+        );
+    }
+}
+
+/// The two 2-core bounds of a run: with the host and PostgreSQL free, and with the host free
+/// and each of the mail's transactions costing what a bare commit does.
+fn bounds(inbound: &Figures, pg: f64) -> (f64, f64) {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let cpu_total: f64 = inbound.cpu.iter().map(|(_, ms)| ms).sum();
-    println!(
-        "inbound: {cpu_total:.1} ms of CPU per mail in all, {:.2} cores busy at {:.0} mails/s on this machine's {cores} cores",
-        cpu_total * inbound.per_second / 1000.0,
-        inbound.per_second,
-    );
     // Where every process shares the same cores, the services the host talks to bound the
     // loop by their own CPU per mail, whatever the host and PostgreSQL cost.
     let others: f64 = inbound
@@ -494,16 +545,45 @@ async fn main() {
     // PostgreSQL's bare ceiling kept every core busy: that is what a commit costs the machine.
     let per_commit = cores as f64 * 1000.0 / pg;
     let with_commits = others + inbound.transactions * per_commit;
-    println!(
-        "inbound: RabbitMQ, Dovecot and the SMTP sink spend {others:.1} ms of CPU per mail. On {cores} shared cores the loop could answer at most {:.0} mails/s with the host and PostgreSQL free, and {:.0} with the host free and each of the mail's {:.1} transactions costing what a bare commit does ({per_commit:.2} ms); half the slowest ceiling is {:.0}",
+    (
         cores as f64 * 1000.0 / others.max(f64::MIN_POSITIVE),
         cores as f64 * 1000.0 / with_commits.max(f64::MIN_POSITIVE),
-        inbound.transactions,
-        slowest.1 / 2.0
+    )
+}
+
+/// The ceilings and bounds printed for one build's inbound run.
+fn print_bounds(run: &Figures, smtp: f64, imap: f64, pg: f64) {
+    let label = run.label;
+    let slowest = [
+        ("SMTP sink", smtp),
+        ("Dovecot", imap),
+        ("PostgreSQL", pg / run.transactions.max(1.0)),
+    ]
+    .into_iter()
+    .min_by(|a, b| a.1.total_cmp(&b.1))
+    .unwrap();
+    println!(
+        "  {label}: the slowest ceiling, in mails/s: {} {:.0} (PostgreSQL's in mails: its commits over the loop's transactions per mail); {:.0} mails/s = {:.2} of it",
+        slowest.0,
+        slowest.1,
+        run.per_second,
+        run.per_second / slowest.1
+    );
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let cpu_total: f64 = run.cpu.iter().map(|(_, ms)| ms).sum();
+    let (free, with_commits) = bounds(run, pg);
+    println!(
+        "  {label}: {cpu_total:.1} ms of CPU per mail in all, {:.2} cores busy on this machine's {cores}; on {cores} shared cores at most {free:.0} mails/s with the host and PostgreSQL free, {with_commits:.0} with the host free and each of the mail's {:.1} transactions costing a bare commit ({:.2} ms): the loop at {:.2} of that bound (goal 0.8)",
+        cpu_total * run.per_second / 1000.0,
+        run.transactions,
+        cores as f64 * 1000.0 / pg,
+        run.per_second / with_commits,
     );
 }
 
-/// A second world whose host logs every statement it sends (sqlx's statement log).
-async fn world_with_statement_log() -> World {
-    world("info,sqlx::query=debug").await
+/// A world whose host logs every statement it sends (sqlx's statement log).
+async fn world_with_statement_log(binary: Option<&Path>) -> World {
+    world(binary, "info,sqlx::query=debug").await
 }

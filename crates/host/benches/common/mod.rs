@@ -1,6 +1,7 @@
 //! What the host's benchmarks share: their knobs, the demo's automation, and a host with the
 //! shipped defaults on one IMAP account.
 
+use std::path::Path;
 use std::time::Duration;
 
 use worker_testkit::{TestDb, TestVhost};
@@ -18,11 +19,14 @@ pub fn env(name: &str, default: usize) -> usize {
 /// The demo's automation: a reply to every mail whose subject starts with "ping".
 pub const AUTOMATION: &str = include_str!("../../../../config/automations.demo.toml");
 
-/// A host named `installation`, with the shipped defaults but for where the services are, the
-/// demo's automation and the IMAP account `account`; `extra` sections after them and `vars`
-/// in its environment. Returns once the account's first poll (which starts after its
-/// history) is behind it.
-pub async fn launch(
+/// [`launch`] with another build of the host (`binary`; `None`: this one's), for a benchmark
+/// that compares two builds side by side.
+#[allow(
+    dead_code,
+    reason = "the throughput bench compares builds; the latency bench does not"
+)]
+pub async fn launch_binary(
+    binary: Option<&Path>,
     installation: &str,
     account: &str,
     extra: &str,
@@ -34,7 +38,7 @@ pub async fn launch(
         .rsplit_once(':')
         .map(|(h, p)| (h.to_string(), p.to_string()))
         .unwrap();
-    let host = Host::launch_with("BENCH_SHOW_LOG", vars, |dir, port| {
+    let settings = |dir: &Path, port: u16| {
         let automations = dir.join("automations.toml");
         std::fs::write(&automations, AUTOMATION)?;
         let files = format!("[{:?}]", automations.display().to_string());
@@ -42,9 +46,17 @@ pub async fn launch(
         Ok(format!(
             "{settings}\n[[imap.accounts]]\nname = \"bench\"\nhost = {imap_host:?}\nport = {imap_port}\nusername = {account:?}\npassword = \"secret\"\n\n{extra}\n"
         ))
-    })
-    .await
-    .unwrap();
+    };
+    let host = match binary {
+        Some(binary) => {
+            let mut host = Host::spawn(binary, "BENCH_SHOW_LOG", vars, settings).unwrap();
+            host.wait_ready().await.unwrap();
+            host
+        }
+        None => Host::launch_with("BENCH_SHOW_LOG", vars, settings)
+            .await
+            .unwrap(),
+    };
     tokio::time::sleep(Duration::from_secs(2)).await;
     (host, db, vhost)
 }
