@@ -20,7 +20,7 @@ mod pool;
 pub use classify::{classify, classify_sqlx};
 pub use guard::ProcessedMessages;
 pub use lease::{AdvisoryLease, KeepAlive, LeaseGuard};
-pub use pool::{ConnectError, PoolOptions, Redacted, SLOW_STATEMENT, connect};
+pub use pool::{ConnectError, PING_IF_IDLE_FOR, PoolOptions, Redacted, SLOW_STATEMENT, connect};
 pub use schema::migrate;
 
 /// The migrations in `migrations/` at the workspace root, embedded in the binary.

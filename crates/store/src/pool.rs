@@ -1,13 +1,21 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{ConnectOptions, Connection, PgPool};
 use worker_core::Backoff;
 
 /// A statement that runs longer than this is logged as a warning (sqlx's slow-statement log,
 /// set on every connection [`connect`] opens). The lease's deliberate waits stay below it
 /// ([`crate::lease::MAX_CHECK_INTERVAL`]), so that a warning always means a slow statement.
 pub const SLOW_STATEMENT: Duration = Duration::from_secs(1);
+
+/// A pooled connection idle at least this long is pinged before it is handed out; one used
+/// more recently is handed out as it is. sqlx's default pings on every acquire, a round trip
+/// of its own per unit of work, though a connection used a moment ago is as good as its last
+/// answer. After a quiet spell (when a restarted or failed-over server may have dropped it),
+/// the ping still finds a dead connection before a statement does. HikariCP bypasses its
+/// check the same way (`aliveBypassWindowMs`, 500 ms).
+pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// How to reach the database and how patiently.
 #[derive(Clone)]
@@ -89,6 +97,16 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
             .acquire_timeout(options.acquire_timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        // An error closes the connection, and the pool opens another.
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(
                 options
                     .connect
