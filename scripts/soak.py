@@ -295,10 +295,13 @@ class Load:
 def proc(pid):
     status = open(f"/proc/{pid}/status").read()
     field = lambda name: int(re.search(rf"^{name}:\s+(\d+)", status, re.M).group(1))
+    # utime and stime, in clock ticks (fields 14 and 15; the command may hold spaces).
+    stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return {
         "rss_kib": field("VmRSS"),
         "threads": field("Threads"),
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "cpu_ms": (int(stat[11]) + int(stat[12])) * 1000 // os.sysconf("SC_CLK_TCK"),
     }
 
 
@@ -424,17 +427,22 @@ def report(path, samples, results, meta, args, near, svg_name):
         f"After the load: {meta['sent']} of {meta['mails']} mails sent, {meta['dead_left']} dead letters left, "
         f"{meta['unsent']} unsent. Stream errors: {meta['errors'] or 'none'}. Samples lost: {meta['lost'] or 'none'}.",
         "",
-        "| minute | RSS MiB | fds | threads | PG conns | queued | in retry tiers | outbox pending | pings | mails | sent | dead letters | DB MiB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| minute | RSS MiB | fds | threads | PG conns | queued | in retry tiers | outbox pending | pings | mails | sent | dead letters | DB MiB | host CPU ms per mail since the last sample |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    previous = None
     for s in samples:
         mark = " (after)" if s.get("after") else ""
         lines.append(
             f"| {s['minute']}{mark} | {s['rss_kib'] / 1024:.1f} | {s['fds']} | {s['threads']} | {s['pg_conns']} | "
             f"{s['queued']} | {s['retrying']} | {s['outbox_pending']} | {s['pings']} | {s['mails']} | {s['sent']} | "
-            f"{s['dead_letters']} | {mib(s['db_bytes'])} |"
+            f"{s['dead_letters']} | {mib(s['db_bytes'])} | {cpu_per_mail(previous, s)} |"
         )
+        previous = s
     lines += [
+        "",
+        f"The host's CPU from minute {settle['minute']} to minute {end['minute']}: "
+        f"{cpu_per_mail(settle, end)} ms per mail sent (user and system, from /proc/<pid>/stat).",
         "",
         f"Each relation (pg_total_relation_size: a table with its TOAST and indexes, an index alone) at minute "
         f"{settle['minute']} ({settle['mails']} mails) and at minute {end['minute']} ({end['mails']} mails); "
@@ -456,6 +464,14 @@ def report(path, samples, results, meta, args, near, svg_name):
         )
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def cpu_per_mail(before, after):
+    """The host's CPU per mail sent between two samples, in ms ("-" without both, or no mail)."""
+    if not before or "cpu_ms" not in before or "cpu_ms" not in after:
+        return "-"
+    sent = after["sent"] - before["sent"]
+    return f"{(after['cpu_ms'] - before['cpu_ms']) / sent:.2f}" if sent > 0 else "-"
 
 
 def chart(path, samples, title):
