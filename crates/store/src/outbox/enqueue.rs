@@ -97,8 +97,9 @@ impl OutboxMessage {
     }
 
     /// The headers to store: the message's own, plus the current trace context unless they
-    /// carry one already.
-    fn stored_headers(&self) -> Value {
+    /// carry one already. Public for a caller that writes its outbox rows later than, or
+    /// outside, the span that should start their trace (the poller's batch).
+    pub fn stored_headers(&self) -> Value {
         let mut headers = self.headers.clone();
         if !headers.contains_key(TRACEPARENT) {
             for (key, value) in current_trace_context() {
