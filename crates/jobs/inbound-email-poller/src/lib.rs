@@ -23,7 +23,9 @@
 //!    [`PollerConfig::max_messages_per_account`] of them, in UID order;
 //! 4. `UID FETCH (UID RFC822.SIZE)` for those: the sizes, before any body is fetched;
 //! 5. the existence check on (account, mailbox, UIDVALIDITY, UID), for all of them in one
-//!    statement; then each message, in order, under its own [`PollerConfig::message_timeout`]
+//!    statement, when a row may be stored above the last UID (the poll state set back or
+//!    started over: the read of the poll state says so, from the highest UID stored); then
+//!    each message, in order, under its own [`PollerConfig::message_timeout`]
 //!    ([`worker_core::run_unit`]) and its own span (`poll <account>`, the root of the mail's
 //!    trace, whose context its outbox row stores), is read, writing nothing:
 //!    * over [`PollerConfig::max_message_bytes`]: only its header (`BODY.PEEK[HEADER]`, at most

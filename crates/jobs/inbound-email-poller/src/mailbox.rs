@@ -106,21 +106,26 @@ impl InboundEmailPoller {
         };
 
         // Only the lease holder polls this mailbox, so what is stored now stays so for the
-        // tick; the batch's write refuses a second row all the same.
-        let stored = match store::stored_among(
-            &self.pool,
-            &account.name,
-            &account.mailbox,
-            uidvalidity,
-            &uids,
-        )
-        .await
-        {
-            Ok(stored) => stored,
-            Err(failure) => {
-                report.failure = Some(failure);
-                return true;
+        // tick; the batch's write refuses a second row all the same. Nothing is stored above
+        // the last UID unless the poll state was set back or started over (`stored_above`).
+        let stored = if state.stored_above {
+            match store::stored_among(
+                &self.pool,
+                &account.name,
+                &account.mailbox,
+                uidvalidity,
+                &uids,
+            )
+            .await
+            {
+                Ok(stored) => stored,
+                Err(failure) => {
+                    report.failure = Some(failure);
+                    return true;
+                }
             }
+        } else {
+            std::collections::HashSet::new()
         };
 
         // Each message is read under its own span and timeout; they are written together,
@@ -424,6 +429,8 @@ impl InboundEmailPoller {
             uidvalidity,
             last_uid,
             watching_since,
+            // Started over: the rows of this UIDVALIDITY, if any, are not counted here.
+            stored_above: true,
         })
     }
 

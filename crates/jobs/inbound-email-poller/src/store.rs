@@ -17,16 +17,27 @@ pub struct PollState {
     pub last_uid: u32,
     /// Mail that arrived before this (less a margin) is history at the first selection.
     pub watching_since: DateTime<Utc>,
+    /// Whether a row may be stored above `last_uid` under `uidvalidity`, so that the tick's
+    /// new UIDs need their existence check ([`stored_among`]). The last UID moves in the
+    /// transaction that writes the rows, so this is only so when the poll state was set
+    /// back (an operator, a restored backup) or the mailbox started over.
+    pub stored_above: bool,
 }
 
+/// The poll state, and whether a row is stored above its last UID: the highest UID stored
+/// under its UIDVALIDITY (a backward scan of the unique key's index), read in the same
+/// statement so that a tick's usual case costs no existence check of its own.
 pub async fn load_state(
     pool: &PgPool,
     account: &str,
     mailbox: &str,
 ) -> Result<Option<PollState>, Failure> {
-    let row: Option<(i64, i64, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT uidvalidity, last_uid, watching_since FROM imap_poll_state \
-         WHERE account = $1 AND mailbox = $2",
+    let row: Option<(i64, i64, DateTime<Utc>, Option<i64>)> = sqlx::query_as(
+        "SELECT s.uidvalidity, s.last_uid, s.watching_since, \
+                (SELECT max(i.uid) FROM inbound_emails i \
+                 WHERE i.account = s.account AND i.mailbox = s.mailbox \
+                   AND i.uidvalidity = s.uidvalidity) \
+         FROM imap_poll_state s WHERE s.account = $1 AND s.mailbox = $2",
     )
     .bind(account)
     .bind(mailbox)
@@ -34,11 +45,14 @@ pub async fn load_state(
     .await
     .map_err(classify)?;
     Ok(
-        row.map(|(uidvalidity, last_uid, watching_since)| PollState {
-            // Written from u32 values only; anything else reads as "start over".
-            uidvalidity: u32::try_from(uidvalidity).unwrap_or(0),
-            last_uid: u32::try_from(last_uid).unwrap_or(0),
-            watching_since,
+        row.map(|(uidvalidity, last_uid, watching_since, max_stored)| {
+            PollState {
+                // Written from u32 values only; anything else reads as "start over".
+                uidvalidity: u32::try_from(uidvalidity).unwrap_or(0),
+                last_uid: u32::try_from(last_uid).unwrap_or(0),
+                watching_since,
+                stored_above: max_stored.is_some_and(|max| max > last_uid),
+            }
         }),
     )
 }
