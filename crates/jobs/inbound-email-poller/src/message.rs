@@ -131,9 +131,8 @@ pub(crate) struct PreparedRow {
     pub(crate) skip_reason: Option<String>,
     pub(crate) parsed: ParsedEmail,
     pub(crate) raw_size: u64,
+    /// `None` when nothing was read (given up on): then its identity is not looked up.
     pub(crate) content_hash: Option<String>,
-    /// Whether its identity is looked up among the mail recorded before.
-    pub(crate) deduplicated: bool,
     /// The event and its stored headers (with the trace context of the mail's span).
     pub(crate) event: Option<(Uuid, OutboxMessage, serde_json::Value)>,
     /// What it is when it is written and is not a duplicate.
@@ -149,15 +148,13 @@ impl PreparedRow {
             + self.event.as_ref().map_or(0, |(_, m, _)| m.body.len())
     }
 
+    /// What it is looked up by among the mail recorded before (none for a mail not read).
     pub(crate) fn identity(&self) -> Option<Identity<'_>> {
-        if !self.deduplicated {
-            return None;
-        }
-        match (&self.parsed.message_id, &self.content_hash) {
-            (Some(id), _) => Some(Identity::MessageId(id)),
-            (None, Some(hash)) => Some(Identity::Content(hash)),
-            (None, None) => None,
-        }
+        let hash = self.content_hash.as_deref()?;
+        Some(match &self.parsed.message_id {
+            Some(id) => Identity::MessageId(id),
+            None => Identity::Content(hash),
+        })
     }
 }
 
@@ -191,7 +188,6 @@ impl InboundEmailPoller {
             skip_reason,
             parsed,
             raw_size: u64::from(size),
-            deduplicated: content_hash.is_some(),
             content_hash,
             event: None,
             disposition,
