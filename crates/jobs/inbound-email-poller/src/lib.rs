@@ -1,9 +1,10 @@
 //! # job-inbound-email-poller: mail in IMAP becomes rows and `email.received` events
 //!
 //! A timer job. Each tick polls every configured IMAP account, fetches the messages newer than
-//! the last UID it stored, and for each one writes, in **one transaction**, the inbound email
-//! row, an outbox row carrying the `email.received` [`DomainEvent`] (published later by the
-//! outbox drain), and the new last UID.
+//! the last UID it stored, and writes them together, in **one statement** (so one
+//! transaction): the inbound email rows, an outbox row for each new mail carrying its
+//! `email.received` [`DomainEvent`] (published later by the outbox drain), and the new last
+//! UID.
 //!
 //! ## One tick
 //!
@@ -21,22 +22,33 @@
 //!    last message even when it is older than `n`), at most
 //!    [`PollerConfig::max_messages_per_account`] of them, in UID order;
 //! 4. `UID FETCH (UID RFC822.SIZE)` for those: the sizes, before any body is fetched;
-//! 5. each message, in order, under its own [`PollerConfig::message_timeout`]
-//!    ([`worker_core::run_unit`]): the existence check on (account, mailbox, UIDVALIDITY, UID);
-//!    then
+//! 5. the existence check on (account, mailbox, UIDVALIDITY, UID), for all of them in one
+//!    statement, when a row may be stored above the last UID (the poll state set back or
+//!    started over: the read of the poll state says so, from the highest UID stored); then
+//!    each message, in order, under its own [`PollerConfig::message_timeout`]
+//!    ([`worker_core::run_unit`]) and its own span (`poll <account>`, the root of the mail's
+//!    trace, whose context its outbox row stores), is read, writing nothing:
 //!    * over [`PollerConfig::max_message_bytes`]: only its header (`BODY.PEEK[HEADER]`, at most
 //!      64 KiB) is fetched, and it is recorded `skipped` with the reason; no event;
 //!    * otherwise `BODY.PEEK[]` (the mail is not marked seen), pre-scanned against
 //!      [`PollerConfig::mail_limits`] (MIME parts, nesting, header fields and bytes; past
 //!      one, it is recorded `skipped` unparsed with the reason, no event: see [`limits`]),
-//!      parsed with mail-parser, bodies cut at [`PollerConfig::max_body_chars`], stored and
-//!      announced. A mail that does not parse is stored with its parse error and announced
-//!      all the same;
-//! 6. `LOGOUT`.
+//!      parsed with mail-parser, bodies cut at [`PollerConfig::max_body_chars`], to be stored
+//!      and announced. A mail that does not parse is stored with its parse error and
+//!      announced all the same;
+//! 6. the messages read are written in one statement (`record.rs`): each mail's identity
+//!    looked up (below), the rows, the outbox rows of the new mails, and the last UID, moved
+//!    to the highest UID of the batch, under the UIDVALIDITY read at the start (if the poll
+//!    state was reset underneath, nothing is written). A tick's batch holds at most 8 MiB of
+//!    bodies; past that it is written in several;
+//! 7. `LOGOUT`.
 //!
-//! Messages are handled in UID order and the last UID only moves with a committed row, so the
+//! Messages are read in UID order and the last UID only moves with committed rows, so the
 //! first failure ends the account's poll for this tick (the session is dropped, since a
-//! command cut short leaves it in an unknown state); the next tick starts at that message.
+//! command cut short leaves it in an unknown state): the messages read before it are written,
+//! and the next tick starts at that message. A batch whose write fails records none of its
+//! mails, and the next tick reads them again; a batch the database refuses for good (a row it
+//! will not take) is written again a message at a time, so that only the refused mail fails.
 //! A message that fails [`PollerConfig::max_message_attempts`] times in a row (its timeout,
 //! an answer we cannot parse, a row the database refuses) is recorded `skipped` with its last
 //! error, so one poison message cannot hold its mailbox back for good. A failure that is not
@@ -58,8 +70,8 @@
 //! ## Idempotency: one mail, one event
 //!
 //! The row's key is (account, mailbox, UIDVALIDITY, UID): checked before anything is fetched,
-//! and enforced by a unique constraint that the insert respects (`ON CONFLICT DO NOTHING`, the
-//! event is written only with a new row). A restart, or a tick re-run after a crash, fetches
+//! and enforced by a unique constraint that the insert respects (`ON CONFLICT DO NOTHING`, an
+//! event is written only with a new row, in the same statement). A restart, or a tick re-run after a crash, fetches
 //! nothing twice. Row and event ids are derived from that key (UUID v5), so they are stable.
 //!
 //! A UID is not a mail, though: a mail moved out of the folder and back, or a mailbox rebuilt
@@ -68,7 +80,9 @@
 //! header, for a mail over the size limit); both are recorded on every row. A mail whose
 //! identity was recorded before from this mailbox, under any UIDVALIDITY, gets a row of its
 //! own, `skipped`, naming the row it duplicates (`duplicate_of`), and no event. A new mail
-//! that reuses an older Message-ID is such a duplicate too, and its row says so.
+//! that reuses an older Message-ID is such a duplicate too, and its row says so. The look-up
+//! is part of the batch's write, and a batch's later mail with the identity of an earlier
+//! one in the same batch (two UIDs, one Message-ID) is its duplicate the same way.
 //!
 //! ## The first poll
 //!
@@ -105,6 +119,7 @@ pub mod limits;
 mod mailbox;
 mod message;
 pub mod parse;
+mod record;
 pub mod report;
 pub mod settings;
 pub mod stats;

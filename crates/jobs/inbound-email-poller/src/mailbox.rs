@@ -1,6 +1,7 @@
 //! One mailbox of an account in one tick: its poll state (UIDVALIDITY, the last UID, the
-//! first poll's history), which UIDs are new and their sizes, and each new message handed to
-//! [`crate::message`] under its own timeout.
+//! first poll's history), which UIDs are new and their sizes, each new message read by
+//! [`crate::message`] under its own timeout, and the messages read written together
+//! ([`crate::record`]).
 
 use std::time::Duration;
 
@@ -9,11 +10,26 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use worker_core::{Failure, UnitError, run_unit};
 
+use worker_messages::EMAIL_RECEIVED;
+
 use crate::fetch::{fetch_arrivals, fetch_sizes};
 use crate::imap::{Session, timed};
-use crate::message::{Disposition, message_span};
+use crate::message::{AttemptKey, Disposition, Prepared, message_span};
+use crate::record::{self, Batch, BatchEvent, BatchRow};
 use crate::store::PollState;
 use crate::*;
+
+/// The most body bytes a batch holds before it is written: a tick of large mails is written
+/// in several batches rather than held in memory whole.
+const BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// A message read, waiting for its batch's write, with its span (ended by the write).
+pub(crate) struct Pending {
+    uid: u32,
+    key: AttemptKey,
+    span: tracing::Span,
+    prepared: Prepared,
+}
 
 impl InboundEmailPoller {
     /// Polls the selected mailbox; returns whether the session is still usable.
@@ -90,30 +106,39 @@ impl InboundEmailPoller {
         };
 
         // Only the lease holder polls this mailbox, so what is stored now stays so for the
-        // tick; `store::record` refuses a second row all the same.
-        let stored = match store::stored_among(
-            &self.pool,
-            &account.name,
-            &account.mailbox,
-            uidvalidity,
-            &uids,
-        )
-        .await
-        {
-            Ok(stored) => stored,
-            Err(failure) => {
-                report.failure = Some(failure);
-                return true;
+        // tick; the batch's write refuses a second row all the same. Nothing is stored above
+        // the last UID unless the poll state was set back or started over (`stored_above`).
+        let stored = if state.stored_above {
+            match store::stored_among(
+                &self.pool,
+                &account.name,
+                &account.mailbox,
+                uidvalidity,
+                &uids,
+            )
+            .await
+            {
+                Ok(stored) => stored,
+                Err(failure) => {
+                    report.failure = Some(failure);
+                    return true;
+                }
             }
+        } else {
+            std::collections::HashSet::new()
         };
 
+        // Each message is read under its own span and timeout; they are written together,
+        // a batch (at most BATCH_BYTES of bodies) in one statement.
+        let mut batch: Vec<Pending> = Vec::new();
+        let mut bytes = 0;
         for uid in uids {
             let size = sizes.get(&uid).copied();
             let stored = stored.contains(&uid);
             let span = message_span(account, uidvalidity, uid);
             let unit = run_unit(JOB_NAME, limit, cancel, |_token| async {
                 Ok(self
-                    .handle_message(session, account, uidvalidity, uid, size, stored)
+                    .prepare_message(session, account, uidvalidity, uid, size, stored)
                     .await)
             })
             .instrument(span.clone())
@@ -124,44 +149,187 @@ impl InboundEmailPoller {
                 uidvalidity,
                 uid,
             );
-            let outcome = match &unit {
-                Ok(Ok(handled)) => handled.as_str(),
-                Ok(Err(_)) | Err(UnitError::Failed(_)) => {
+            let end = |span: &tracing::Span, outcome: &str| {
+                if outcome == "failed" {
                     span.record("otel.status_code", "ERROR");
-                    "failed"
                 }
-                Err(UnitError::Cancelled) => "cancelled",
+                span.record("outcome", outcome);
             };
-            span.record("outcome", outcome);
-            match unit {
-                Ok(Ok(handled)) => {
-                    self.forgive(&key);
-                    match handled {
-                        Disposition::Stored { parse_error } => {
-                            report.counts.stored += 1;
-                            report.counts.parse_errors += u64::from(parse_error);
-                        }
-                        Disposition::TooLarge => report.counts.too_large += 1,
-                        Disposition::TooComplex => report.counts.too_complex += 1,
-                        Disposition::GaveUp => report.counts.gave_up += 1,
-                        Disposition::Duplicate => report.counts.duplicates += 1,
-                        Disposition::Vanished => report.counts.vanished += 1,
+            // When this message failed: why, and whether the session can still be used.
+            let (failure, session_ok) = match unit {
+                Ok(Ok(prepared)) => {
+                    if let Prepared::Row(row) = &prepared {
+                        bytes += row.bytes();
                     }
+                    batch.push(Pending {
+                        uid,
+                        key,
+                        span,
+                        prepared,
+                    });
+                    if bytes >= BATCH_BYTES {
+                        bytes = 0;
+                        if !self
+                            .write_batch(account, uidvalidity, std::mem::take(&mut batch), report)
+                            .await
+                        {
+                            return true;
+                        }
+                    }
+                    continue;
                 }
                 Ok(Err(failed)) => {
+                    end(&span, "failed");
                     if failed.counts_as_attempt {
                         self.count_failed_attempt(&key, &failed.failure);
                     }
-                    report.failure = Some(failed.failure.context(format!("message UID {uid}")));
-                    return !failed.session_broken;
+                    (
+                        failed.failure.context(format!("message UID {uid}")),
+                        !failed.session_broken,
+                    )
                 }
                 Err(UnitError::Failed(failure)) => {
+                    end(&span, "failed");
                     // Its timeout, or a panic: the message's own fault, as far as we can tell.
                     self.count_failed_attempt(&key, &failure);
-                    report.failure = Some(failure.context(format!("message UID {uid}")));
+                    (failure.context(format!("message UID {uid}")), false)
+                }
+                Err(UnitError::Cancelled) => {
+                    end(&span, "cancelled");
+                    // The tick ends; what was read is read again at the next.
+                    for pending in &batch {
+                        end(&pending.span, "cancelled");
+                    }
                     return false;
                 }
-                Err(UnitError::Cancelled) => return false,
+            };
+            // The messages before this one are written all the same, and the poll of this
+            // mailbox ends here (the next tick starts at this message). The report names
+            // this message's failure, the first, even if that write fails too.
+            self.write_batch(account, uidvalidity, batch, report).await;
+            report.failure = Some(failure);
+            return session_ok;
+        }
+        self.write_batch(account, uidvalidity, batch, report).await;
+        true
+    }
+
+    /// Writes a batch of read messages ([`record::record_batch`]), then counts each one and
+    /// ends its span with its outcome. A batch the database refuses for good (a row it will
+    /// not take) is written again a message at a time, so that the refused one is found,
+    /// held against that message only, and the ones before it are recorded. Returns whether
+    /// the whole batch was written; on failure `report.failure` says why.
+    pub(crate) async fn write_batch(
+        &self,
+        account: &ImapAccount,
+        uidvalidity: u32,
+        batch: Vec<Pending>,
+        report: &mut AccountReport,
+    ) -> bool {
+        let Some(last_uid) = batch.iter().map(|p| p.uid).max() else {
+            return true;
+        };
+        let rows: Vec<BatchRow<'_>> = batch
+            .iter()
+            .filter_map(|p| match &p.prepared {
+                Prepared::Row(row) => Some(BatchRow {
+                    id: row.id,
+                    uid: p.uid,
+                    skip_reason: row.skip_reason.as_deref(),
+                    parsed: &row.parsed,
+                    raw_size: row.raw_size,
+                    content_hash: row.content_hash.as_deref(),
+                    identity: row.identity(),
+                    event: row.event.as_ref().map(|(id, message, headers)| BatchEvent {
+                        id: *id,
+                        message,
+                        headers,
+                    }),
+                }),
+                Prepared::Pass(_) => None,
+            })
+            .collect();
+        let written = db_timed(
+            self.config.message_timeout,
+            "writing the batch",
+            record::record_batch(
+                &self.pool,
+                &Batch {
+                    account: &account.name,
+                    mailbox: &account.mailbox,
+                    uidvalidity,
+                    last_uid,
+                    exchange: &self.config.events_exchange,
+                    routing_key: EMAIL_RECEIVED,
+                    rows: &rows,
+                },
+            ),
+        )
+        .await;
+        drop(rows);
+        let written = match written {
+            Ok(written) => written,
+            Err(failure) if failure.is_permanent() && batch.len() > 1 => {
+                tracing::warn!(job = JOB_NAME, account = %account.name, messages = batch.len(), error = %failure, "the database refused a batch: writing it a message at a time");
+                for pending in batch {
+                    let one = vec![pending];
+                    if !Box::pin(self.write_batch(account, uidvalidity, one, report)).await {
+                        return false;
+                    }
+                }
+                return true;
+            }
+            Err(failure) => {
+                let single = batch.len() == 1;
+                for pending in &batch {
+                    pending.span.record("otel.status_code", "ERROR");
+                    pending.span.record("outcome", "failed");
+                    // Only a batch of one names the message at fault.
+                    if single && failure.is_permanent() {
+                        self.count_failed_attempt(&pending.key, &failure);
+                    }
+                }
+                let what = if single {
+                    format!("message UID {last_uid}")
+                } else {
+                    let first = batch.first().map_or(last_uid, |p| p.uid);
+                    format!(
+                        "a batch of {} messages, UIDs {first} to {last_uid}",
+                        batch.len()
+                    )
+                };
+                report.failure = Some(failure.context(what));
+                return false;
+            }
+        };
+        for pending in batch {
+            self.forgive(&pending.key);
+            let disposition = match pending.prepared {
+                Prepared::Pass(disposition) => disposition,
+                Prepared::Row(row) => match written.get(&pending.uid) {
+                    // Its row was there already: stored before this tick read it.
+                    None => Disposition::Duplicate,
+                    Some(Some(earlier)) => {
+                        pending.span.in_scope(|| {
+                            tracing::info!(job = JOB_NAME, account = %account.name, uid = pending.uid, duplicate_of = %earlier.id, earlier_uidvalidity = earlier.uidvalidity, earlier_uid = earlier.uid, "a mail recorded before under another UID: recorded as a duplicate, not announced");
+                        });
+                        Disposition::Duplicate
+                    }
+                    Some(None) => row.disposition,
+                },
+            };
+            pending.span.record("outcome", disposition.as_str());
+            let counts = &mut report.counts;
+            match disposition {
+                Disposition::Stored { parse_error } => {
+                    counts.stored += 1;
+                    counts.parse_errors += u64::from(parse_error);
+                }
+                Disposition::TooLarge => counts.too_large += 1,
+                Disposition::TooComplex => counts.too_complex += 1,
+                Disposition::GaveUp => counts.gave_up += 1,
+                Disposition::Duplicate => counts.duplicates += 1,
+                Disposition::Vanished => counts.vanished += 1,
             }
         }
         true
@@ -261,6 +429,8 @@ impl InboundEmailPoller {
             uidvalidity,
             last_uid,
             watching_since,
+            // Started over: the rows of this UIDVALIDITY, if any, are not counted here.
+            stored_above: true,
         })
     }
 

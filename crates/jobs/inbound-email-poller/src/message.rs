@@ -1,5 +1,6 @@
-//! One message of a mailbox: checked, fetched, pre-scanned, parsed and recorded with its
-//! event in one transaction, or set aside; and the failed attempts a message collects.
+//! One message of a mailbox: checked, fetched, pre-scanned and parsed, or set aside, into
+//! the row (and event) its batch writes ([`crate::record`]); and the failed attempts a
+//! message collects.
 
 use chrono::Utc;
 use uuid::Uuid;
@@ -10,10 +11,11 @@ use worker_store::outbox::OutboxMessage;
 use crate::fetch::{MAX_HEADER_BYTES, Part, fetch_one};
 use crate::ids::*;
 use crate::imap::{Session, timed};
-use crate::store::{Identity, NewInbound};
+use crate::record::Identity;
 use crate::*;
 
 /// How one message went.
+#[derive(Clone, Copy)]
 pub(crate) enum Disposition {
     Stored { parse_error: bool },
     TooLarge,
@@ -114,8 +116,52 @@ pub(crate) struct FailedAttempts {
 /// The message an attempt is at: account, mailbox, UIDVALIDITY and UID.
 pub(crate) type AttemptKey = (String, String, u32, u32);
 
+/// A message read and parsed, waiting for its batch's write.
+pub(crate) enum Prepared {
+    /// Nothing to write but the last UID past it: stored already under its UID (`Duplicate`),
+    /// or gone from the mailbox (`Vanished`).
+    Pass(Disposition),
+    /// A row to write; what it turns out to be once the batch is written.
+    Row(Box<PreparedRow>),
+}
+
+/// A row to write (see [`crate::record::BatchRow`], which borrows from it).
+pub(crate) struct PreparedRow {
+    pub(crate) id: Uuid,
+    pub(crate) skip_reason: Option<String>,
+    pub(crate) parsed: ParsedEmail,
+    pub(crate) raw_size: u64,
+    /// `None` when nothing was read (given up on): then its identity is not looked up.
+    pub(crate) content_hash: Option<String>,
+    /// The event and its stored headers (with the trace context of the mail's span).
+    pub(crate) event: Option<(Uuid, OutboxMessage, serde_json::Value)>,
+    /// What it is when it is written and is not a duplicate.
+    pub(crate) disposition: Disposition,
+}
+
+impl PreparedRow {
+    /// The bytes it holds, to bound a batch's memory.
+    pub(crate) fn bytes(&self) -> usize {
+        let p = &self.parsed;
+        p.text_body.as_ref().map_or(0, String::len)
+            + p.html_body.as_ref().map_or(0, String::len)
+            + self.event.as_ref().map_or(0, |(_, m, _)| m.body.len())
+    }
+
+    /// What it is looked up by among the mail recorded before (none for a mail not read).
+    pub(crate) fn identity(&self) -> Option<Identity<'_>> {
+        let hash = self.content_hash.as_deref()?;
+        Some(match &self.parsed.message_id {
+            Some(id) => Identity::MessageId(id),
+            None => Identity::Content(hash),
+        })
+    }
+}
+
 impl InboundEmailPoller {
-    pub(crate) async fn handle_message(
+    /// Reads the message and decides its row, writing nothing: its batch is written once
+    /// the tick's messages are read ([`crate::record`]). Runs in the message's span.
+    pub(crate) async fn prepare_message(
         &self,
         session: &mut Session,
         account: &ImapAccount,
@@ -123,24 +169,29 @@ impl InboundEmailPoller {
         uid: u32,
         size: Option<u32>,
         stored: bool,
-    ) -> Result<Disposition, MessageFailure> {
+    ) -> Result<Prepared, MessageFailure> {
         let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
-        let pool = &self.pool;
         let limit = self.config.message_timeout;
         if stored {
-            store::skip_past(pool, name, mailbox, uidvalidity, uid)
-                .await
-                .map_err(MessageFailure::db)?;
-            return Ok(Disposition::Duplicate);
+            return Ok(Prepared::Pass(Disposition::Duplicate));
         }
         let Some(size) = size else {
-            store::skip_past(pool, name, mailbox, uidvalidity, uid)
-                .await
-                .map_err(MessageFailure::db)?;
-            return Ok(Disposition::Vanished);
+            return Ok(Prepared::Pass(Disposition::Vanished));
         };
         let id = inbound_email_id(name, mailbox, uidvalidity, uid);
         let key = (name.to_string(), mailbox.to_string(), uidvalidity, uid);
+        let row = |skip_reason: Option<String>,
+                   parsed: ParsedEmail,
+                   content_hash: Option<String>,
+                   disposition: Disposition| PreparedRow {
+            id,
+            skip_reason,
+            parsed,
+            raw_size: u64::from(size),
+            content_hash,
+            event: None,
+            disposition,
+        };
 
         if let Some(failed) = self.failed_attempts_of(&key)
             && failed.count >= self.config.max_message_attempts
@@ -150,22 +201,13 @@ impl InboundEmailPoller {
                 failed.count, failed.last_error
             );
             tracing::error!(job = JOB_NAME, account = name, uid, %reason, "a message keeps failing: recording it as skipped");
-            let row = NewInbound {
-                id,
-                account: name,
-                mailbox,
-                uidvalidity,
-                uid,
-                skip_reason: Some(reason),
-                parsed: &ParsedEmail::default(),
-                raw_size: u64::from(size),
-                content_hash: None,
-                duplicate_of: None,
-            };
-            store::record(pool, &row, None)
-                .await
-                .map_err(MessageFailure::db)?;
-            return Ok(Disposition::GaveUp);
+            let gave_up = row(
+                Some(reason),
+                ParsedEmail::default(),
+                None,
+                Disposition::GaveUp,
+            );
+            return Ok(Prepared::Row(Box::new(gave_up)));
         }
 
         if u64::from(size) > self.config.max_message_bytes {
@@ -183,12 +225,6 @@ impl InboundEmailPoller {
                 .unwrap_or_default();
             record_message_id(&parsed);
             let hash = content_hash(b"header\0", header.as_deref().unwrap_or_default());
-            if self
-                .recorded_before(account, uidvalidity, uid, size, &parsed, &hash)
-                .await?
-            {
-                return Ok(Disposition::Duplicate);
-            }
             let reason = format!(
                 "the message is {size} bytes, over the limit of {} bytes; its body was not fetched",
                 self.config.max_message_bytes
@@ -200,22 +236,8 @@ impl InboundEmailPoller {
                 size,
                 "a message over the size limit is recorded as skipped"
             );
-            let row = NewInbound {
-                id,
-                account: name,
-                mailbox,
-                uidvalidity,
-                uid,
-                skip_reason: Some(reason),
-                parsed: &parsed,
-                raw_size: u64::from(size),
-                content_hash: Some(&hash),
-                duplicate_of: None,
-            };
-            store::record(pool, &row, None)
-                .await
-                .map_err(MessageFailure::db)?;
-            return Ok(Disposition::TooLarge);
+            let too_large = row(Some(reason), parsed, Some(hash), Disposition::TooLarge);
+            return Ok(Prepared::Row(Box::new(too_large)));
         }
 
         let raw = timed(
@@ -226,28 +248,26 @@ impl InboundEmailPoller {
         .await
         .map_err(|e| MessageFailure::imap(&e))?;
         let Some(raw) = raw else {
-            store::skip_past(pool, name, mailbox, uidvalidity, uid)
-                .await
-                .map_err(MessageFailure::db)?;
-            return Ok(Disposition::Vanished);
+            return Ok(Prepared::Pass(Disposition::Vanished));
         };
         let hash = content_hash(b"mail\0", &raw);
-        let parsed =
-            match parse::parse_within(&raw, self.config.max_body_chars, &self.config.mail_limits) {
-                Ok(parsed) => parsed,
-                Err(set_aside) => {
-                    return self
-                        .set_aside(account, uidvalidity, uid, size, *set_aside, &hash)
-                        .await;
-                }
-            };
+        let parsed = match parse::parse_within(
+            &raw,
+            self.config.max_body_chars,
+            &self.config.mail_limits,
+        ) {
+            Ok(parsed) => parsed,
+            Err(set_aside) => {
+                let parse::SetAside { headers, refused } = *set_aside;
+                record_message_id(&headers);
+                let reason = format!("{refused}, over the poller's mail limits; not parsed");
+                tracing::warn!(job = JOB_NAME, account = name, uid, size, %reason, "a message past the mail limits is recorded as skipped");
+                let too_complex = row(Some(reason), headers, Some(hash), Disposition::TooComplex);
+                return Ok(Prepared::Row(Box::new(too_complex)));
+            }
+        };
+        drop(raw);
         record_message_id(&parsed);
-        if self
-            .recorded_before(account, uidvalidity, uid, size, &parsed, &hash)
-            .await?
-        {
-            return Ok(Disposition::Duplicate);
-        }
         if let Some(error) = &parsed.parse_error {
             tracing::warn!(job = JOB_NAME, account = name, uid, %error, "a message did not parse; it is stored and announced with its parse error");
         }
@@ -258,130 +278,14 @@ impl InboundEmailPoller {
             .with_correlation_id(id.to_string())
             .with_header(SCHEMA_VERSION_HEADER, EmailReceived::VERSION)
             .with_header("account", account.name.as_str());
-        let row = NewInbound {
-            id,
-            account: name,
-            mailbox,
-            uidvalidity,
-            uid,
-            skip_reason: None,
-            parsed: &parsed,
-            raw_size: u64::from(size),
-            content_hash: Some(&hash),
-            duplicate_of: None,
+        // Taken here, in the mail's span: its outbox row starts the mail's trace there.
+        let headers = message.stored_headers();
+        let disposition = Disposition::Stored {
+            parse_error: parsed.parse_error.is_some(),
         };
-        let inserted = store::record(
-            pool,
-            &row,
-            Some((
-                &self.config.events_exchange,
-                EMAIL_RECEIVED,
-                &message,
-                event.id,
-            )),
-        )
-        .await
-        .map_err(MessageFailure::db)?;
-        if inserted {
-            Ok(Disposition::Stored {
-                parse_error: parsed.parse_error.is_some(),
-            })
-        } else {
-            Ok(Disposition::Duplicate)
-        }
-    }
-
-    /// Records a mail the pre-scan set aside: `skipped` with the limit it passed, the fields
-    /// of its own header section when those could be read, no event.
-    pub(crate) async fn set_aside(
-        &self,
-        account: &ImapAccount,
-        uidvalidity: u32,
-        uid: u32,
-        size: u32,
-        set_aside: parse::SetAside,
-        hash: &str,
-    ) -> Result<Disposition, MessageFailure> {
-        let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
-        let pool = &self.pool;
-        let id = inbound_email_id(name, mailbox, uidvalidity, uid);
-        let parsed = set_aside.headers;
-        let refused = set_aside.refused;
-        record_message_id(&parsed);
-        if self
-            .recorded_before(account, uidvalidity, uid, size, &parsed, hash)
-            .await?
-        {
-            return Ok(Disposition::Duplicate);
-        }
-        let reason = format!("{refused}, over the poller's mail limits; not parsed");
-        tracing::warn!(job = JOB_NAME, account = name, uid, size, %reason, "a message past the mail limits is recorded as skipped");
-        let row = NewInbound {
-            id,
-            account: name,
-            mailbox,
-            uidvalidity,
-            uid,
-            skip_reason: Some(reason),
-            parsed: &parsed,
-            raw_size: u64::from(size),
-            content_hash: Some(hash),
-            duplicate_of: None,
-        };
-        store::record(pool, &row, None)
-            .await
-            .map_err(MessageFailure::db)?;
-        Ok(Disposition::TooComplex)
-    }
-
-    /// Whether this mail was recorded before from this mailbox under another UID (moved out
-    /// and back, a mailbox rebuilt, a Message-ID reused): if so, its own row is recorded
-    /// `skipped`, naming the earlier one, with no event, and the last UID moves past it.
-    pub(crate) async fn recorded_before(
-        &self,
-        account: &ImapAccount,
-        uidvalidity: u32,
-        uid: u32,
-        size: u32,
-        parsed: &ParsedEmail,
-        hash: &str,
-    ) -> Result<bool, MessageFailure> {
-        let (pool, name, mailbox) = (&self.pool, &account.name, &account.mailbox);
-        let identity = match &parsed.message_id {
-            Some(id) => Identity::MessageId(id),
-            None => Identity::Content(hash),
-        };
-        let Some(earlier) = store::earlier(pool, name, mailbox, uidvalidity, uid, identity)
-            .await
-            .map_err(MessageFailure::db)?
-        else {
-            return Ok(false);
-        };
-        let same = match identity {
-            Identity::MessageId(id) => format!("the same Message-ID {id}"),
-            Identity::Content(hash) => format!("the same content (SHA-256 {hash})"),
-        };
-        let reason = format!(
-            "a duplicate of the mail recorded as {} (UIDVALIDITY {}, UID {}): {same}; not announced again",
-            earlier.id, earlier.uidvalidity, earlier.uid
-        );
-        tracing::info!(job = JOB_NAME, account = %name, uid, duplicate_of = %earlier.id, "a mail recorded before under another UID: recorded as a duplicate, not announced");
-        let row = NewInbound {
-            id: inbound_email_id(name, mailbox, uidvalidity, uid),
-            account: name,
-            mailbox,
-            uidvalidity,
-            uid,
-            skip_reason: Some(reason),
-            parsed,
-            raw_size: u64::from(size),
-            content_hash: Some(hash),
-            duplicate_of: Some(earlier.id),
-        };
-        store::record(pool, &row, None)
-            .await
-            .map_err(MessageFailure::db)?;
-        Ok(true)
+        let mut stored = row(None, parsed, Some(hash), disposition);
+        stored.event = Some((event.id, message, headers));
+        Ok(Prepared::Row(Box::new(stored)))
     }
 
     pub(crate) fn failed_attempts_of(&self, key: &AttemptKey) -> Option<FailedAttempts> {

@@ -1,16 +1,13 @@
 //! The poller's tables: `imap_poll_state` and `inbound_emails` (migration
-//! `20261129000300_inbound_email.sql`), written together with the outbox row.
+//! `20261129000300_inbound_email.sql`), written together with the outbox rows, a tick's
+//! batch at a time ([`record_batch`]).
 
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
-use uuid::Uuid;
+use sqlx::PgPool;
 use worker_core::Failure;
 use worker_store::classify;
-use worker_store::outbox::{self, OutboxMessage};
-
-use crate::parse::ParsedEmail;
 
 /// Where the poller is in one mailbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,16 +17,27 @@ pub struct PollState {
     pub last_uid: u32,
     /// Mail that arrived before this (less a margin) is history at the first selection.
     pub watching_since: DateTime<Utc>,
+    /// Whether a row may be stored above `last_uid` under `uidvalidity`, so that the tick's
+    /// new UIDs need their existence check ([`stored_among`]). The last UID moves in the
+    /// transaction that writes the rows, so this is only so when the poll state was set
+    /// back (an operator, a restored backup) or the mailbox started over.
+    pub stored_above: bool,
 }
 
+/// The poll state, and whether a row is stored above its last UID: the highest UID stored
+/// under its UIDVALIDITY (a backward scan of the unique key's index), read in the same
+/// statement so that a tick's usual case costs no existence check of its own.
 pub async fn load_state(
     pool: &PgPool,
     account: &str,
     mailbox: &str,
 ) -> Result<Option<PollState>, Failure> {
-    let row: Option<(i64, i64, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT uidvalidity, last_uid, watching_since FROM imap_poll_state \
-         WHERE account = $1 AND mailbox = $2",
+    let row: Option<(i64, i64, DateTime<Utc>, Option<i64>)> = sqlx::query_as(
+        "SELECT s.uidvalidity, s.last_uid, s.watching_since, \
+                (SELECT max(i.uid) FROM inbound_emails i \
+                 WHERE i.account = s.account AND i.mailbox = s.mailbox \
+                   AND i.uidvalidity = s.uidvalidity) \
+         FROM imap_poll_state s WHERE s.account = $1 AND s.mailbox = $2",
     )
     .bind(account)
     .bind(mailbox)
@@ -37,11 +45,14 @@ pub async fn load_state(
     .await
     .map_err(classify)?;
     Ok(
-        row.map(|(uidvalidity, last_uid, watching_since)| PollState {
-            // Written from u32 values only; anything else reads as "start over".
-            uidvalidity: u32::try_from(uidvalidity).unwrap_or(0),
-            last_uid: u32::try_from(last_uid).unwrap_or(0),
-            watching_since,
+        row.map(|(uidvalidity, last_uid, watching_since, max_stored)| {
+            PollState {
+                // Written from u32 values only; anything else reads as "start over".
+                uidvalidity: u32::try_from(uidvalidity).unwrap_or(0),
+                last_uid: u32::try_from(last_uid).unwrap_or(0),
+                watching_since,
+                stored_above: max_stored.is_some_and(|max| max > last_uid),
+            }
         }),
     )
 }
@@ -116,173 +127,4 @@ pub async fn stored_among(
         .into_iter()
         .filter_map(|uid| u32::try_from(uid).ok())
         .collect())
-}
-
-/// What makes a mail the same mail: its Message-ID, or its content when it has none.
-#[derive(Debug, Clone, Copy)]
-pub enum Identity<'a> {
-    MessageId(&'a str),
-    /// Hex SHA-256 of the bytes read.
-    Content(&'a str),
-}
-
-/// A mail recorded earlier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
-pub struct Earlier {
-    pub id: Uuid,
-    pub uidvalidity: i64,
-    pub uid: i64,
-}
-
-/// The first row recorded from this mailbox, under any UIDVALIDITY and any other UID, with
-/// the same identity.
-pub async fn earlier(
-    pool: &PgPool,
-    account: &str,
-    mailbox: &str,
-    uidvalidity: u32,
-    uid: u32,
-    identity: Identity<'_>,
-) -> Result<Option<Earlier>, Failure> {
-    let (column, value) = match identity {
-        Identity::MessageId(id) => ("message_id", id),
-        Identity::Content(hash) => ("content_hash", hash),
-    };
-    // Two fixed statements (not one with an OR), so that each uses its index.
-    let sql = format!(
-        "SELECT id, uidvalidity, uid FROM inbound_emails \
-         WHERE account = $1 AND mailbox = $2 AND {column} = $3 \
-           AND NOT (uidvalidity = $4 AND uid = $5) \
-         ORDER BY received_at, uidvalidity, uid LIMIT 1"
-    );
-    sqlx::query_as(&sql)
-        .bind(account)
-        .bind(mailbox)
-        .bind(value)
-        .bind(i64::from(uidvalidity))
-        .bind(i64::from(uid))
-        .fetch_optional(pool)
-        .await
-        .map_err(classify)
-}
-
-/// Moves the last UID up to `uid` (never down), inside the caller's transaction. Fails if
-/// the poll state no longer has this UIDVALIDITY (reset underneath us).
-async fn advance(
-    conn: &mut PgConnection,
-    account: &str,
-    mailbox: &str,
-    uidvalidity: u32,
-    uid: u32,
-) -> Result<(), Failure> {
-    let done = sqlx::query(
-        "UPDATE imap_poll_state SET last_uid = GREATEST(last_uid, $4), updated_at = now() \
-         WHERE account = $1 AND mailbox = $2 AND uidvalidity = $3",
-    )
-    .bind(account)
-    .bind(mailbox)
-    .bind(i64::from(uidvalidity))
-    .bind(i64::from(uid))
-    .execute(conn)
-    .await
-    .map_err(classify)?;
-    if done.rows_affected() == 1 {
-        Ok(())
-    } else {
-        Err(Failure::transient(format!(
-            "the poll state of {account}/{mailbox} changed under this tick (UIDVALIDITY {uidvalidity} is gone)"
-        )))
-    }
-}
-
-/// Moves the last UID past a message that is not stored (a duplicate, a vanished message).
-pub async fn skip_past(
-    pool: &PgPool,
-    account: &str,
-    mailbox: &str,
-    uidvalidity: u32,
-    uid: u32,
-) -> Result<(), Failure> {
-    let mut conn = pool.acquire().await.map_err(classify)?;
-    advance(&mut conn, account, mailbox, uidvalidity, uid).await
-}
-
-/// One inbound email row.
-#[derive(Debug)]
-pub struct NewInbound<'a> {
-    pub id: Uuid,
-    pub account: &'a str,
-    pub mailbox: &'a str,
-    pub uidvalidity: u32,
-    pub uid: u32,
-    /// `None`: stored; `Some(reason)`: skipped.
-    pub skip_reason: Option<String>,
-    pub parsed: &'a ParsedEmail,
-    pub raw_size: u64,
-    /// Hex SHA-256 of the bytes read; `None` when nothing was read.
-    pub content_hash: Option<&'a str>,
-    /// For a duplicate: the row it duplicates.
-    pub duplicate_of: Option<Uuid>,
-}
-
-/// In one transaction: the inbound email row, its `email.received` outbox row when there is
-/// one, and the new last UID. Returns `false` when the row was there already (nothing else
-/// is written then but the last UID).
-pub async fn record(
-    pool: &PgPool,
-    row: &NewInbound<'_>,
-    event: Option<(&str, &str, &OutboxMessage, Uuid)>,
-) -> Result<bool, Failure> {
-    let mut tx = pool.begin().await.map_err(classify)?;
-    let p = row.parsed;
-    let inserted = sqlx::query(
-        "INSERT INTO inbound_emails ( \
-             id, account, mailbox, uidvalidity, uid, status, skip_reason, \
-             message_id, from_address, from_name, to_addresses, cc_addresses, subject, sent_at, \
-             in_reply_to, reference_ids, text_body, html_body, text_truncated, html_truncated, \
-             raw_size, parse_error, event_id, content_hash, duplicate_of) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $18, $19, $20, $21, $22, $23, $24, $25) \
-         ON CONFLICT (account, mailbox, uidvalidity, uid) DO NOTHING",
-    )
-    .bind(row.id)
-    .bind(row.account)
-    .bind(row.mailbox)
-    .bind(i64::from(row.uidvalidity))
-    .bind(i64::from(row.uid))
-    .bind(if row.skip_reason.is_some() {
-        "skipped"
-    } else {
-        "stored"
-    })
-    .bind(&row.skip_reason)
-    .bind(&p.message_id)
-    .bind(&p.from_address)
-    .bind(&p.from_name)
-    .bind(&p.to)
-    .bind(&p.cc)
-    .bind(&p.subject)
-    .bind(p.sent_at)
-    .bind(&p.in_reply_to)
-    .bind(&p.references)
-    .bind(&p.text_body)
-    .bind(&p.html_body)
-    .bind(p.text_truncated)
-    .bind(p.html_truncated)
-    .bind(i64::try_from(row.raw_size).unwrap_or(i64::MAX))
-    .bind(&p.parse_error)
-    .bind(event.map(|(_, _, _, id)| id))
-    .bind(row.content_hash)
-    .bind(row.duplicate_of)
-    .execute(&mut *tx)
-    .await
-    .map_err(classify)?
-    .rows_affected()
-        == 1;
-    if inserted && let Some((exchange, routing_key, message, _)) = event {
-        outbox::enqueue(&mut tx, exchange, routing_key, message).await?;
-    }
-    advance(&mut tx, row.account, row.mailbox, row.uidvalidity, row.uid).await?;
-    tx.commit().await.map_err(classify)?;
-    Ok(inserted)
 }

@@ -98,7 +98,8 @@ impl OutboxMessage {
     }
 
     /// The headers to store: the message's own, plus the current trace context unless they
-    /// carry one already. For a caller that writes the row itself ([`INSERT_INTO`]).
+    /// carry one already. For a caller that writes the row itself ([`INSERT_INTO`]), or later
+    /// than, or outside, the span that should start its trace (the poller's batch).
     pub fn stored_headers(&self) -> Value {
         let mut headers = self.headers.clone();
         if !headers.contains_key(TRACEPARENT) {
