@@ -327,10 +327,8 @@ async fn a_pause_finishes_the_deliveries_held_and_returns_none() -> anyhow::Resu
         "every reply published and sends in flight",
         || host.log_tail(),
         || async {
-            let published = count(
-            "SELECT count(*) FROM outbox WHERE status = 'processed' AND routing_key = 'email.send'",
-        )
-        .await?;
+            let published =
+                count("SELECT count(*) FROM publications WHERE routing_key = 'email.send'").await?;
             let sending =
                 count("SELECT count(*) FROM outbound_emails WHERE status = 'sending'").await?;
             Ok((published == i64::from(HELD) && sending > 0).then_some(()))

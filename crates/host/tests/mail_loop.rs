@@ -30,8 +30,8 @@ use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use support::{
-    Host, SERIAL, SmtpFailSwitch, base_settings, inbox, mail_account_settings, publish_confirmed,
-    send_mail, short_id, write_automation,
+    Host, SERIAL, SmtpFailSwitch, base_settings, inbox, keep_outbox_copies, mail_account_settings,
+    publish_confirmed, send_mail, short_id, write_automation,
 };
 use worker_testkit::{TestDb, TestVhost};
 
@@ -124,10 +124,11 @@ async fn count_rows(db: &TestDb, sql: &str) -> anyhow::Result<i64> {
 type OutboxRow = (String, Option<String>, Option<String>, String, Vec<u8>);
 
 /// Publishes the `email.received` event of the outbox row a second time, by hand, to the
-/// events exchange of the test's vhost, with the properties the outbox drain gives it.
+/// events exchange of the test's vhost, with the properties the outbox drain gives it. The
+/// drain deleted the row once it was published: its copy is read ([`keep_outbox_copies`]).
 async fn republish_email_received(db: &TestDb, vhost: &TestVhost) -> anyhow::Result<()> {
     let rows: Vec<OutboxRow> = sqlx::query_as(
-        "SELECT message_id, message_type, content_type, exchange, body FROM outbox \
+        "SELECT message_id, message_type, content_type, exchange, body FROM outbox_copy \
          WHERE routing_key = 'email.received' ORDER BY id",
     )
     .fetch_all(&db.pool)
@@ -239,6 +240,7 @@ async fn the_loop_replies_once_and_a_republished_event_sends_nothing_more() -> a
     let boxes = Mailboxes::new("ok");
     let host = Host::start(&db, &vhost, &boxes.account).await?;
     eprintln!("host ready after {:?}", started.elapsed());
+    keep_outbox_copies(&db).await?;
 
     let subject = format!("ping from the loop test {}", short_id());
     let message_id = send_ping(&boxes.sender_address(), &boxes.account_address(), &subject).await?;

@@ -698,9 +698,9 @@ async fn one_mail_through_the_loop_is_one_trace_from_the_poll_to_the_send() -> a
     .await;
     eprintln!("reply read {:?} after the mail", sent_at.elapsed());
 
-    // The ids each hop carries.
+    // The ids each hop carries (the drain deletes a published row and records it here).
     let outbox: Vec<(String, String)> =
-        sqlx::query_as("SELECT routing_key, message_id FROM outbox ORDER BY id")
+        sqlx::query_as("SELECT routing_key, message_id FROM publications ORDER BY id")
             .fetch_all(&db.pool)
             .await?;
     let id_of = |key: &str| {

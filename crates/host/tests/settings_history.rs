@@ -56,6 +56,9 @@ const BACKOFF_TRIES: &str = "jobs.outbox_drain.drain.backoff.max_tries";
 /// The ages of what the retention job deletes moved into its section.
 const RETENTION_AGES: [&str; 2] = ["workers.dedup_retention", "workers.attempt_log.retention"];
 
+/// The drain deletes what it published: its retention of processed rows is no longer used.
+const DRAIN_RETENTION: &str = "jobs.outbox_drain.drain.retention";
+
 const TIMEOUTS: [&str; 8] = [
     "workers.timeouts.automation",
     "workers.timeouts.webhook",
@@ -77,8 +80,16 @@ fn the_settings_of_0_1_0_are_accepted_with_a_warning_per_key_renamed_or_removed_
             BACKOFF_TRIES,
             PURGE_INTERVAL,
             RETENTION_AGES[0],
-            RETENTION_AGES[1]
+            RETENTION_AGES[1],
+            DRAIN_RETENTION
         ]
+    );
+    assert!(
+        stderr(&output).contains(&format!(
+            "key `{DRAIN_RETENTION}` is no longer used (the outbox drain now deletes each row once the broker confirmed it, and the retention job"
+        )),
+        "{}",
+        stderr(&output)
     );
     assert!(
         stderr(&output).contains(&format!(
@@ -103,6 +114,7 @@ fn the_settings_from_before_job_sections_are_accepted_with_a_warning_per_moved_k
         PURGE_INTERVAL,
     ]);
     expected.extend(RETENTION_AGES);
+    expected.push(DRAIN_RETENTION);
     assert_eq!(renamed(&output), expected);
     let effective = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -163,6 +175,7 @@ fn an_old_key_in_the_environment_is_read_under_its_new_name_too() {
             PURGE_INTERVAL,
             RETENTION_AGES[0],
             RETENTION_AGES[1],
+            DRAIN_RETENTION,
             "workers.timeouts.email_send"
         ]
     );
@@ -211,4 +224,18 @@ fn a_key_set_by_its_old_and_its_new_name_is_refused_naming_both() {
             && why.contains("`jobs.email_send.timeout`, not both"),
         "{why}"
     );
+}
+
+#[test]
+fn a_gather_window_as_long_as_the_drains_tick_is_refused_naming_it() {
+    let output = check_text("[jobs.outbox_drain.drain]\ngather = \"1s\"\n");
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    let why = stderr(&output);
+    assert!(
+        why.contains("jobs.outbox_drain.drain")
+            && why.contains("`gather` must be shorter than the drain's tick interval"),
+        "{why}"
+    );
+    let off = check_text("[jobs.outbox_drain.drain]\ngather = \"0s\"\n");
+    assert!(off.status.success(), "{}", stderr(&off));
 }

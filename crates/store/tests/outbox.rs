@@ -1,6 +1,7 @@
 //! The outbox table on the real database: enqueue inside the caller's transaction, NOTIFY on
-//! commit only, claims that skip each other's rows, attempts and backoff, operator replay,
-//! status and retention.
+//! commit only, claims that skip each other's rows, a published row deleted with its
+//! publication kept, attempts and backoff, operator replay, status, and the sweep of the rows
+//! earlier releases marked processed.
 
 // Helpers outside #[test] functions assert too: a failed expectation fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -137,7 +138,7 @@ async fn concurrent_claims_take_disjoint_rows_in_id_order() -> anyhow::Result<()
     assert_eq!(a[0].message_id, "m-0");
     assert_eq!(a[0].headers["tenant"], "acme");
 
-    assert_eq!(outbox::mark_processed(&mut first, &a_ids).await?, 10);
+    assert_eq!(outbox::delete_published(&mut first, &a_ids).await?, 10);
     first.commit().await?;
     // The second claim rolls back: its rows are free again, and come first.
     second.rollback().await?;
@@ -146,12 +147,17 @@ async fn concurrent_claims_take_disjoint_rows_in_id_order() -> anyhow::Result<()
     assert_eq!(c.first().map(|r| r.id), Some(ids[10]));
     assert_eq!(c.len(), 20);
     third.rollback().await?;
-    assert_eq!(count(&db, "processed").await?, 10);
+    assert_eq!(count(&db, "pending").await?, 20);
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(total, 20, "the ten published rows are gone");
     Ok(())
 }
 
 #[tokio::test]
-async fn a_published_row_leaves_its_publication_with_its_trace_id() -> anyhow::Result<()> {
+async fn a_confirmed_row_is_deleted_and_its_publication_kept_with_its_trace_id()
+-> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let mut tx = db.pool.begin().await?;
     let traced = message(1).with_header(
@@ -163,10 +169,15 @@ async fn a_published_row_leaves_its_publication_with_its_trace_id() -> anyhow::R
     tx.commit().await?;
     let mut tx = db.pool.begin().await?;
     outbox::claim(&mut tx, 10).await?;
-    assert_eq!(outbox::mark_processed(&mut tx, &ids).await?, 2);
-    // Marked again (a second drain's late confirm): no second publication.
-    assert_eq!(outbox::mark_processed(&mut tx, &ids).await?, 0);
+    assert_eq!(outbox::delete_published(&mut tx, &ids).await?, 2);
+    // Deleted again (a second drain's late confirm): no second publication.
+    assert_eq!(outbox::delete_published(&mut tx, &ids).await?, 0);
     tx.commit().await?;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)")
+        .bind(&ids)
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(left, 0, "a confirmed row is deleted, not kept marked");
     let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
         "SELECT message_id, routing_key, trace_id FROM publications ORDER BY message_id",
     )
@@ -259,11 +270,11 @@ async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Re
             &worker_store::audit::Actor::new("test", "test-host")
         )
         .await?,
-        RetryResult::NotFound
+        RetryResult::Gone
     );
 
     let mut tx = db.pool.begin().await?;
-    outbox::mark_processed(&mut tx, &[other]).await?;
+    outbox::delete_published(&mut tx, &[other]).await?;
     outbox::record_failures(&mut tx, &[fail(Duration::ZERO)], 1).await?;
     tx.commit().await?;
     assert_eq!(
@@ -273,7 +284,8 @@ async fn failures_back_off_then_give_up_and_operators_can_replay() -> anyhow::Re
             &worker_store::audit::Actor::new("test", "test-host")
         )
         .await?,
-        RetryResult::AlreadyProcessed
+        RetryResult::Gone,
+        "a published row is gone: its retry says so"
     );
     assert_eq!(
         outbox::retry_all_failed(
@@ -368,29 +380,84 @@ async fn a_retry_of_every_failed_row_has_a_recorded_dry_run_and_keeps_to_what_wa
     Ok(())
 }
 
+/// One batch's transaction with a confirmed row and a failed one: the confirmed row goes, the
+/// failed one stays pending with its attempt and error, and a rollback keeps both.
 #[tokio::test]
-async fn retention_deletes_old_processed_rows_only() -> anyhow::Result<()> {
+async fn a_failed_row_stays_with_its_attempt_beside_a_deleted_one() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut tx = db.pool.begin().await?;
+    let ids = outbox::enqueue_many(&mut tx, "events", "k", &[message(1), message(2)]).await?;
+    tx.commit().await?;
+    let failure = PublishFailure {
+        id: ids[1],
+        error: "nacked".into(),
+        retry_in: Duration::ZERO,
+    };
+
+    // A crash before the commit: nothing changes.
+    let mut tx = db.pool.begin().await?;
+    assert_eq!(outbox::claim(&mut tx, 10).await?.len(), 2);
+    outbox::delete_published(&mut tx, &ids[..1]).await?;
+    outbox::record_failures(&mut tx, std::slice::from_ref(&failure), 5).await?;
+    drop(tx);
+    assert_eq!(count(&db, "pending").await?, 2, "rolled back: both wait");
+
+    let mut tx = db.pool.begin().await?;
+    assert_eq!(outbox::claim(&mut tx, 10).await?.len(), 2);
+    assert_eq!(outbox::delete_published(&mut tx, &ids[..1]).await?, 1);
+    outbox::record_failures(&mut tx, &[failure], 5).await?;
+    tx.commit().await?;
+    let rows: Vec<(i64, String, i32, Option<String>)> =
+        sqlx::query_as("SELECT id, status, attempts, last_error FROM outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await?;
+    assert_eq!(
+        rows,
+        vec![(ids[1], "pending".into(), 1, Some("nacked".into()))]
+    );
+    Ok(())
+}
+
+/// Rows an earlier release marked processed (any age) go in batches; pending and failed rows
+/// stay, whatever their age.
+#[tokio::test]
+async fn rows_an_earlier_release_marked_processed_are_swept_in_batches() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let messages: Vec<OutboxMessage> = (0..25).map(message).collect();
     let mut tx = db.pool.begin().await?;
     let ids = outbox::enqueue_many(&mut tx, "events", "k", &messages).await?;
-    outbox::mark_processed(&mut tx, &ids[..20]).await?;
     tx.commit().await?;
-    // 12 of the processed rows are old; 8 are recent; 5 are pending and old.
-    sqlx::query("UPDATE outbox SET processed_at = now() - interval '2 days' WHERE id = ANY($1)")
-        .bind(&ids[..12])
+    // 12 as an earlier release left them, one a minute old; 3 failed; 10 pending and old.
+    sqlx::query(
+        "UPDATE outbox SET status = 'processed', \
+                processed_at = now() - make_interval(days => (id % 3)::int) \
+         WHERE id = ANY($1)",
+    )
+    .bind(&ids[..12])
+    .execute(&db.pool)
+    .await?;
+    sqlx::query("UPDATE outbox SET status = 'failed', attempts = 10 WHERE id = ANY($1)")
+        .bind(&ids[12..15])
         .execute(&db.pool)
         .await?;
-    sqlx::query("UPDATE outbox SET created_at = now() - interval '2 days' WHERE id = ANY($1)")
-        .bind(&ids[20..])
+    sqlx::query("UPDATE outbox SET created_at = now() - interval '9 days' WHERE id = ANY($1)")
+        .bind(&ids[15..])
         .execute(&db.pool)
         .await?;
-    let gone = outbox::sweep_processed(&db.pool, Duration::from_secs(24 * 3600), 5).await?;
-    assert_eq!(gone, 12);
-    assert_eq!(count(&db, "processed").await?, 8);
-    assert_eq!(count(&db, "pending").await?, 5);
+    let mut batches = Vec::new();
+    loop {
+        let gone = outbox::sweep_processed_batch(&db.pool, 5).await?;
+        batches.push(gone);
+        if gone < 5 {
+            break;
+        }
+    }
+    assert_eq!(batches, [5, 5, 2]);
+    assert_eq!(count(&db, "processed").await?, 0);
+    assert_eq!(count(&db, "failed").await?, 3);
+    assert_eq!(count(&db, "pending").await?, 10);
     let status = outbox::status(&db.pool).await?;
     let age = status.oldest_pending_age.expect("pending rows");
-    assert!(age >= Duration::from_secs(47 * 3600), "{age:?}");
+    assert!(age >= Duration::from_secs(8 * 24 * 3600), "{age:?}");
     Ok(())
 }

@@ -81,7 +81,7 @@ impl Run {
 
     /// Outbox rows not yet published (pending or failed).
     pub async fn outbox_left(&self) -> anyhow::Result<i64> {
-        self.scalar("SELECT count(*) FROM outbox WHERE status <> 'processed'")
+        self.scalar("SELECT count(*) FROM outbox WHERE status IN ('pending', 'failed')")
             .await
     }
 

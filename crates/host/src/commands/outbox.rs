@@ -52,11 +52,8 @@ pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal>
                 .map_err(failed)?
             {
                 outbox::RetryResult::Requeued => println!("outbox row {id} is pending again"),
-                outbox::RetryResult::AlreadyProcessed => {
-                    println!("outbox row {id} was published already; nothing to do")
-                }
-                outbox::RetryResult::NotFound => {
-                    return Err(Fatal::usage(format!("no outbox row has id {id}")));
+                outbox::RetryResult::Gone => {
+                    return Err(Fatal::usage(outbox::RetryResult::gone_message(id)));
                 }
             }
         }

@@ -63,6 +63,9 @@ pub struct DeprecatedKey {
     pub old: String,
     pub new: Vec<String>,
     pub until: &'static str,
+    /// What does the work of a key no longer used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instead: Option<&'static str>,
 }
 
 impl From<&Deprecation> for DeprecatedKey {
@@ -72,6 +75,7 @@ impl From<&Deprecation> for DeprecatedKey {
             old: d.old.clone(),
             new: d.new.clone(),
             until: d.until,
+            instead: d.instead,
         }
     }
 }

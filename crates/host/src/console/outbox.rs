@@ -128,10 +128,10 @@ pub async fn retry(
                 .await
                 .map_err(failed)?
             {
-                RetryResult::NotFound => {
-                    return Err(Problem::not_found(format!("no outbox row has id {id}")));
+                RetryResult::Gone => {
+                    return Err(Problem::not_found(RetryResult::gone_message(id)));
                 }
-                RetryResult::Requeued | RetryResult::AlreadyProcessed => {}
+                RetryResult::Requeued => {}
             }
         }
         (_, Some("failed")) => {

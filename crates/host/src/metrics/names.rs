@@ -79,7 +79,8 @@ pub const DEAD_LETTER_OLDEST_AGE: &str = "worker_dead_letter_oldest_age_seconds"
 /// Counter: dead letters archived, by `dead_queue`.
 pub const DEAD_LETTERS_ARCHIVED: &str = "worker_dead_letters_archived_total";
 /// Counter: rows the retention job deleted past their retention, by `table`
-/// (`processed_messages`, `attempt_log`, `history_minutes`, `history_hours`, `history_days`).
+/// (`processed_messages`, `attempt_log`, `history_minutes`, `history_hours`, `history_days`,
+/// `publications`, and `outbox` for the rows earlier releases marked processed).
 pub const RETENTION_SWEPT: &str = "worker_retention_swept_total";
 /// Gauge: outbox rows waiting to be published.
 pub const OUTBOX_PENDING: &str = "worker_outbox_pending";

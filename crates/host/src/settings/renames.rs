@@ -22,6 +22,8 @@ pub struct Rename {
     pub until: &'static str,
     /// Only a value of this old shape moves (a queue once named by a string is a table now).
     pub only_text: bool,
+    /// For a key no longer used (no new name): what does its work now, for the warning.
+    pub instead: Option<&'static str>,
 }
 
 const fn rename(old: &'static str, new: &'static [&'static str]) -> Rename {
@@ -30,12 +32,21 @@ const fn rename(old: &'static str, new: &'static [&'static str]) -> Rename {
         new,
         until: "0.3.0",
         only_text: false,
+        instead: None,
     }
 }
 
 /// A key no longer used: taken out of the file with a warning, until it is refused.
 const fn removed(old: &'static str) -> Rename {
     rename(old, &[])
+}
+
+/// A key no longer used because something else does its work now, which the warning names.
+const fn superseded(old: &'static str, instead: &'static str) -> Rename {
+    Rename {
+        instead: Some(instead),
+        ..removed(old)
+    }
 }
 
 const fn queue(old: &'static str, new: &'static [&'static str]) -> Rename {
@@ -119,10 +130,8 @@ pub const RENAMES: &[Rename] = &[
     // One word for one concept: consumers settle at shutdown (the outbox drain keeps "drain"),
     // retention sweeps (an operator's purge of dead letters keeps "purge").
     rename("workers.drain_deadline", &["workers.settle_deadline"]),
-    rename(
-        "jobs.outbox_drain.drain.purge_interval",
-        &["jobs.outbox_drain.drain.sweep_interval"],
-    ),
+    // The drain's sweep became `sweep_interval`, and then went (below): read as nothing.
+    superseded("jobs.outbox_drain.drain.purge_interval", SWEPT_BY_RETENTION),
     // How long rows are kept is the retention job's, which deletes them.
     rename(
         "workers.dedup_retention",
@@ -132,7 +141,14 @@ pub const RENAMES: &[Rename] = &[
         "workers.attempt_log.retention",
         &["jobs.retention.attempt_log"],
     ),
+    // The drain deletes a row once the broker confirmed it: it keeps no processed rows to
+    // age out, and the retention job removes those that earlier releases kept.
+    superseded("jobs.outbox_drain.drain.retention", SWEPT_BY_RETENTION),
+    superseded("jobs.outbox_drain.drain.sweep_interval", SWEPT_BY_RETENTION),
 ];
+
+/// What replaced the drain's sweep of processed rows.
+const SWEPT_BY_RETENTION: &str = "the outbox drain now deletes each row once the broker confirmed it, and the retention job (`[jobs.retention]`, its `schedule` and `batch_size`) removes the processed rows earlier releases kept";
 
 /// An old key read as its new name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,14 +158,20 @@ pub struct Deprecation {
     pub old: String,
     pub new: Vec<String>,
     pub until: &'static str,
+    /// What does the work of a key no longer used.
+    pub instead: Option<&'static str>,
 }
 
 impl fmt::Display for Deprecation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.new.is_empty() {
+            let instead = self
+                .instead
+                .map(|what| format!(" ({what})"))
+                .unwrap_or_default();
             return write!(
                 f,
-                "{}: key `{}` is no longer used: it is ignored until release {}, which refuses it; remove it",
+                "{}: key `{}` is no longer used{instead}: it is ignored until release {}, which refuses it; remove it",
                 self.source, self.old, self.until
             );
         }
@@ -243,6 +265,7 @@ fn deprecation(rename: &Rename, source: String) -> Deprecation {
         old: rename.old.to_string(),
         new: rename.new.iter().map(|n| (*n).to_string()).collect(),
         until: rename.until,
+        instead: rename.instead,
     }
 }
 
@@ -343,7 +366,7 @@ mod tests {
     }
 
     #[test]
-    fn the_consumers_drain_deadline_is_their_settle_deadline_and_the_purge_a_sweep() {
+    fn the_consumers_drain_deadline_is_their_settle_deadline_and_the_purge_is_gone() {
         let mut file = table(
             "[workers]\ndrain_deadline = \"12s\"\n[jobs.outbox_drain.drain]\npurge_interval = \"5m\"\n",
         );
@@ -353,12 +376,29 @@ mod tests {
             get(&file, "workers.settle_deadline").and_then(Value::as_str),
             Some("12s")
         );
-        assert_eq!(
-            get(&file, "jobs.outbox_drain.drain.sweep_interval").and_then(Value::as_str),
-            Some("5m")
-        );
+        assert!(get(&file, "jobs.outbox_drain.drain.sweep_interval").is_none());
         assert!(get(&file, "workers.drain_deadline").is_none());
         assert!(get(&file, "jobs.outbox_drain.drain.purge_interval").is_none());
+    }
+
+    #[test]
+    fn the_drains_retention_is_ignored_with_a_warning_naming_the_retention_job() {
+        let mut file = table(
+            "[jobs.outbox_drain.drain]\nretention = \"3days\"\nsweep_interval = \"5m\"\nbatch_size = 10\n",
+        );
+        let moved = apply(&mut file, "old.toml").unwrap();
+        assert_eq!(moved.len(), 2, "{moved:?}");
+        assert!(get(&file, "jobs.outbox_drain.drain.retention").is_none());
+        assert!(get(&file, "jobs.outbox_drain.drain.sweep_interval").is_none());
+        assert!(get(&file, "jobs.outbox_drain.drain.batch_size").is_some());
+        let said = moved[0].to_string();
+        assert!(
+            said.contains("`jobs.outbox_drain.drain.retention` is no longer used")
+                && said.contains("deletes each row once the broker confirmed it")
+                && said.contains("[jobs.retention]")
+                && said.contains("0.3.0"),
+            "{said}"
+        );
     }
 
     #[test]

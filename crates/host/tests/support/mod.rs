@@ -808,3 +808,20 @@ async fn answer(mut stream: tokio::net::TcpStream, response: &str) -> anyhow::Re
     stream.shutdown().await?;
     Ok(())
 }
+
+/// Keeps a copy of every outbox row written from now on in `outbox_copy` (a trigger on the
+/// test's database), since the drain deletes a row once the broker confirmed it: a test that
+/// needs what was published (its body, its properties) reads the copy. Call it once the host
+/// has migrated the database, before the work the test reads.
+pub async fn keep_outbox_copies(db: &TestDb) -> anyhow::Result<()> {
+    for statement in [
+        "CREATE TABLE outbox_copy (LIKE outbox)",
+        "CREATE FUNCTION outbox_copy() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN INSERT INTO outbox_copy SELECT NEW.*; RETURN NEW; END $$",
+        "CREATE TRIGGER outbox_copy AFTER INSERT ON outbox \
+         FOR EACH ROW EXECUTE FUNCTION outbox_copy()",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await?;
+    }
+    Ok(())
+}

@@ -7,8 +7,9 @@
 //!   time, for reference.
 //! * **drain**: the same messages enqueued in the outbox beforehand (not timed), then one
 //!   [`OutboxDrain::drain`] with the same batch size and batches in flight: claim
-//!   `FOR UPDATE SKIP LOCKED`, publish, mark processed, commit, per batch.
-//! * **claim + mark**: the drain's database work alone (claim, mark processed, commit), for
+//!   `FOR UPDATE SKIP LOCKED`, publish, delete (recording the publications), commit, per
+//!   batch.
+//! * **claim + delete**: the drain's database work alone (claim, delete, commit), for
 //!   the ceiling PostgreSQL puts on it.
 //!
 //! Each run also prints the CPU it cost per 1000 rows (broker, this run's PostgreSQL backends,
@@ -119,15 +120,16 @@ async fn fill_outbox(db: &TestDb, messages: &[OutboxMessage]) {
         .unwrap();
 }
 
-/// The drain's database work alone: claim a batch, mark it processed, commit.
-async fn claim_and_mark(drain: &OutboxDrain, batch: u32) -> (u64, Duration) {
+/// The drain's database work alone: claim a batch, delete it (its publications recorded),
+/// commit.
+async fn claim_and_delete(drain: &OutboxDrain, batch: u32) -> (u64, Duration) {
     let started = Instant::now();
     let mut total = 0;
     loop {
         let mut tx = drain.begin().await.unwrap();
         let rows = outbox::claim(&mut tx, batch).await.unwrap();
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        outbox::mark_processed(&mut tx, &ids).await.unwrap();
+        outbox::delete_published(&mut tx, &ids).await.unwrap();
         tx.commit().await.unwrap();
         total += ids.len() as u64;
         if ids.len() < batch as usize {
@@ -157,7 +159,7 @@ async fn profile(db: &TestDb, publisher: &Publisher, batch: u32) {
         let verdicts = job_outbox_drain::publish::publish_rows(publisher, &messages, &cancel).await;
         assert!(verdicts.iter().all(|v| v.is_published()));
         let t2 = Instant::now();
-        outbox::mark_processed(&mut tx, &ids).await.unwrap();
+        outbox::delete_published(&mut tx, &ids).await.unwrap();
         let t3 = Instant::now();
         tx.commit().await.unwrap();
         for (step, took) in steps
@@ -170,7 +172,7 @@ async fn profile(db: &TestDb, publisher: &Publisher, batch: u32) {
     }
     let n = n.max(1);
     println!(
-        "  per batch, one lane: claim {:.2?}, publish {:.2?}, mark {:.2?}, commit {:.2?}",
+        "  per batch, one lane: claim {:.2?}, publish {:.2?}, delete {:.2?}, commit {:.2?}",
         steps[0] / n,
         steps[1] / n,
         steps[2] / n,
@@ -427,14 +429,14 @@ async fn main() {
             .unwrap();
         fill_outbox(&db, &messages).await;
         let cpu = Cpu::now(&db.name);
-        let (marked, took) = claim_and_mark(&drain, u32::try_from(batch).unwrap()).await;
-        assert_eq!(marked, rows as u64);
+        let (deleted, took) = claim_and_delete(&drain, u32::try_from(batch).unwrap()).await;
+        assert_eq!(deleted, rows as u64);
         println!(
-            "  claim + mark: {}",
+            "  claim + delete: {}",
             Cpu::now(&db.name).per_thousand(cpu, rows)
         );
         println!(
-            "round {round}: claim + mark only   {:>8.0} rows/s ({took:.2?}, one worker, no publish)",
+            "round {round}: claim + delete only {:>8.0} rows/s ({took:.2?}, one worker, no publish)",
             rate(rows, took)
         );
     }

@@ -1,5 +1,5 @@
-//! One batch: what a claimed batch is after its publish, the publish itself, and the marks
-//! written for it (see the crate docs, "One tick").
+//! One batch: what a claimed batch is after its publish, the publish itself, and the deletes
+//! and marks written for it (see the crate docs, "One tick").
 
 use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
@@ -14,6 +14,8 @@ use crate::{JOB_NAME, OutboxDrain};
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchReport {
+    /// Claims that found rows: one per batch, each its own transaction.
+    pub batches: u64,
     pub claimed: u64,
     pub published: u64,
     /// Failed this time, pending again after their backoff.
@@ -29,6 +31,7 @@ pub struct BatchReport {
 impl BatchReport {
     pub(crate) fn add(&mut self, other: &Self) {
         self.more_due |= other.more_due;
+        self.batches += other.batches;
         self.claimed += other.claimed;
         self.published += other.published;
         self.retrying += other.retrying;
@@ -37,7 +40,7 @@ impl BatchReport {
     }
 }
 
-/// A claimed batch after its publish, before its marks: see [`OutboxDrain::publish_batch`].
+/// A claimed batch after its publish, before its deletes and marks: see [`OutboxDrain::publish_batch`].
 #[derive(Debug)]
 pub struct PublishedBatch {
     pub(crate) rows: Vec<(i64, i32, String)>,
@@ -66,7 +69,7 @@ impl PublishedBatch {
 }
 
 impl OutboxDrain {
-    /// Claims a batch inside `tx` and publishes it; the marks are not written. The first half
+    /// Claims a batch inside `tx` and publishes it; nothing is deleted or marked yet. The first half
     /// of [`drain_batch`](Self::drain_batch), public so that a test can "crash" between the
     /// publish and the commit by dropping `tx`.
     pub async fn publish_batch(
@@ -103,8 +106,9 @@ impl OutboxDrain {
         Ok(PublishedBatch { rows, verdicts })
     }
 
-    /// Writes the marks of a published batch inside `tx`: processed for the confirmed rows,
-    /// an attempt (or `failed`) for the others, nothing for the untouched ones.
+    /// Writes what a published batch did inside `tx`: the confirmed rows deleted (their
+    /// publications recorded), an attempt (or `failed`) for the others, nothing for the
+    /// untouched ones.
     pub async fn settle(
         &self,
         tx: &mut PgConnection,
@@ -137,7 +141,7 @@ impl OutboxDrain {
                 Verdict::Untouched(_) => untouched += 1,
             }
         }
-        let marked = outbox::mark_processed(tx, &published).await?;
+        let deleted = outbox::delete_published(tx, &published).await?;
         let counts = outbox::record_failures(tx, &failures, self.settings.max_attempts).await?;
         if counts.failed > 0 {
             tracing::error!(
@@ -147,8 +151,9 @@ impl OutboxDrain {
             );
         }
         Ok(BatchReport {
+            batches: 1,
             claimed: batch.rows.len() as u64,
-            published: marked,
+            published: deleted,
             retrying: counts.retrying,
             failed: counts.failed,
             untouched,

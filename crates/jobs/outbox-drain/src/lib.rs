@@ -2,8 +2,8 @@
 //!
 //! A job that changes the database and must also publish a message writes the message into
 //! the outbox in the same transaction ([`worker_store::outbox::enqueue`]). This timer job
-//! publishes those rows with publisher confirms and marks each processed, or failed, by its
-//! row id.
+//! publishes those rows with publisher confirms and deletes each one the broker confirmed, or
+//! marks it for another attempt (or `failed`), by its row id.
 //!
 //! ## One tick
 //!
@@ -13,21 +13,28 @@
 //! 1. claim up to `batch_size` due rows in id order, `FOR UPDATE SKIP LOCKED`, so that
 //!    replicas share the outbox without a lease (each takes rows the others do not hold);
 //! 2. publish them with [`Publisher::publish_many`]: mandatory, confirmed, pipelined;
-//! 3. mark the confirmed rows processed (one statement); add an attempt to each failed one
-//!    with a backoff, or mark it `failed` with its error once it has had `max_attempts`;
+//! 3. delete the confirmed rows and record their publications (one statement); add an attempt
+//!    to each failed one with a backoff, or mark it `failed` with its error once it has had
+//!    `max_attempts`;
 //! 4. commit.
 //!
+//! A tick woken for a few rows first waits `gather` (a few milliseconds), so that the rows
+//! committed right after the one that woke it go out in the same batch: one claim and one
+//! transaction for them, not one each. A tick that follows one ending on a full batch does
+//! not wait (more is due).
+//!
 //! When the first batch is full, `batches_in_flight` lanes of batches run at once, and each lane
-//! claims and publishes its next batch while the previous one writes its marks and commits, so
+//! claims and publishes its next batch while the previous one writes its deletes and commits, so
 //! that the database work overlaps the publishing and the drain is bounded by the broker. A tick
-//! holds up to `2 × batches_in_flight` pooled connections. The marks commit with
+//! holds up to `2 × batches_in_flight` pooled connections. The deletes commit with
 //! `synchronous_commit = off`: a commit lost to a PostgreSQL crash only publishes its rows
 //! again, which at-least-once allows (the enqueuing transaction stays fully durable).
 //!
 //! ## Guarantees
 //!
-//! * **At least once.** A crash (or a tick cut short) between publish and commit rolls the
-//!   marks back, so the rows are published again; consumers dedup on the message id.
+//! * **At least once.** A row is deleted only in the transaction that claimed it, after the
+//!   broker confirmed it. A crash (or a tick cut short) between publish and commit rolls the
+//!   deletes back, so the rows are published again; consumers dedup on the message id.
 //! * **No duplicates between healthy replicas.** A row is locked by the batch that claimed it
 //!   until that batch commits, and `SKIP LOCKED` keeps other replicas off it.
 //! * **A poisoned row delays the others by at most one batch.** Its failure is recorded on
@@ -46,8 +53,8 @@
 //! timeout, which would drop the batches in flight and publish them again); with a backlog
 //! left it signals the wake-up, so the next tick follows at once.
 //!
-//! The retention sweep of processed rows runs inside ticks, at most once per
-//! `sweep_interval`; [`OutboxDrain::sweep`] runs it on demand.
+//! Nothing published stays in the outbox, so the drain sweeps nothing; rows that earlier
+//! releases marked processed and kept are removed by the retention job (`job-retention`).
 
 mod batch;
 pub mod publish;
@@ -55,7 +62,8 @@ pub mod settings;
 pub mod waker;
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -83,7 +91,8 @@ pub struct OutboxDrain {
     pool: PgPool,
     publisher: Publisher,
     settings: OutboxDrainSettings,
-    last_sweep: Mutex<Option<Instant>>,
+    /// The last drain stopped with full batches still coming: the next one does not gather.
+    backlog: AtomicBool,
     wake: Option<Arc<Notify>>,
 }
 
@@ -104,7 +113,7 @@ impl OutboxDrain {
             pool,
             publisher,
             settings,
-            last_sweep: Mutex::new(None),
+            backlog: AtomicBool::new(false),
             wake: None,
         }
     }
@@ -123,8 +132,31 @@ impl OutboxDrain {
     }
 
     /// Drains batches until the outbox is drained, `cancel` fires, a batch fails, or the tick
-    /// budget is spent (then the report says `more_due`).
+    /// budget is spent (then the report says `more_due`). Waits the gather window first,
+    /// unless the last drain stopped with more due.
     pub async fn drain(&self, cancel: &CancellationToken) -> Result<BatchReport, Failure> {
+        self.gather(cancel).await;
+        let report = self.drain_now(cancel).await;
+        let backlog = report.as_ref().is_ok_and(|r| r.more_due);
+        self.backlog.store(backlog, Ordering::Relaxed);
+        report
+    }
+
+    /// The gather window: a wake comes with the first row of what may be a few committed
+    /// together, and one claim a few milliseconds later takes them all.
+    async fn gather(&self, cancel: &CancellationToken) {
+        let wait = self.settings.gather;
+        if wait.is_zero() || self.backlog.load(Ordering::Relaxed) {
+            return;
+        }
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+
+    async fn drain_now(&self, cancel: &CancellationToken) -> Result<BatchReport, Failure> {
         let until = Instant::now() + self.settings.tick_budget;
         let mut total = BatchReport::default();
         let first = self.drain_batch(cancel).await?;
@@ -152,8 +184,8 @@ impl OutboxDrain {
     }
 
     /// One lane of batches, while they come back full. The lane is pipelined: batch `k+1` is
-    /// claimed and published while batch `k` writes its marks and commits (on another
-    /// connection; `SKIP LOCKED` keeps the two apart), so the marks stay off the critical path.
+    /// claimed and published while batch `k` writes its deletes and commits (on another
+    /// connection; `SKIP LOCKED` keeps the two apart), so they stay off the critical path.
     async fn lane(
         &self,
         cancel: &CancellationToken,
@@ -184,7 +216,7 @@ impl OutboxDrain {
                     self.is_full(&report)
                 }
                 Some(Err(failure)) => {
-                    // The batch in hand is published already: mark it if the database lets us.
+                    // The batch in hand is published already: settle it if the database lets us.
                     if let Ok(Some((tx, batch))) = next
                         && let Ok(report) = self.finish(tx, batch).await
                     {
@@ -219,7 +251,7 @@ impl OutboxDrain {
         report.claimed >= u64::from(self.settings.batch_size) && report.untouched == 0
     }
 
-    /// One batch in one transaction: claim, publish, mark, commit.
+    /// One batch in one transaction: claim, publish, delete (or mark what failed), commit.
     pub async fn drain_batch(&self, cancel: &CancellationToken) -> Result<BatchReport, Failure> {
         match self.claim_and_publish(cancel).await? {
             None => Ok(BatchReport::default()),
@@ -247,7 +279,8 @@ impl OutboxDrain {
         Ok(Some((tx, batch)))
     }
 
-    /// Writes a published batch's marks and commits; rolls back when nothing could be tried.
+    /// Writes a published batch's deletes and marks and commits; rolls back when nothing could
+    /// be tried.
     async fn finish(&self, mut tx: Tx, batch: PublishedBatch) -> Result<BatchReport, Failure> {
         let report = self.settle(&mut tx, &batch).await?;
         if report.published == 0 && report.retrying == 0 && report.failed == 0 {
@@ -269,36 +302,6 @@ impl OutboxDrain {
         tx.commit().await.map_err(classify)?;
         Ok(report)
     }
-
-    /// Deletes processed rows older than the retention window; returns how many went.
-    pub async fn sweep(&self) -> Result<u64, Failure> {
-        outbox::sweep_processed(&self.pool, self.settings.retention, 5_000).await
-    }
-
-    /// Runs [`sweep`](Self::sweep) when the last one is older than `sweep_interval`. A
-    /// failure is logged, not returned: the sweep must not hold up publishing.
-    async fn sweep_if_due(&self) {
-        let due = {
-            let Ok(mut last) = self.last_sweep.lock() else {
-                return;
-            };
-            let due = last.is_none_or(|at| at.elapsed() >= self.settings.sweep_interval);
-            if due {
-                *last = Some(Instant::now());
-            }
-            due
-        };
-        if !due {
-            return;
-        }
-        match self.sweep().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(job = JOB_NAME, rows = n, "swept processed outbox rows"),
-            Err(failure) => {
-                tracing::warn!(job = JOB_NAME, error = %failure, "could not sweep processed outbox rows");
-            }
-        }
-    }
 }
 
 impl TimerJob for OutboxDrain {
@@ -313,12 +316,16 @@ impl TimerJob for OutboxDrain {
         {
             wake.notify_one();
         }
-        self.sweep_if_due().await;
         let mut tick = TickReport::items(report.published);
         if report.claimed > 0 {
             tick = tick.with_detail(format!(
-                "claimed {}, published {}, retrying {}, failed {}, left pending {}",
-                report.claimed, report.published, report.retrying, report.failed, report.untouched
+                "claimed {} in {} batches, published {}, retrying {}, failed {}, left pending {}",
+                report.claimed,
+                report.batches,
+                report.published,
+                report.retrying,
+                report.failed,
+                report.untouched
             ));
         }
         Ok(tick)

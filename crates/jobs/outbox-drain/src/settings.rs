@@ -55,7 +55,13 @@ impl TimerSection for OutboxDrainJobSettings {
     }
 }
 
-/// `[jobs.outbox_drain]`: how the drain claims, publishes, retries and sweeps.
+/// `[jobs.outbox_drain.drain]`: how the drain gathers, claims, publishes and retries. (Its
+/// `retention` and `sweep_interval` went with this release: the drain deletes a row once it
+/// is published, and the retention job removes the rows earlier releases kept.)
+/// The drain's shortest tick interval (the host's schedules go no finer than a second): a
+/// gather window must be shorter. The host also holds it to the configured interval.
+pub const GATHER_MAX: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OutboxDrainSettings {
@@ -67,12 +73,12 @@ pub struct OutboxDrainSettings {
     pub max_attempts: u32,
     /// The delay before a failed row's next attempt.
     pub backoff: DrainBackoff,
-    /// Processed rows older than this are deleted.
+    /// How long a tick woken for a few rows waits before its first claim, so that it takes
+    /// the rows committed right after the one that woke it in the same batch (fewer claims
+    /// and transactions under a trickle). Zero claims at once. A tick that follows a full
+    /// batch does not wait: more is due. Shorter than the drain's tick interval.
     #[serde(with = "humantime_serde")]
-    pub retention: Duration,
-    /// The retention sweep runs at most this often, inside a tick.
-    #[serde(with = "humantime_serde")]
-    pub sweep_interval: Duration,
+    pub gather: Duration,
     /// A tick starts no new batch after this long; the batches in flight finish and commit.
     /// Keep it well below the tick's timeout, which drops a tick (and rolls back the batches
     /// in flight, to be published again) rather than letting it finish.
@@ -92,8 +98,7 @@ impl Default for OutboxDrainSettings {
                 max_delay: Duration::from_secs(300),
                 jitter: true,
             },
-            retention: Duration::from_secs(7 * 24 * 3600),
-            sweep_interval: Duration::from_secs(600),
+            gather: Duration::from_millis(5),
             tick_budget: Duration::from_secs(10),
         }
     }
@@ -115,11 +120,22 @@ impl OutboxDrainSettings {
             .policy()
             .validate()
             .map_err(|e| format!("`backoff`: {e}"))?;
-        if self.retention.is_zero() {
-            return Err("`retention` must be longer than zero".into());
-        }
         if self.tick_budget.is_zero() {
             return Err("`tick_budget` must be longer than zero".into());
+        }
+        if self.gather >= GATHER_MAX {
+            return Err(format!(
+                "`gather` must be shorter than the drain's tick interval, which is {} at the shortest; found {}",
+                humantime::format_duration(GATHER_MAX),
+                humantime::format_duration(self.gather)
+            ));
+        }
+        if self.gather >= self.tick_budget {
+            return Err(format!(
+                "`gather` must be shorter than `tick_budget` ({}); found {}",
+                humantime::format_duration(self.tick_budget),
+                humantime::format_duration(self.gather)
+            ));
         }
         Ok(())
     }
@@ -184,6 +200,28 @@ mod tests {
     }
 
     #[test]
+    fn a_gather_window_as_long_as_a_tick_is_refused_and_zero_turns_it_off() {
+        assert_eq!(
+            OutboxDrainSettings::default().gather,
+            Duration::from_millis(5)
+        );
+        let off = OutboxDrainSettings {
+            gather: Duration::ZERO,
+            ..OutboxDrainSettings::default()
+        };
+        assert!(off.validate().is_ok());
+        let long = OutboxDrainSettings {
+            gather: Duration::from_secs(1),
+            ..OutboxDrainSettings::default()
+        };
+        let said = long.validate().unwrap_err();
+        assert!(
+            said.contains("`gather`") && said.contains("tick interval"),
+            "{said}"
+        );
+    }
+
+    #[test]
     fn backoff_grows_with_the_attempts_and_is_capped() {
         let settings = OutboxDrainSettings {
             backoff: DrainBackoff {
@@ -203,10 +241,10 @@ mod tests {
     #[test]
     fn settings_read_from_toml_with_defaults() {
         let s: OutboxDrainSettings =
-            serde_json::from_value(serde_json::json!({"batch_size": 100, "retention": "3days"}))
+            serde_json::from_value(serde_json::json!({"batch_size": 100, "gather": "20ms"}))
                 .unwrap();
         assert_eq!(s.batch_size, 100);
-        assert_eq!(s.retention, Duration::from_secs(3 * 24 * 3600));
+        assert_eq!(s.gather, Duration::from_millis(20));
         assert_eq!(s.max_attempts, OutboxDrainSettings::default().max_attempts);
     }
 }

@@ -9,6 +9,11 @@
 //! `jobs.retention.publications`). This
 //! timer job deletes what is past its retention, so that none grows without bound.
 //!
+//! It also removes the `outbox` rows that earlier releases marked `processed` and kept for
+//! a week (today's drain deletes a row once the broker confirmed it, so it leaves none):
+//! whatever their age, in the same short batches, so that an upgrade needs no migration
+//! holding a long lock on a busy table. Pending and failed rows are never touched.
+//!
 //! ## One tick
 //!
 //! For each table in turn, batches of at most [`RetentionConfig::batch_size`] rows, oldest
@@ -25,7 +30,8 @@
 //! ## Guarantees
 //!
 //! * **Only rows past their retention go**: a mark younger than `processed_messages`, an attempt
-//!   row younger than the attempt log's retention, are never touched.
+//!   row younger than the attempt log's retention, are never touched; of the outbox, only rows
+//!   marked `processed` (published) go, never a pending or failed one.
 //! * **Safe to re-run**, and safe on several replicas at once (a `DELETE` of rows already gone
 //!   deletes nothing); the host runs it under the lease all the same, so that one replica
 //!   does the work.
@@ -77,19 +83,23 @@ pub enum Table {
     HistoryHours,
     HistoryDays,
     Publications,
+    /// Outbox rows an earlier release marked processed (published) and kept.
+    ProcessedOutbox,
 }
 
 impl Table {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::ProcessedMessages,
         Self::AttemptLog,
         Self::HistoryMinutes,
         Self::HistoryHours,
         Self::HistoryDays,
         Self::Publications,
+        Self::ProcessedOutbox,
     ];
 
-    /// The table's name: `processed_messages` or `attempt_log`.
+    /// The table's name (`processed_messages`, `attempt_log`, ...), as the metric labels it;
+    /// `outbox` for the processed outbox rows.
     pub const fn as_str(&self) -> &'static str {
         match self {
             Self::ProcessedMessages => "processed_messages",
@@ -98,6 +108,7 @@ impl Table {
             Self::HistoryHours => "history_hours",
             Self::HistoryDays => "history_days",
             Self::Publications => "publications",
+            Self::ProcessedOutbox => "outbox",
         }
     }
 
@@ -108,7 +119,10 @@ impl Table {
             Self::HistoryMinutes => Some(Resolution::Minute),
             Self::HistoryHours => Some(Resolution::Hour),
             Self::HistoryDays => Some(Resolution::Day),
-            Self::ProcessedMessages | Self::AttemptLog | Self::Publications => None,
+            Self::ProcessedMessages
+            | Self::AttemptLog
+            | Self::Publications
+            | Self::ProcessedOutbox => None,
         }
     }
 }
@@ -158,6 +172,8 @@ impl RetentionConfig {
             Table::HistoryHours => self.history_hours,
             Table::HistoryDays => self.history_days,
             Table::Publications => self.publications,
+            // Published already: kept by no promise, whatever their age.
+            Table::ProcessedOutbox => Duration::ZERO,
         }
     }
 }
@@ -197,6 +213,8 @@ pub struct RetentionReport {
     pub history_hours: TableReport,
     pub history_days: TableReport,
     pub publications: TableReport,
+    /// Outbox rows an earlier release marked processed.
+    pub processed_outbox: TableReport,
     /// The tick's token fired before it was done.
     pub cancelled: bool,
 }
@@ -210,6 +228,7 @@ impl RetentionReport {
             Table::HistoryHours => &self.history_hours,
             Table::HistoryDays => &self.history_days,
             Table::Publications => &self.publications,
+            Table::ProcessedOutbox => &self.processed_outbox,
         }
     }
 
@@ -221,6 +240,7 @@ impl RetentionReport {
             Table::HistoryHours => &mut self.history_hours,
             Table::HistoryDays => &mut self.history_days,
             Table::Publications => &mut self.publications,
+            Table::ProcessedOutbox => &mut self.processed_outbox,
         }
     }
 
@@ -337,6 +357,9 @@ impl Retention {
             Table::Publications => {
                 worker_store::outbox::sweep_publications(&self.pool, retention, batch).await
             }
+            Table::ProcessedOutbox => {
+                worker_store::outbox::sweep_processed_batch(&self.pool, batch).await
+            }
             _ => worker_store::attempt_log::sweep_batch(&self.pool, retention, batch).await,
         }
     }
@@ -356,6 +379,12 @@ impl TimerJob for Retention {
             report.history_swept(),
             report.publications.swept
         );
+        if report.processed_outbox.swept > 0 {
+            detail.push_str(&format!(
+                ", and {} outbox rows an earlier release marked processed",
+                report.processed_outbox.swept
+            ));
+        }
         if Table::ALL.iter().any(|t| report.table(*t).backlog_remains) {
             detail.push_str("; more are due");
             tracing::info!(

@@ -276,3 +276,64 @@ async fn the_history_keeps_minutes_two_days_hours_thirty_and_days_a_year() -> an
     }
     Ok(())
 }
+
+/// `n` outbox rows as an earlier release left them: marked processed `age_minutes` ago.
+async fn processed_outbox(pool: &PgPool, n: i64, age_minutes: i64) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox (message_id, exchange, routing_key, body, status, processed_at, created_at) \
+         SELECT 'p-' || $2 || '-' || i, 'events', 'k', '\\x00', 'processed', \
+                now() - make_interval(mins => $2::int), now() - interval '30 days' \
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(n)
+    .bind(age_minutes)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Rows an earlier release marked processed go whatever their age, in batches of
+/// `batch_size` (a statement each), at most `max_batches_per_tick` a tick; pending and failed
+/// rows stay, however old.
+#[tokio::test]
+async fn processed_outbox_rows_of_an_earlier_release_go_in_batches_of_any_age() -> anyhow::Result<()>
+{
+    let db = TestDb::create().await?;
+    let pool = &db.pool;
+    processed_outbox(pool, 20, 60 * 24 * 20).await?;
+    processed_outbox(pool, 5, 1).await?;
+    sqlx::query(
+        "INSERT INTO outbox (message_id, exchange, routing_key, body, status, created_at) \
+         VALUES ('waits', 'events', 'k', '\\x00', 'pending', now() - interval '30 days'), \
+                ('gave-up', 'events', 'k', '\\x00', 'failed', now() - interval '30 days')",
+    )
+    .execute(pool)
+    .await?;
+
+    let events = Arc::new(Swept::default());
+    let job = Retention::observed(pool.clone(), config(10, 2), events.clone());
+    let first = job.run(&ctx()).await?;
+    assert_eq!(
+        (
+            first.processed_outbox.swept,
+            first.processed_outbox.batches,
+            first.processed_outbox.backlog_remains
+        ),
+        (20, 2, true)
+    );
+    let second = job.run(&ctx()).await?;
+    assert_eq!(
+        (
+            second.processed_outbox.swept,
+            second.processed_outbox.backlog_remains
+        ),
+        (5, false)
+    );
+    assert_eq!(events.of(Table::ProcessedOutbox), 25);
+    assert_eq!(Table::ProcessedOutbox.as_str(), "outbox");
+    let left: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY status")
+        .fetch_all(pool)
+        .await?;
+    assert_eq!(left, ["failed", "pending"]);
+    Ok(())
+}

@@ -21,13 +21,16 @@ pub fn outbox_dedup_key(id: i64, retries: i32) -> String {
 }
 
 /// A condition on `dead_letters`: not a dead letter of an outbox row that an operator has
-/// retried since (`outbox retry`; the drain publishes it again), which a replay must not send
-/// a second time. The archive's maintenance settles such rows `replayed`
-/// (`job_dead_letter_archive::archive_failed_outbox`); this keeps a replay that runs before it from sending them.
+/// retried since (`outbox retry`; the drain publishes it again), nor of one that is gone (the
+/// drain deletes a row once it is published, so a row that failed and is gone was published
+/// since), which a replay must not send a second time. The archive's maintenance settles such
+/// rows `replayed` ([`settle_retried`]); this keeps a replay that runs before it from sending
+/// them.
 pub fn not_retried_in_outbox_sql() -> String {
     format!(
-        " AND NOT EXISTS (SELECT 1 FROM outbox o WHERE dead_letters.source = 'outbox' \
-             AND o.id = dead_letters.outbox_id AND dead_letters.dedup_key <> {OUTBOX_KEY_SQL})"
+        " AND NOT (dead_letters.source = 'outbox' AND dead_letters.outbox_id IS NOT NULL \
+             AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = dead_letters.outbox_id \
+                             AND dead_letters.dedup_key = {OUTBOX_KEY_SQL}))"
     )
 }
 
@@ -64,14 +67,16 @@ pub async fn failed_unarchived(pool: &PgPool, limit: u32) -> Result<Vec<FailedOu
 }
 
 /// Settles as `replayed` the dead letters of outbox rows still waiting from before an
-/// operator's `outbox retry` (the retry republished them), so that a `dlq replay` does not send
-/// the message again beside the retry. Returns how many.
+/// operator's `outbox retry` (the retry republished them, or is about to), and of rows gone
+/// since (published, then deleted by the drain), so that a `dlq replay` does not send the
+/// message again beside the retry. Returns how many.
 pub async fn settle_retried(pool: &PgPool) -> Result<u64, Failure> {
     let done = sqlx::query(&format!(
         "UPDATE dead_letters d SET status = 'replayed', replayed_at = now() \
-         FROM outbox o \
          WHERE d.queue = '{OUTBOX_QUEUE}' AND d.status = 'dead' AND d.source = 'outbox' \
-           AND d.outbox_id = o.id AND d.dedup_key <> {OUTBOX_KEY_SQL}"
+           AND d.outbox_id IS NOT NULL \
+           AND NOT EXISTS (SELECT 1 FROM outbox o \
+                           WHERE o.id = d.outbox_id AND d.dedup_key = {OUTBOX_KEY_SQL})"
     ))
     .execute(pool)
     .await
@@ -79,12 +84,12 @@ pub async fn settle_retried(pool: &PgPool) -> Result<u64, Failure> {
     Ok(done.rows_affected())
 }
 
-/// Settles (`processed`) the failed outbox rows of the dead letters `ids` that a replay has
-/// just published, in the replay's transaction: `outbox retry --all-failed` must not publish
-/// them once more.
+/// Deletes the failed outbox rows of the dead letters `ids` that a replay has just published,
+/// in the replay's transaction, as the drain deletes what it published: `outbox retry
+/// --all-failed` must not publish them once more.
 pub async fn settle_replayed_outbox(tx: &mut PgConnection, ids: &[i64]) -> Result<(), Failure> {
     sqlx::query(
-        "UPDATE outbox SET status = 'processed', processed_at = now() \
+        "DELETE FROM outbox \
          WHERE status = 'failed' AND id IN ( \
              SELECT outbox_id FROM dead_letters \
              WHERE id = ANY($1) AND source = 'outbox' AND outbox_id IS NOT NULL)",

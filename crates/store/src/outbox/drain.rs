@@ -1,5 +1,5 @@
-//! The drain's half of the outbox: a batch's transaction, the claim of due rows, and the marks
-//! of what was published and what failed (see the module docs of [`super`]).
+//! The drain's half of the outbox: a batch's transaction, the claim of due rows, the deletion of
+//! what was published and the marks of what failed (see the module docs of [`super`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -73,20 +73,22 @@ pub async fn claim(tx: &mut PgConnection, limit: u32) -> Result<Vec<OutboxRow>, 
     .map_err(classify)
 }
 
-/// Marks the rows `ids` processed and records their publications (a mail's story reads each
-/// hop's publish time and trace there), in one statement. Returns how many were marked.
-pub async fn mark_processed(tx: &mut PgConnection, ids: &[i64]) -> Result<u64, Failure> {
+/// Deletes the confirmed rows `ids` and records their publications (a mail's story reads each
+/// hop's publish time and trace there), in one statement, inside the claim's transaction: a
+/// row goes only with the commit that follows its broker's confirm, so a crash before that
+/// commit leaves it pending, to be published again (at least once). Returns how many went.
+pub async fn delete_published(tx: &mut PgConnection, ids: &[i64]) -> Result<u64, Failure> {
     if ids.is_empty() {
         return Ok(0);
     }
     let done = sqlx::query(
-        "WITH marked AS ( \
-             UPDATE outbox SET status = 'processed', processed_at = now() \
+        "WITH gone AS ( \
+             DELETE FROM outbox \
              WHERE id = ANY($1) AND status = 'pending' \
-             RETURNING message_id, routing_key, processed_at, headers ->> 'traceparent' AS tp) \
+             RETURNING message_id, routing_key, headers ->> 'traceparent' AS tp) \
          INSERT INTO publications (message_id, routing_key, published_at, trace_id) \
-         SELECT message_id, routing_key, processed_at, NULLIF(split_part(tp, '-', 2), '') \
-         FROM marked",
+         SELECT message_id, routing_key, now(), NULLIF(split_part(tp, '-', 2), '') \
+         FROM gone",
     )
     .bind(ids)
     .execute(tx)

@@ -15,18 +15,22 @@
 //!    `next_attempt_at <= now()`) in id order with `FOR UPDATE SKIP LOCKED`, so that replicas
 //!    draining together take disjoint batches without a lease;
 //! 2. it publishes them with confirms;
-//! 3. [`mark_processed`] marks the confirmed ones by id, in one statement, and
+//! 3. [`delete_published`] deletes the confirmed ones by id and records their
+//!    [`publications`] (for a mail's story), in one statement, and
 //!    [`record_failures`] adds an attempt to the others with a backoff, or marks them
 //!    `failed` with their last error once they have had their maximum attempts;
 //! 4. it commits. A crash between the publish and the commit leaves the rows pending, so they
 //!    are published again (at least once); consumers dedup on the message id.
 //!
+//! So the outbox holds only what waits (`pending`) and what gave up (`failed`): what was
+//! published is counted by the metrics and the history's rollups, not by rows kept here.
+//!
 //! For operators (`operators.rs`): [`status`] (pending, due, failed, age of the oldest pending row),
 //! [`failed`] and [`pending`] (the rows, with their errors), [`retry`], [`retry_failed`] and
 //! [`retry_all_failed`] (make failed rows pending again, with fresh attempts, recorded in the
 //! [`audit`](crate::audit) trail; [`retry_all_failed_dry_run`] counts and lists what a retry of
-//! them all would put back, recorded as a dry run), and [`sweep_processed`] (the retention
-//! sweep).
+//! them all would put back, recorded as a dry run), and [`sweep_processed_batch`] (the
+//! retention job's sweep of rows earlier releases marked `processed` and kept).
 
 mod drain;
 mod enqueue;
@@ -34,7 +38,7 @@ mod operators;
 mod publications;
 
 pub use drain::{
-    FailureCounts, LAST_ERROR_MAX, OutboxRow, PublishFailure, begin_batch, claim, mark_processed,
+    FailureCounts, LAST_ERROR_MAX, OutboxRow, PublishFailure, begin_batch, claim, delete_published,
     record_failures,
 };
 pub use enqueue::{
@@ -43,7 +47,7 @@ pub use enqueue::{
 pub use operators::{
     FailedRow, OutboxStatus, PendingRow, RETRY_PREVIEW_ROWS, RetryAllReport, RetryResult, failed,
     pending, retry, retry_all_failed, retry_all_failed_dry_run, retry_failed, status,
-    sweep_processed,
+    sweep_processed_batch,
 };
 pub use publications::{Publication, publications, sweep_publications};
 

@@ -1,6 +1,6 @@
 //! What operators read and do about the outbox: its status, the failed and pending rows,
-//! retries (recorded in the [`audit`](crate::audit) trail) and the retention sweep of
-//! processed rows.
+//! retries (recorded in the [`audit`](crate::audit) trail) and the retention job's sweep of
+//! the rows earlier releases marked processed and kept.
 
 use std::time::Duration;
 
@@ -94,10 +94,19 @@ pub async fn failed(pool: &PgPool, limit: u32) -> Result<Vec<FailedRow>, Failure
 pub enum RetryResult {
     /// The row is pending again, due now, with its attempts reset.
     Requeued,
-    /// It was published already; nothing to do.
-    AlreadyProcessed,
-    /// No row has that id (never existed, or swept by retention).
-    NotFound,
+    /// No pending or failed row has that id: it was published (the drain deletes a row once
+    /// the broker has confirmed it, and an earlier release's row marked processed is one), or
+    /// it never existed. Nothing to do; the outbox cannot tell the two apart by id.
+    Gone,
+}
+
+impl RetryResult {
+    /// What an operator reads when row `id` is [`Gone`](Self::Gone).
+    pub fn gone_message(id: i64) -> String {
+        format!(
+            "no outbox row {id} waits or failed: it was published (a published row is deleted) or never existed"
+        )
+    }
 }
 
 /// Makes row `id` pending again, due now, with its attempts reset (its last error is kept
@@ -113,8 +122,8 @@ pub async fn retry(pool: &PgPool, id: i64, actor: &Actor) -> Result<RetryResult,
             .await
             .map_err(classify)?;
     let result = match status.as_deref() {
-        None => RetryResult::NotFound,
-        Some("processed") => RetryResult::AlreadyProcessed,
+        // A row an earlier release marked processed was published, like one deleted since.
+        None | Some("processed") => RetryResult::Gone,
         Some(_) => {
             // A failed row starts a new life: counted, so that its next failure is archived
             // as a dead letter of its own.
@@ -133,8 +142,7 @@ pub async fn retry(pool: &PgPool, id: i64, actor: &Actor) -> Result<RetryResult,
     };
     let note = match result {
         RetryResult::Requeued => None,
-        RetryResult::AlreadyProcessed => Some("already published".to_string()),
-        RetryResult::NotFound => Some("no such row".to_string()),
+        RetryResult::Gone => Some("no such row: published, or never existed".to_string()),
     };
     let target = serde_json::json!({ "outbox_id": id });
     let requeued = u64::from(result == RetryResult::Requeued);
@@ -298,32 +306,22 @@ pub async fn pending(pool: &PgPool, limit: u32) -> Result<Vec<PendingRow>, Failu
     .map_err(classify)
 }
 
-/// Deletes processed rows older than `retention`, at most `batch` per statement so that no
-/// statement holds many locks for long. Returns how many rows went.
-pub async fn sweep_processed(
-    pool: &PgPool,
-    retention: Duration,
-    batch: u32,
-) -> Result<u64, Failure> {
-    let mut total = 0;
-    loop {
-        let done = sqlx::query(
-            "DELETE FROM outbox WHERE id IN ( \
-                 SELECT id FROM outbox \
-                 WHERE status = 'processed' \
-                   AND processed_at < now() - make_interval(secs => $1) \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(retention.as_secs_f64())
-        .bind(i64::from(batch.max(1)))
-        .execute(pool)
-        .await
-        .map_err(classify)?;
-        total += done.rows_affected();
-        if done.rows_affected() < u64::from(batch.max(1)) {
-            return Ok(total);
-        }
-    }
+/// Deletes up to `batch` rows that an earlier release marked processed and kept (today's drain
+/// deletes a row once it is published), in one short statement, whatever their age, skipping
+/// rows another transaction holds. Returns how many went; fewer than `batch` means none is
+/// left. The retention job calls it batch by batch, so that no statement holds many locks
+/// for long.
+pub async fn sweep_processed_batch(pool: &PgPool, batch: u32) -> Result<u64, Failure> {
+    let done = sqlx::query(
+        "DELETE FROM outbox WHERE id IN ( \
+             SELECT id FROM outbox WHERE status = 'processed' \
+             ORDER BY processed_at LIMIT $1 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(i64::from(batch.max(1)))
+    .execute(pool)
+    .await
+    .map_err(classify)?;
+    Ok(done.rows_affected())
 }
 /// `NOTIFY outbox` inside `tx`, for a retry that makes rows due again: the table's trigger
 /// announces inserts only. PostgreSQL folds identical notifications of one transaction into

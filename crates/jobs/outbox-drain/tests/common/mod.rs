@@ -151,6 +151,14 @@ impl Env {
         Ok(ids)
     }
 
+    /// The publications recorded (one per row the drain deleted once it was confirmed).
+    pub async fn publications(&self) -> anyhow::Result<i64> {
+        Ok(sqlx::query_scalar("SELECT count(*) FROM publications")
+            .fetch_one(&self.db.pool)
+            .await?)
+    }
+
+    /// The outbox's rows by status: a published row is gone, so only what waits or failed.
     pub async fn statuses(&self) -> anyhow::Result<HashMap<String, i64>> {
         let rows: Vec<(String, i64)> =
             sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status")
