@@ -10,6 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use worker_broker::Rotation;
 
 use crate::admin::ReadinessCheck;
+use crate::settings::validate::is_loopback;
 use crate::settings::{DatabaseSettings, Settings, SettingsError, SslMode};
 
 /// The pool options the settings describe.
@@ -35,6 +36,10 @@ fn pool_options_with(
         .application_name("worker-host")
         .ssl_mode(match settings.ssl_mode {
             SslMode::Disable => PgSslMode::Disable,
+            // Encryption over loopback protects nothing: the traffic never leaves the kernel,
+            // and `prefer` checks no certificate. It cost a quarter of PostgreSQL's CPU per
+            // mail, and a quarter of the host's (docs/SCALING.md). `require` still encrypts.
+            SslMode::Prefer if is_loopback(&settings.host) => PgSslMode::Disable,
             SslMode::Prefer => PgSslMode::Prefer,
             SslMode::Require => PgSslMode::Require,
             SslMode::VerifyCa => PgSslMode::VerifyCa,
@@ -189,5 +194,49 @@ impl ReadinessCheck for BrokerCheck {
             Err(format!("the broker link is {}{why}", status.state.as_str()))
         };
         futures::future::ready(result).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(host: &str, ssl_mode: SslMode) -> PgSslMode {
+        let settings = DatabaseSettings {
+            host: host.into(),
+            ssl_mode,
+            ..DatabaseSettings::default()
+        };
+        pool_options(&settings).connect.get_ssl_mode()
+    }
+
+    #[test]
+    fn prefer_talks_plain_to_a_database_on_this_machine_only() {
+        for host in ["127.0.0.1", "localhost", "::1", "/var/run/postgresql"] {
+            assert!(
+                matches!(mode(host, SslMode::Prefer), PgSslMode::Disable),
+                "{host}"
+            );
+        }
+        assert!(matches!(
+            mode("db.example.com", SslMode::Prefer),
+            PgSslMode::Prefer
+        ));
+        assert!(matches!(
+            mode("10.0.0.5", SslMode::Prefer),
+            PgSslMode::Prefer
+        ));
+    }
+
+    #[test]
+    fn require_and_stricter_encrypt_on_this_machine_too() {
+        assert!(matches!(
+            mode("127.0.0.1", SslMode::Require),
+            PgSslMode::Require
+        ));
+        assert!(matches!(
+            mode("127.0.0.1", SslMode::VerifyFull),
+            PgSslMode::VerifyFull
+        ));
     }
 }

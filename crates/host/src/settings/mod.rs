@@ -42,7 +42,7 @@ mod job_sections;
 mod load;
 pub mod renames;
 mod secrets;
-mod validate;
+pub(crate) mod validate;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]

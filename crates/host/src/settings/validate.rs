@@ -425,7 +425,7 @@ impl Settings {
 
 /// Whether `host` is this machine: `localhost`, a loopback address, or (for PostgreSQL) a
 /// Unix socket folder. A name that merely resolves to loopback does not count.
-fn is_loopback(host: &str) -> bool {
+pub(crate) fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.eq_ignore_ascii_case("localhost")
         || bare.starts_with('/')
