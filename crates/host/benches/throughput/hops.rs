@@ -30,20 +30,24 @@ impl Hop {
     }
 }
 
-/// Statements and transactions of one hop.
+/// Round trips and transactions of one hop.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Count {
+    /// Statements sent, with the `BEGIN` of each explicit transaction (sqlx logs its `COMMIT`
+    /// and `ROLLBACK`, not its `BEGIN`).
     pub statements: usize,
-    /// Explicit transactions (`BEGIN`) and statements outside one, each its own.
+    /// Explicit transactions, and statements outside one (each its own).
     pub transactions: usize,
 }
 
-/// Counts the statement log lines of `log` by hop.
+/// Counts the statement log lines of `log` by hop. A hop's statements since its span's last
+/// `COMMIT` or `ROLLBACK` belong to the transaction that ends with the next one; those that no
+/// `COMMIT` follows ran on their own.
 pub fn count(log: &str) -> BTreeMap<Hop, Count> {
     let mut counts: BTreeMap<Hop, Count> = BTreeMap::new();
-    // Inside an explicit transaction, by the span chain that began it: one chain's statements
-    // run one after another on one task.
-    let mut open: BTreeMap<String, bool> = BTreeMap::new();
+    // Statements since the last end of a transaction, by the span chain that sent them: one
+    // chain's statements run one after another on one task.
+    let mut pending: BTreeMap<String, (Hop, usize)> = BTreeMap::new();
     for line in log.lines() {
         let line = strip_ansi(line);
         let Some(at) = line.find("sqlx::query") else {
@@ -52,17 +56,19 @@ pub fn count(log: &str) -> BTreeMap<Hop, Count> {
         let chain = spans_of(&line[..at]);
         let hop = hop_of(&chain);
         let summary = summary_of(&line[at..]);
-        let entry = counts.entry(hop).or_default();
+        let entry = counts.entry(hop.clone()).or_default();
         entry.statements += 1;
-        let in_tx = open.entry(chain).or_insert(false);
-        if summary.starts_with("begin") {
+        let open = pending.entry(chain).or_insert((hop, 0));
+        if summary.starts_with("commit") || summary.starts_with("rollback") {
             entry.transactions += 1;
-            *in_tx = true;
-        } else if summary.starts_with("commit") || summary.starts_with("rollback") {
-            *in_tx = false;
-        } else if !*in_tx {
-            entry.transactions += 1;
+            entry.statements += 1;
+            open.1 = 0;
+        } else {
+            open.1 += 1;
         }
+    }
+    for (hop, alone) in pending.into_values() {
+        counts.entry(hop).or_default().transactions += alone;
     }
     counts
 }
@@ -132,7 +138,7 @@ fn strip_ansi(line: &str) -> String {
 /// The table of `counts` per mail, and the loop's totals.
 pub fn print(counts: &BTreeMap<Hop, Count>, mails: usize) {
     let per = |n: usize| n as f64 / mails as f64;
-    println!("| hop | statements per mail | transactions per mail |");
+    println!("| hop | round trips (statements) per mail | transactions per mail |");
     println!("|---|---:|---:|");
     let (mut statements, mut transactions) = (0, 0);
     for (hop, count) in counts.iter().filter(|(h, _)| h.is_loop()) {
