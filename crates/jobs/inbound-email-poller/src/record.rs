@@ -7,12 +7,13 @@
 //! batch written, and the next tick reads those mails again.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use serde_json::Value;
 use uuid::Uuid;
 use worker_core::Failure;
 use worker_store::classify;
-use worker_store::outbox::OutboxMessage;
+use worker_store::outbox::{self, OutboxMessage};
 
 use crate::parse::ParsedEmail;
 
@@ -94,7 +95,7 @@ pub type Written = HashMap<u32, Option<Earlier>>;
 /// the rows inserted and not found duplicates (`ON CONFLICT DO NOTHING` and the existence
 /// check keep a mail to one row and one event). The foreign key of `duplicate_of` is checked
 /// at the statement's end, when the rows of the batch it names are there.
-const RECORD_BATCH: &str = r#"
+const RECORD_BATCH_TEMPLATE: &str = r#"
 WITH m AS (
     SELECT * FROM unnest(
         $7::uuid[], $8::bigint[], $9::text[], $10::text[], $11::text[], $12::text[],
@@ -166,8 +167,7 @@ ins AS (
     RETURNING id, uid, event_id, duplicate_of
 ),
 ob AS (
-    INSERT INTO outbox (message_id, message_type, content_type, correlation_id,
-                        exchange, routing_key, headers, body)
+    <outbox insert>
     SELECT m.ob_message_id, m.ob_type, m.ob_content_type, m.ob_correlation,
            $5, $6, m.ob_headers, m.ob_body
     FROM ins JOIN m ON m.id = ins.id
@@ -182,6 +182,11 @@ SELECT (SELECT count(*) FROM state) AS state_rows, (SELECT count(*) FROM ob) AS 
     coalesce(array_agg(d.dup_uid ORDER BY ins.uid), '{}') AS dup_uids
 FROM ins JOIN decided d ON d.id = ins.id
 "#;
+
+/// [`RECORD_BATCH_TEMPLATE`] with the outbox's insert as its owner writes it
+/// ([`outbox::INSERT_INTO`]): the store owns the outbox's statements.
+static RECORD_BATCH: LazyLock<String> =
+    LazyLock::new(|| RECORD_BATCH_TEMPLATE.replace("<outbox insert>", outbox::INSERT_INTO));
 
 /// The columns of [`RECORD_BATCH`]'s one row.
 type Answer = (
@@ -222,7 +227,7 @@ pub async fn record_batch(pool: &sqlx::PgPool, batch: &Batch<'_>) -> Result<Writ
             .map(|r| r.event.as_ref().and_then(|e| f(e)))
             .collect()
     };
-    let answer: Answer = sqlx::query_as(RECORD_BATCH)
+    let answer: Answer = sqlx::query_as(RECORD_BATCH.as_str())
         .bind(batch.account)
         .bind(batch.mailbox)
         .bind(i64::from(batch.uidvalidity))
