@@ -61,6 +61,7 @@ fn pool_options_with(
         acquire_timeout: settings.acquire_timeout,
         connect_attempts: settings.connect_attempts,
         connect_backoff: Duration::from_millis(500),
+        ping_if_idle_for: worker_store::PING_IF_IDLE_FOR,
     }
 }
 

@@ -28,6 +28,9 @@ pub struct PoolOptions {
     pub connect_attempts: u32,
     /// Delay before the second attempt; doubles each time, capped at 10 s.
     pub connect_backoff: Duration,
+    /// A connection idle this long is pinged before it is handed out
+    /// ([`PING_IF_IDLE_FOR`] in the host).
+    pub ping_if_idle_for: Duration,
 }
 
 impl std::fmt::Debug for PoolOptions {
@@ -39,6 +42,7 @@ impl std::fmt::Debug for PoolOptions {
             .field("acquire_timeout", &self.acquire_timeout)
             .field("connect_attempts", &self.connect_attempts)
             .field("connect_backoff", &self.connect_backoff)
+            .field("ping_if_idle_for", &self.ping_if_idle_for)
             .finish()
     }
 }
@@ -92,15 +96,16 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
     );
     let mut backoff = Backoff::doubling(options.connect_backoff, Duration::from_secs(10));
     let mut last_error = String::new();
+    let ping_if_idle_for = options.ping_if_idle_for;
     for attempt in 1..=attempts {
         let result = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
             .acquire_timeout(options.acquire_timeout)
             .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
+            .before_acquire(move |conn, meta| {
                 Box::pin(async move {
-                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                    if meta.idle_for >= ping_if_idle_for {
                         // An error closes the connection, and the pool opens another.
                         conn.ping().await?;
                     }
@@ -176,6 +181,7 @@ mod tests {
             acquire_timeout: Duration::from_secs(3),
             connect_attempts: 2,
             connect_backoff: Duration::from_millis(500),
+            ping_if_idle_for: PING_IF_IDLE_FOR,
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("hunter2-secret"), "{shown}");

@@ -10,7 +10,8 @@ use worker_store::PING_IF_IDLE_FOR;
 use worker_store::PoolOptions;
 use worker_testkit::TestDb;
 
-fn options(db: &TestDb) -> PoolOptions {
+/// One connection, pinged once idle `ping_if_idle_for`.
+fn options(db: &TestDb, ping_if_idle_for: Duration) -> PoolOptions {
     PoolOptions {
         connect: db.url.parse::<PgConnectOptions>().unwrap(),
         max_connections: 1,
@@ -18,6 +19,7 @@ fn options(db: &TestDb) -> PoolOptions {
         acquire_timeout: Duration::from_secs(5),
         connect_attempts: 1,
         connect_backoff: Duration::from_millis(100),
+        ping_if_idle_for,
     }
 }
 
@@ -31,7 +33,7 @@ async fn backend(pool: &sqlx::PgPool) -> sqlx::Result<i32> {
 async fn a_connection_that_died_while_idle_is_replaced_before_a_statement_meets_it()
 -> anyhow::Result<()> {
     let db = TestDb::create().await?;
-    let pool = worker_store::connect(&options(&db)).await?;
+    let pool = worker_store::connect(&options(&db, PING_IF_IDLE_FOR)).await?;
     let first = backend(&pool).await?;
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(first)
@@ -48,7 +50,8 @@ async fn a_connection_that_died_while_idle_is_replaced_before_a_statement_meets_
 #[tokio::test]
 async fn a_connection_used_a_moment_ago_is_handed_out_without_a_ping() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
-    let pool = worker_store::connect(&options(&db)).await?;
+    // A window no wait in this test reaches, however slow the machine.
+    let pool = worker_store::connect(&options(&db, Duration::from_secs(600))).await?;
     let first = backend(&pool).await?;
     // Killed right after its use: within the window nothing checks it, so the next
     // statement meets the dead connection (and fails: a transient error its caller retries).
