@@ -52,10 +52,10 @@ wait "$soak" || true
     echo "# The host's profile: $seconds s at $rate pings/s (pid $pid)"
     echo
     echo "## By object"
-    perf report -i "$out/perf.data" --no-children --sort dso --stdio 2>/dev/null | grep '%' | head -8
+    perf report -i "$out/perf.data" --no-children --sort dso --stdio 2>/dev/null | grep '%' | sed -n '1,8p'
     echo
     echo "## By function (the top 40)"
-    perf report -i "$out/perf.data" --no-children --sort dso,symbol --stdio 2>/dev/null | grep '%' | head -40
+    perf report -i "$out/perf.data" --no-children --sort dso,symbol --stdio 2>/dev/null | grep '%' | sed -n '1,40p'
 } > "$out/profile.txt"
 cat "$out/profile.txt"
 echo "profile-host: $out/profile.txt (the soak's own report: $out/soak/report.md)"
