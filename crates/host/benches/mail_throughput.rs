@@ -428,26 +428,20 @@ async fn main() {
         Some(path) => vec![("baseline", Some(path.as_path())), ("this build", None)],
         None => vec![("this build", None)],
     };
-    let mut runs = Vec::new();
-    for (build, binary) in &builds {
-        let world = world(*binary, "info").await;
-        let inbound = measure(&world, "inbound mails (IMAP)", mails, || {
+    let runs = each_build(&builds, |world| async move {
+        measure(&world, "inbound mails (IMAP)", mails, || {
             append_pings(&world, mails)
         })
-        .await;
-        world.host.stop_cleanly().await;
-        runs.push((*build, inbound));
-    }
-    let mut event_runs = Vec::new();
-    for (build, binary) in &builds {
-        let world = world(*binary, "info").await;
-        let events = measure(&world, "events (broker)", mails, || {
+        .await
+    })
+    .await;
+    let event_runs = each_build(&builds, |world| async move {
+        measure(&world, "events (broker)", mails, || {
             publish_events(&world, mails)
         })
-        .await;
-        world.host.stop_cleanly().await;
-        event_runs.push((*build, events));
-    }
+        .await
+    })
+    .await;
     let mut counts = Vec::new();
     for (build, binary) in &builds {
         let counting = world_with_statement_log(*binary).await;
@@ -526,6 +520,26 @@ async fn main() {
             new.per_second / old_bound
         );
     }
+}
+
+/// `run` on a world of its own for each build in turn, the host stopped after each.
+async fn each_build<'a, F, Fut>(
+    builds: &[(&'a str, Option<&Path>)],
+    run: F,
+) -> Vec<(&'a str, Figures)>
+where
+    F: Fn(std::sync::Arc<World>) -> Fut,
+    Fut: std::future::Future<Output = Figures>,
+{
+    let mut out = Vec::new();
+    for (build, binary) in builds {
+        let world = std::sync::Arc::new(world(*binary, "info").await);
+        let figures = run(std::sync::Arc::clone(&world)).await;
+        let world = std::sync::Arc::into_inner(world).expect("the run let go of its world");
+        world.host.stop_cleanly().await;
+        out.push((*build, figures));
+    }
+    out
 }
 
 /// The two 2-core bounds of a run: with the host and PostgreSQL free, and with the host free

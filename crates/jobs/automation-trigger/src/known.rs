@@ -25,18 +25,24 @@ use worker_store::classify;
 use crate::Matched;
 use crate::condition::{self, Condition, ConditionSpec};
 
-/// The SQL expression of the fingerprint of event type `$1`'s automations.
-pub(crate) const FINGERPRINT_SQL: &str = "coalesce((SELECT string_agg(id::text || ':' || xmin::text, ',' ORDER BY id) \
-     FROM automations WHERE event_type = $1), '')";
+/// The SQL expression of the fingerprint of the automations whose event type is the
+/// statement's placeholder `event_type` (`"$1"`).
+pub(crate) fn fingerprint_sql(event_type: &str) -> String {
+    format!(
+        "coalesce((SELECT string_agg(id::text || ':' || xmin::text, ',' ORDER BY id) \
+         FROM automations WHERE event_type = {event_type}), '')"
+    )
+}
 
 /// The read: the fingerprint on every row, and the enabled automations (none: one row of
 /// nulls).
 static READ_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT f.fingerprint, a.id, a.name, a.conditions, a.actions \
-         FROM (SELECT {FINGERPRINT_SQL} AS fingerprint) AS f \
+         FROM (SELECT {fingerprint} AS fingerprint) AS f \
          LEFT JOIN automations AS a ON a.event_type = $1 AND a.enabled \
-         ORDER BY a.name, a.id"
+         ORDER BY a.name, a.id",
+        fingerprint = fingerprint_sql("$1")
     )
 });
 

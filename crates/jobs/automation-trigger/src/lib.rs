@@ -123,7 +123,7 @@ pub static QUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
              ORDER BY m.n) \
          SELECT (SELECT ok FROM fresh), array(SELECT id FROM present)",
         outbox = outbox::INSERT_INTO,
-        fingerprint = known::FINGERPRINT_SQL.replace("$1", "$3"),
+        fingerprint = known::fingerprint_sql("$3"),
     )
 });
 

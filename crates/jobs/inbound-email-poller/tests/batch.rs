@@ -232,19 +232,7 @@ async fn a_mail_that_does_not_parse_or_is_set_aside_does_not_sink_its_batch() ->
         &raw_mail("good1@test", "a@example.com", "good one", "1"),
     )
     .await?;
-    append(
-        &u,
-        "INBOX",
-        b"\x01\x02\xff\xfe garbage, no header at all\r\n\x80\x81 \x00 more\r\n",
-    )
-    .await?;
-    let big_body = "x".repeat(200 * 1024);
-    append(
-        &u,
-        "INBOX",
-        &raw_mail("big@test", "big@example.com", "a big one", &big_body),
-    )
-    .await?;
+    append_garbage_and_big(&u).await?;
     let parts: String = (0..5)
         .map(|i| format!("--b\r\nContent-Type: text/plain\r\n\r\npart {i}\r\n"))
         .collect();

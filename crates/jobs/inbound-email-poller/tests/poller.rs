@@ -164,19 +164,7 @@ async fn malformed_and_oversized_mail_is_recorded_and_the_poll_goes_on() -> anyh
         &raw_mail("before@test", "a@example.com", "before", "first"),
     )
     .await?;
-    append(
-        &u,
-        "INBOX",
-        b"\x01\x02\xff\xfe garbage, no header at all\r\n\x80\x81 \x00 more\r\n",
-    )
-    .await?;
-    let big_body = "x".repeat(200 * 1024);
-    append(
-        &u,
-        "INBOX",
-        &raw_mail("big@test", "big@example.com", "a big one", &big_body),
-    )
-    .await?;
+    append_garbage_and_big(&u).await?;
     append(
         &u,
         "INBOX",

@@ -112,6 +112,24 @@ pub async fn append(user: &str, mailbox: &str, raw: &[u8]) -> anyhow::Result<()>
     .await?
 }
 
+/// Appends the two odd mails a poll must get past: bytes with no header at all, then a
+/// mail of 200 KiB (over the tests' size limit).
+pub async fn append_garbage_and_big(user: &str) -> anyhow::Result<()> {
+    append(
+        user,
+        "INBOX",
+        b"\x01\x02\xff\xfe garbage, no header at all\r\n\x80\x81 \x00 more\r\n",
+    )
+    .await?;
+    let big_body = "x".repeat(200 * 1024);
+    append(
+        user,
+        "INBOX",
+        &raw_mail("big@test", "big@example.com", "a big one", &big_body),
+    )
+    .await
+}
+
 /// Appends raw bytes to a mailbox of `user` with the INTERNALDATE `date`
 /// (`01-Jan-2020 10:00:00 +0000`): mail that arrived then.
 pub async fn append_dated(user: &str, mailbox: &str, raw: &[u8], date: &str) -> anyhow::Result<()> {
