@@ -211,6 +211,11 @@ install_missing() {
     fi
     # The console's browser tests drive Debian's Chromium through its ChromeDriver.
     { command -v chromium && command -v chromedriver; } >/dev/null || pkgs+=(chromium chromium-driver)
+    local extra
+    for extra in "${EXTRAS[@]}"; do
+        # shellcheck disable=SC2207 # package names have no spaces
+        pkgs+=($("${extra}_packages"))
+    done
     [ "${#pkgs[@]}" -gt 0 ] || return 0
     command -v apt-get >/dev/null || die "missing: ${pkgs[*]}; no apt-get here, install them by hand"
     local logf="$DIR/apt.log"
@@ -910,6 +915,8 @@ cmd_up() {
     rabbitmq_up
     dovecot_up
     smtp_up
+    local extra
+    for extra in "${EXTRAS[@]}"; do "${extra}_up"; done
     if [ "$WITH_CLUSTER" = 1 ]; then rabbitmq_cluster_up; fi
     say "all up in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')s; data in $DIR"
 }
@@ -921,6 +928,8 @@ cmd_down() {
         say "down: the RabbitMQ cluster only; the other services keep running"
         return 0
     fi
+    local i
+    for ((i = ${#EXTRAS[@]} - 1; i >= 0; i--)); do "${EXTRAS[$i]}_down"; done
     smtp_down
     dovecot_down
     rabbitmq_down
@@ -945,6 +954,8 @@ cmd_status() {
     status_line rabbitmq "$HOST:$AMQP_PORT (API $HOST:$RABBIT_API_PORT)" rabbit_ready || rc=1
     status_line dovecot "$HOST:$IMAP_PORT" port_open "$IMAP_PORT" || rc=1
     status_line smtp "$HOST:$SMTP_PORT" port_open "$SMTP_PORT" || rc=1
+    local extra
+    for extra in "${EXTRAS[@]}"; do "${extra}_status" || rc=1; done
     if [ "$WITH_CLUSTER" = 1 ] || ours rabbitmq-cluster; then
         cluster_status || rc=1
     fi
@@ -975,6 +986,8 @@ export WH_SERVICES_DIR=$dir
 export WH_TEST_CHROMEDRIVER=$(command -v chromedriver || echo /usr/bin/chromedriver)
 export WH_TEST_CHROMIUM=$(command -v chromium || echo /usr/bin/chromium)
 EOF
+    local extra
+    for extra in "${EXTRAS[@]}"; do DIR=$dir "${extra}_env"; done
     if [ "$WITH_CLUSTER" = 1 ]; then
         echo "export WH_TEST_RABBIT_CLUSTER=$(cluster_addresses)"
     fi
@@ -1115,6 +1128,19 @@ PY
 }
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+
+# The mail servers besides Dovecot and the sink, each in a file of its own under
+# scripts/services/ (sourced here in name order). A file NAME.sh adds NAME to EXTRAS and
+# defines NAME_packages (prints the Debian packages it still needs, one word each),
+# NAME_up, NAME_down (only what this script started), NAME_status (one status_line) and
+# NAME_env (export lines). `up` starts them after the four above, `down` stops them first.
+EXTRAS=()
+for extra_file in "$SCRIPT_DIR"/services/*.sh; do
+    [ -e "$extra_file" ] || continue
+    # shellcheck source=/dev/null
+    . "$extra_file"
+done
+unset extra_file
 
 WITH_CLUSTER=0
 COMMAND=${1:-}
