@@ -67,8 +67,11 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         settings.workers.pause_poll,
         shutdown.child_token(),
     ));
+    let oauth = worker_mail_auth::TokenSources::build(&settings.oauth)
+        .map_err(|e| Fatal::usage(e.to_string()))?;
     let jobs_context = JobsContext {
         settings: settings.clone(),
+        oauth,
         pool: pool.clone(),
         publisher: supervisor.publisher(settings.broker.publisher.clone()),
         supervisor: supervisor.clone(),

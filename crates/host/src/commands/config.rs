@@ -9,4 +9,7 @@ pub fn check(settings: &Settings, source: &SettingsSource) {
         source.path.display()
     );
     print!("{}", settings.to_redacted_toml());
+    for note in settings.notes() {
+        println!("# note: {note}");
+    }
 }

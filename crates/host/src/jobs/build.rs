@@ -77,6 +77,7 @@ fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError
         &settings.smtp,
         &settings.smtp.from,
         &settings.jobs.email_send,
+        &ctx.oauth,
     )
     .map_err(|e| job_error("email_send", e))?;
     let unknown_outcomes = ctx
@@ -93,11 +94,12 @@ fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError
 fn inbound_email_poller(
     ctx: &JobsContext,
 ) -> Result<Built<job_inbound_email_poller::InboundEmailPoller>, JobError> {
-    let poller = job_inbound_email_poller::InboundEmailPoller::new(
-        ctx.pool.clone(),
-        poller_config(&ctx.settings),
-    )
-    .map_err(|e| job_error("inbound_email_poller", e))?;
+    let config = job_inbound_email_poller::PollerConfig {
+        oauth: ctx.oauth.clone(),
+        ..poller_config(&ctx.settings)
+    };
+    let poller = job_inbound_email_poller::InboundEmailPoller::new(ctx.pool.clone(), config)
+        .map_err(|e| job_error("inbound_email_poller", e))?;
     let wake = Arc::new(Notify::new());
     let poller = poller.wake_on_backlog(wake.clone());
     // Held for as long as this replica idles: its session waits in `pg_sleep` between checks,

@@ -35,6 +35,8 @@ pub use run::consumer;
 #[derive(Debug, Clone)]
 pub struct JobsContext {
     pub settings: Arc<Settings>,
+    /// The `[oauth.NAME]` token sources, shared by the poller's accounts and the sender.
+    pub oauth: worker_mail_auth::TokenSources,
     pub pool: PgPool,
     pub supervisor: worker_broker::Supervisor,
     pub publisher: worker_broker::Publisher,

@@ -18,6 +18,7 @@
 //! - `jobs.rs`: the list of job sections;
 //! - `budget.rs`: what the jobs may ask of the database pool at once.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,10 @@ pub struct Settings {
     pub broker: BrokerSettings,
     pub smtp: SmtpSettings,
     pub imap: ImapSettings,
+    /// Token sources by name (`[oauth.NAME]`), for the IMAP accounts and `[smtp]` that sign in
+    /// with `auth = "xoauth2"` or `"oauthbearer"`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub oauth: BTreeMap<String, worker_mail_auth::OAuthSettings>,
     pub telemetry: TelemetrySettings,
     pub admin: AdminSettings,
     pub workers: WorkersSettings,
@@ -82,6 +87,7 @@ impl Default for Settings {
             broker: BrokerSettings::default(),
             smtp: SmtpSettings::default(),
             imap: ImapSettings::default(),
+            oauth: BTreeMap::new(),
             telemetry: TelemetrySettings::default(),
             admin: AdminSettings::default(),
             workers: WorkersSettings::default(),

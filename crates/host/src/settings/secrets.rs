@@ -25,7 +25,7 @@ impl Settings {
             true,
             errors,
         );
-        let smtp_needs = self.smtp.username.is_some();
+        let smtp_needs = self.smtp.username.is_some() && !self.smtp.auth.uses_token();
         resolve(
             file,
             "smtp",
@@ -41,7 +41,26 @@ impl Settings {
                 &section,
                 &mut account.password,
                 &account.password_file,
-                true,
+                !account.auth.uses_token(),
+                errors,
+            );
+        }
+        for (name, source) in &mut self.oauth {
+            let section = format!("oauth.{name}");
+            resolve_named(
+                file,
+                &format!("{section}.client_secret"),
+                &mut source.client_secret,
+                &source.client_secret_file,
+                false,
+                errors,
+            );
+            resolve_named(
+                file,
+                &format!("{section}.refresh_token"),
+                &mut source.refresh_token,
+                &source.refresh_token_file,
+                false,
                 errors,
             );
         }

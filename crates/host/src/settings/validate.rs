@@ -163,6 +163,7 @@ impl Settings {
         for problem in job_inbound_email_poller::validate_accounts(&self.imap.accounts) {
             fail(&format!("imap.accounts{}", problem.key), problem.problem);
         }
+        self.validate_oauth(&mut fail);
         if let Err(problem) = self.check_pool_budget() {
             fail("database.max_connections", problem);
         }
@@ -317,6 +318,54 @@ impl Settings {
 
     /// TLS and credentials: no password in plain text to a host that is not loopback unless
     /// the section says `allow_plaintext = true`; a CA file that is readable PEM and is used.
+    /// Each `[oauth.NAME]` on its own, and every `oauth = "NAME"` naming one of them.
+    fn validate_oauth(&self, fail: &mut impl FnMut(&str, String)) {
+        for (name, source) in &self.oauth {
+            for problem in worker_core::Section::validate(source) {
+                fail(&format!("oauth.{name}.{}", problem.key), problem.problem);
+            }
+        }
+        let known = |name: &str| self.oauth.contains_key(name);
+        let missing = |name: &str| {
+            let defined: Vec<&str> = self.oauth.keys().map(String::as_str).collect();
+            format!(
+                "no `[oauth.{name}]` section gives this token source (defined: {})",
+                if defined.is_empty() {
+                    "none".to_string()
+                } else {
+                    defined.join(", ")
+                }
+            )
+        };
+        for (i, account) in self.imap.accounts.iter().enumerate() {
+            if let Some(name) = account.oauth.as_deref().filter(|n| !known(n)) {
+                fail(&format!("imap.accounts[{i}].oauth"), missing(name));
+            }
+        }
+        if let Some(name) = self.smtp.oauth.as_deref().filter(|n| !known(n)) {
+            fail("smtp.oauth", missing(name));
+        }
+    }
+
+    /// What `config check` says beside the settings: values the host adjusts.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        let provider_limit = self
+            .smtp
+            .oauth
+            .as_deref()
+            .filter(|_| self.smtp.auth.uses_token())
+            .and_then(|name| self.oauth.get(name))
+            .and_then(worker_mail_auth::OAuthSettings::smtp_connection_limit);
+        if let Some(limit) = provider_limit.filter(|limit| *limit < self.smtp.pool_size) {
+            notes.push(format!(
+                "smtp.pool_size = {} is capped at {limit}: Microsoft 365 allows {limit} SMTP connections per mailbox at once",
+                self.smtp.pool_size
+            ));
+        }
+        notes
+    }
+
     fn validate_transport(&self, fail: &mut impl FnMut(&str, String)) {
         let plain = |what: &str, host: &str, fix: &str, key: &str| {
             format!(

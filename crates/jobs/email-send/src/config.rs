@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use worker_core::{Problems, Secret, Section, SettingError, TlsMode, error_chain};
 
 use crate::DEFAULT_POOL_SIZE;
+use crate::auth::Login;
 use crate::smtp::{Security, Server};
+use worker_mail_auth::{AuthMethod, TokenSources};
 
 /// `[smtp]`: where and how to reach the SMTP server, as the settings give it and the sender
 /// uses it (the host resolves `password_file` into `password` at load).
@@ -23,9 +25,14 @@ pub struct SmtpSettings {
     pub security: TlsMode,
     /// Leave unset for a server that takes mail without logging in.
     pub username: Option<String>,
-    /// Required with a username; never printed.
+    /// Required with a username and `auth = "password"`; never printed.
     pub password: Option<Secret>,
     pub password_file: Option<PathBuf>,
+    /// How to sign in: `password` (AUTH PLAIN or LOGIN, the default), or `xoauth2` /
+    /// `oauthbearer` with a token of the `[oauth.NAME]` named by `oauth`; `username` is then
+    /// the mailbox the token acts for.
+    pub auth: AuthMethod,
+    pub oauth: Option<String>,
     /// The CA certificates (PEM) trusted for `starttls` and `tls` (a private CA); unset: the
     /// public web PKI's roots. The certificate must name `host`.
     pub ca_file: Option<PathBuf>,
@@ -51,6 +58,8 @@ impl Default for SmtpSettings {
             username: None,
             password: None,
             password_file: None,
+            auth: AuthMethod::Password,
+            oauth: None,
             ca_file: None,
             allow_plaintext: false,
             from: "worker-host@localhost".into(),
@@ -68,6 +77,21 @@ impl Section for SmtpSettings {
         problems.positive("port", u64::from(self.port));
         problems.positive("pool_size", u64::from(self.pool_size));
         problems.nonzero("connect_timeout", self.connect_timeout);
+        match (self.auth.uses_token(), &self.oauth, &self.username) {
+            (true, None, _) => problems.add(
+                "oauth",
+                "missing: a token sign-in (auth `xoauth2` or `oauthbearer`) names the `[oauth.NAME]` that gives the token",
+            ),
+            (true, Some(_), None) => problems.add(
+                "username",
+                "missing: the mailbox the token acts for (the `user=` of XOAUTH2)",
+            ),
+            (false, Some(_), _) => problems.add(
+                "oauth",
+                "used only with auth `xoauth2` or `oauthbearer`; with auth `password` (the default) remove it, or set auth",
+            ),
+            _ => {}
+        }
         problems.into_vec()
     }
 }
@@ -85,6 +109,8 @@ pub enum SmtpConfigError {
     CaFile { path: PathBuf, detail: String },
     #[error("smtp: pool_size must be at least 1")]
     EmptyPool,
+    #[error("smtp.oauth: no `[oauth.{0}]` section gives this token source")]
+    UnknownTokenSource(String),
 }
 
 impl SmtpSettings {
@@ -97,9 +123,35 @@ impl SmtpSettings {
         Ok(usize::try_from(self.pool_size).unwrap_or(usize::MAX))
     }
 
+    /// [`Self::connections`], at most the limit the token source's provider sets per mailbox
+    /// (Microsoft allows 3; more are refused with `421 4.3.2`).
+    pub fn connections_with(&self, oauth: &TokenSources) -> Result<usize, SmtpConfigError> {
+        let wanted = self.connections()?;
+        Ok(match self.provider_limit(oauth) {
+            Some(limit) if limit < wanted => {
+                tracing::warn!(
+                    pool_size = wanted,
+                    limit,
+                    "smtp: pool_size is more than the provider allows one mailbox: {limit} connections are used"
+                );
+                limit
+            }
+            _ => wanted,
+        })
+    }
+
+    /// The connections the provider of `[smtp]`'s token source allows one mailbox.
+    pub fn provider_limit(&self, oauth: &TokenSources) -> Option<usize> {
+        if !self.auth.uses_token() {
+            return None;
+        }
+        let limit = oauth.get(self.oauth.as_deref()?)?.smtp_connection_limit()?;
+        usize::try_from(limit).ok()
+    }
+
     /// The server as the pool reaches it: its TLS parameters (read from `ca_file` now, so
     /// that a bad file stops the start rather than the first send) and its credentials.
-    pub(crate) fn server(&self) -> Result<Server, SmtpConfigError> {
+    pub(crate) fn server(&self, oauth: &TokenSources) -> Result<Server, SmtpConfigError> {
         let roots = match &self.ca_file {
             Some(path) => Some(read_ca_file(path)?),
             None => None,
@@ -119,20 +171,36 @@ impl SmtpSettings {
             TlsMode::Starttls => Security::Starttls(tls()?),
             TlsMode::Tls => Security::Tls(tls()?),
         };
-        let credentials = match (&self.username, &self.password) {
-            (Some(user), Some(password)) => Some(Credentials::new(
-                user.clone(),
-                password.expose().to_string(),
-            )),
-            (Some(_), None) => return Err(SmtpConfigError::MissingPassword),
-            (None, _) => None,
-        };
         Ok(Server {
             host: self.host.clone(),
             port: self.port,
             security,
-            credentials,
+            login: self.login(oauth)?,
             connect_timeout: self.connect_timeout,
+        })
+    }
+}
+
+impl SmtpSettings {
+    fn login(&self, oauth: &TokenSources) -> Result<Login, SmtpConfigError> {
+        if self.auth.uses_token() {
+            let name = self.oauth.clone().unwrap_or_default();
+            let source = oauth
+                .get(&name)
+                .ok_or(SmtpConfigError::UnknownTokenSource(name))?;
+            return Ok(Login::Token {
+                method: self.auth,
+                user: self.username.clone().unwrap_or_default(),
+                source,
+            });
+        }
+        Ok(match (&self.username, &self.password) {
+            (Some(user), Some(password)) => Login::Password(Credentials::new(
+                user.clone(),
+                password.expose().to_string(),
+            )),
+            (Some(_), None) => return Err(SmtpConfigError::MissingPassword),
+            (None, _) => Login::None,
         })
     }
 }

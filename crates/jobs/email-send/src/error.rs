@@ -25,6 +25,10 @@ pub enum SendError {
     /// The server's certificate did not verify (an unknown CA, another name, expired): it will
     /// not until an operator changes the server or `ca_file`.
     Certificate(String),
+    /// The token source has no token.
+    Token(worker_mail_auth::TokenError),
+    /// The server refused our token sign-in, also with a fresh token.
+    Auth(String),
 }
 
 impl fmt::Display for SendError {
@@ -40,6 +44,11 @@ impl fmt::Display for SendError {
             | Self::Client(detail)
             | Self::AnswerLost(detail)
             | Self::Certificate(detail) => f.write_str(detail),
+            Self::Token(err) => write!(f, "{err}"),
+            Self::Auth(answer) => write!(
+                f,
+                "the SMTP server refused our token sign-in, also with a fresh token: {answer}"
+            ),
         }
     }
 }
@@ -59,6 +68,15 @@ pub fn classify(err: &SendError) -> Failure {
         SendError::TimedOut(_) | SendError::Connection(_) => Failure::transient(err),
         SendError::Client(_) => Failure::permanent("smtp-client", err),
         SendError::Certificate(_) => Failure::permanent("smtp-tls", err),
+        // The relay's failure, or our settings': never the mail's, so never its dead letter.
+        // A token source that refuses its settings asks again only after its pause; the
+        // mail waits as long.
+        SendError::Token(token) => match (token.retry_after(), token.is_permanent()) {
+            (Some(wait), _) => Failure::throttled(wait, err),
+            (None, true) => Failure::throttled(worker_mail_auth::PERMANENT_PAUSE, err),
+            (None, false) => Failure::transient(err),
+        },
+        SendError::Auth(_) => Failure::transient(err),
         SendError::AnswerLost(_) => Failure::unknown(format!(
             "{err}: the server may have accepted the mail, so it is not sent again in process"
         )),

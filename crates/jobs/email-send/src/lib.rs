@@ -101,6 +101,7 @@
 //! From its one line in the host's job list (`crates/host/src/jobs.rs`), built from its
 //! settings section; ARCHITECTURE.md ("Adding a job") walks through that wiring.
 
+mod auth;
 mod config;
 pub mod edit;
 mod error;

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use worker_mail_auth::TokenSources;
 
 use lettre::message::Mailbox;
 use sqlx::PgPool;
@@ -54,6 +55,23 @@ impl EmailSender {
         default_from: &str,
         send_timeout: Duration,
     ) -> Result<Self, SmtpConfigError> {
+        Self::signing_in_with(
+            pool,
+            smtp,
+            default_from,
+            send_timeout,
+            &TokenSources::default(),
+        )
+    }
+
+    /// [`Self::new`], with the token sources that `[smtp]`'s `oauth` may name.
+    pub fn signing_in_with(
+        pool: PgPool,
+        smtp: &SmtpSettings,
+        default_from: &str,
+        send_timeout: Duration,
+        oauth: &TokenSources,
+    ) -> Result<Self, SmtpConfigError> {
         let default_from: Mailbox =
             default_from
                 .parse()
@@ -63,8 +81,8 @@ impl EmailSender {
                         detail: err.to_string(),
                     },
                 )?;
-        let connections = smtp.connections()?;
-        let server = smtp.server()?;
+        let server = smtp.server(oauth)?;
+        let connections = smtp.connections_with(oauth)?;
         Ok(Self {
             store: EmailStore {
                 pool,
@@ -87,8 +105,9 @@ impl EmailSender {
         smtp: &SmtpSettings,
         default_from: &str,
         settings: &EmailSendSettings,
+        oauth: &TokenSources,
     ) -> Result<Self, SmtpConfigError> {
-        let sender = Self::new(pool, smtp, default_from, settings.send.timeout)?;
+        let sender = Self::signing_in_with(pool, smtp, default_from, settings.send.timeout, oauth)?;
         Ok(match settings.claim_stale_after {
             Some(age) => sender.with_claim_stale_after(age),
             None => sender,

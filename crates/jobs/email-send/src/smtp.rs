@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lettre::Message;
-use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
 use lettre::transport::smtp::extension::{ClientId, Extension, MailBodyParameter, MailParameter};
@@ -24,6 +23,7 @@ use lettre::transport::smtp::response::Response;
 use tokio::sync::Semaphore;
 use worker_core::error_chain;
 
+use crate::auth::{Login, Peer};
 use crate::error::SendError;
 
 /// An idle connection older than this is closed rather than reused: servers drop idle
@@ -42,7 +42,7 @@ pub(crate) struct Server {
     pub host: String,
     pub port: u16,
     pub security: Security,
-    pub credentials: Option<Credentials>,
+    pub login: Login,
     /// Bounds connecting, the greeting, STARTTLS and AUTH together, and the NOOP that checks
     /// an idle connection.
     pub connect_timeout: Duration,
@@ -218,12 +218,11 @@ impl SmtpPool {
                     .await
                     .map_err(SendError::Smtp)?;
             }
-            if let Some(credentials) = &server.credentials {
-                connection
-                    .auth(DEFAULT_MECHANISMS, credentials)
-                    .await
-                    .map_err(SendError::Smtp)?;
-            }
+            let peer = Peer {
+                host: &server.host,
+                port: server.port,
+            };
+            crate::auth::sign_in(&mut connection, &server.login, peer).await?;
             Ok::<_, SendError>(connection)
         };
         match tokio::time::timeout(server.connect_timeout, connect).await {

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use worker_core::{Secret, SettingError, TlsMode};
+use worker_mail_auth::{AuthMethod, TokenSources};
 
 use crate::MailLimits;
+use crate::auth::Login;
 
 /// One IMAP account to poll: `[[imap.accounts]]` in the settings, as the poller runs it.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -28,6 +30,13 @@ pub struct ImapAccount {
     pub password: Option<Secret>,
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// How the account signs in: `password` (LOGIN), or `xoauth2` / `oauthbearer` with a
+    /// token of the `[oauth.NAME]` named by `oauth`; `username` is then the mailbox the token
+    /// acts for.
+    #[serde(default)]
+    pub auth: AuthMethod,
+    #[serde(default)]
+    pub oauth: Option<String>,
     #[serde(default = "default_mailbox")]
     pub mailbox: String,
     /// Announce the mail already in the mailbox at the account's first poll. Off (the
@@ -89,6 +98,8 @@ pub struct PollerConfig {
     pub events_exchange: String,
     /// How the poller idles (IMAP IDLE), between the scheduled polls.
     pub idle: crate::IdleConfig,
+    /// The token sources the accounts name in `oauth`.
+    pub oauth: TokenSources,
 }
 
 impl Default for PollerConfig {
@@ -105,6 +116,7 @@ impl Default for PollerConfig {
             account_concurrency: 4,
             events_exchange: "events".into(),
             idle: crate::IdleConfig::default(),
+            oauth: TokenSources::default(),
         }
     }
 }
@@ -122,6 +134,22 @@ pub struct ConfigError {
 }
 
 impl PollerConfig {
+    /// How account `i` signs in: its token source must be among [`Self::oauth`].
+    pub(crate) fn login(&self, i: usize, account: &ImapAccount) -> Result<Login, ConfigError> {
+        if !account.auth.uses_token() {
+            return Ok(Login::Password);
+        }
+        let name = account.oauth.as_deref().unwrap_or_default();
+        let source = self.oauth.get(name).ok_or_else(|| ConfigError {
+            field: format!("accounts[{i}].oauth"),
+            problem: format!("no `[oauth.{name}]` section gives this token source"),
+        })?;
+        Ok(Login::Token {
+            method: account.auth,
+            source,
+        })
+    }
+
     /// Checks what the poller relies on: unique non-empty account names, non-empty hosts,
     /// user names and mailboxes, non-zero limits.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -228,6 +256,20 @@ pub fn validate_accounts(accounts: &[ImapAccount]) -> Vec<SettingError> {
                 format!("[{i}].port"),
                 "expected a port number from 1 to 65535, found 0".into(),
             );
+        }
+        match (account.auth.uses_token(), &account.oauth) {
+            (true, None) => fail(
+                format!("[{i}].oauth"),
+                format!(
+                    "missing: auth `{}` signs in with a token: name the `[oauth.NAME]` section that gives it",
+                    account.auth.mechanism().to_ascii_lowercase()
+                ),
+            ),
+            (false, Some(_)) => fail(
+                format!("[{i}].oauth"),
+                "used only with auth `xoauth2` or `oauthbearer`; with auth `password` (the default) remove it, or set auth".into(),
+            ),
+            _ => {}
         }
     }
     problems

@@ -39,11 +39,12 @@ use async_imap::extensions::idle::IdleResponse;
 use async_imap::types::UnsolicitedResponse;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
-use tokio_rustls::rustls;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use worker_core::{Backoff, Failure, SingletonLease};
 
-use crate::imap::{self, ImapError, Session, Stage, classify_imap, timed};
+use crate::auth::SignedIn;
+use crate::imap::{self, Access, ImapError, Session, Stage, classify_imap, timed};
 use crate::stats::PollerStats;
 use crate::{ImapAccount, PollerConfig};
 
@@ -100,6 +101,11 @@ pub enum RecheckWith {
 /// The first wait before a reconnect; doubles up to [`IdleConfig::reconnect_max`].
 const RECONNECT_FIRST: Duration = Duration::from_secs(1);
 
+/// A session signed in with a token is renewed this long before the token expires: Microsoft
+/// ends it then (`* BYE ... AccessTokenExpired`). A token source hands out tokens with at
+/// least a third of their lifetime left, so a session lives a while still.
+const TOKEN_SLACK: Duration = Duration::from_secs(10);
+
 /// Why one account's IDLE session ended.
 #[derive(Debug)]
 enum Ended {
@@ -109,6 +115,8 @@ enum Ended {
     Cancelled,
     /// The connection failed or went silent: reconnect after a wait.
     Failed(ImapError),
+    /// The session's token is about to expire: sign in again now, with a fresh one.
+    Renew,
 }
 
 /// What idles on the poller's behalf; made by
@@ -116,7 +124,7 @@ enum Ended {
 #[derive(Debug, Clone)]
 pub struct Idler {
     pub(crate) config: Arc<PollerConfig>,
-    pub(crate) tls: HashMap<String, Arc<rustls::ClientConfig>>,
+    pub(crate) access: HashMap<String, Access>,
     pub(crate) stats: PollerStats,
 }
 
@@ -208,6 +216,9 @@ impl Idler {
         loop {
             match self.session(account, wake, cancel, &mut backoff).await {
                 Ended::Cancelled => return,
+                Ended::Renew => {
+                    tracing::debug!(job = crate::JOB_NAME, account = %account.name, "the IDLE session's token expires soon: signing in again");
+                }
                 Ended::Unsupported => {
                     tracing::info!(job = crate::JOB_NAME, account = %account.name, "the server offers no IMAP IDLE: the account is polled on the schedule only");
                     self.stats.set_idle(
@@ -243,8 +254,13 @@ impl Idler {
             () = cancel.cancelled() => return Ended::Cancelled,
             connected = self.open(account) => connected,
         };
-        let mut session = match connected {
-            Ok(Some(session)) => session,
+        let (mut session, renew_at) = match connected {
+            Ok(Some(signed_in)) => (
+                signed_in.session,
+                signed_in
+                    .token_expires
+                    .map(|expires| expires.checked_sub(TOKEN_SLACK).unwrap_or(expires)),
+            ),
             Ok(None) => return Ended::Unsupported,
             Err(err) => return Ended::Failed(err),
         };
@@ -255,7 +271,7 @@ impl Idler {
         let idle = &self.config.idle;
         if idle.recheck_with == RecheckWith::Noop && !idle.recheck.is_zero() {
             return self
-                .noop_rechecks(session, account, wake, cancel, backoff)
+                .noop_rechecks(session, account, wake, cancel, backoff, renew_at)
                 .await;
         }
         let each = if idle.recheck.is_zero() {
@@ -275,7 +291,7 @@ impl Idler {
                 let (news, _stop) = handle.wait_with_timeout(idle.refresh * 2);
                 tokio::select! {
                     () = cancel.cancelled() => None,
-                    () = tokio::time::sleep(each) => Some(Ok(IdleResponse::Timeout)),
+                    () = tokio::time::sleep(until_renewal(each, renew_at)) => Some(Ok(IdleResponse::Timeout)),
                     news = news => Some(news),
                 }
             };
@@ -318,6 +334,9 @@ impl Idler {
                 self.stats.idle_news(&account.name);
                 wake.notify_one();
             }
+            if due(renew_at) {
+                return renew(session, command).await;
+            }
         }
     }
 
@@ -330,6 +349,7 @@ impl Idler {
         wake: &Arc<Notify>,
         cancel: &CancellationToken,
         backoff: &mut Backoff,
+        renew_at: Option<Instant>,
     ) -> Ended {
         let command = self.config.message_timeout;
         // Ticks that a slow answer made late are not caught up in a burst.
@@ -357,21 +377,25 @@ impl Idler {
                 self.stats.idle_news(&account.name);
                 wake.notify_one();
             }
+            if due(renew_at) {
+                return renew(session, command).await;
+            }
         }
     }
 
     /// Connects and logs in, checks that the server offers IDLE, and opens the mailbox
     /// read-only; `None` when the server offers no IDLE.
-    async fn open(&self, account: &ImapAccount) -> Result<Option<Session>, ImapError> {
+    async fn open(&self, account: &ImapAccount) -> Result<Option<SignedIn>, ImapError> {
         let limit = self.config.connect_timeout;
-        let tls = self
-            .tls
+        let access = self
+            .access
             .get(&account.name)
             .ok_or_else(|| ImapError::Protocol {
                 stage: Stage::Connect,
                 detail: format!("no TLS client for account `{}`", account.name),
             })?;
-        let mut session = match tokio::time::timeout(limit, imap::connect(account, tls)).await {
+        let mut signed_in = match tokio::time::timeout(limit, imap::connect(account, access)).await
+        {
             Err(_) => {
                 return Err(ImapError::Timeout {
                     stage: Stage::Connect,
@@ -380,6 +404,7 @@ impl Idler {
             }
             Ok(connected) => connected?,
         };
+        let session = &mut signed_in.session;
         let command = self.config.message_timeout;
         let capabilities = timed(Stage::Idle, command, session.capabilities()).await?;
         if !capabilities.has_str("IDLE") {
@@ -387,8 +412,31 @@ impl Idler {
             return Ok(None);
         }
         timed(Stage::Select, command, session.examine(&account.mailbox)).await?;
-        Ok(Some(session))
+        Ok(Some(signed_in))
     }
+}
+
+/// How long to wait for news before the next recheck: `each`, or less when the session's
+/// token is to be renewed sooner.
+fn until_renewal(each: Duration, renew_at: Option<Instant>) -> Duration {
+    renew_at.map_or(each, |at| {
+        each.min(at.saturating_duration_since(Instant::now()))
+    })
+}
+
+fn due(renew_at: Option<Instant>) -> bool {
+    renew_at.is_some_and(|at| Instant::now() >= at)
+}
+
+/// Ends a session whose token is about to expire, politely and bounded.
+async fn renew(mut session: Session, command: Duration) -> Ended {
+    let _ = timed(
+        Stage::Logout,
+        command.min(Duration::from_secs(2)),
+        session.logout(),
+    )
+    .await;
+    Ended::Renew
 }
 
 /// Whether the server reported new mail outside an IDLE's wait (in the answer to `DONE` or to

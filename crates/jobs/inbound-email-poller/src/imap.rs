@@ -22,6 +22,8 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use worker_core::{Failure, TlsMode};
 
 use crate::ImapAccount;
+use crate::auth::{Login, SignedIn};
+use worker_mail_auth::TokenError;
 
 /// The byte stream under a session: TCP, or TLS over TCP.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + fmt::Debug {}
@@ -38,6 +40,7 @@ pub enum Stage {
     Greeting,
     Starttls,
     Login,
+    Authenticate,
     Select,
     Search,
     Fetch,
@@ -53,6 +56,7 @@ impl Stage {
             Self::Greeting => "the server greeting",
             Self::Starttls => "STARTTLS",
             Self::Login => "LOGIN",
+            Self::Authenticate => "AUTHENTICATE",
             Self::Select => "SELECT",
             Self::Search => "UID SEARCH",
             Self::Fetch => "UID FETCH",
@@ -95,6 +99,9 @@ pub enum ImapError {
     /// The server answered something we cannot work with (no UIDVALIDITY, a BYE greeting).
     #[error("{stage}: {detail}")]
     Protocol { stage: Stage, detail: String },
+    /// The account's token source has no token.
+    #[error("{0}")]
+    Token(TokenError),
 }
 
 impl ImapError {
@@ -105,6 +112,7 @@ impl ImapError {
             | Self::Io { stage, .. }
             | Self::Protocol { stage, .. } => *stage,
             Self::Handshake { .. } => Stage::Tls,
+            Self::Token(_) => Stage::Authenticate,
         }
     }
 }
@@ -128,6 +136,13 @@ pub fn classify_imap(err: &ImapError) -> Failure {
     let detail = worker_core::error_chain(err);
     match err {
         ImapError::Timeout { .. } => Failure::transient(detail),
+        ImapError::Token(err) if err.is_permanent() => {
+            Failure::permanent(TokenError::REASON, detail)
+        }
+        ImapError::Token(err) => match err.retry_after() {
+            Some(wait) => Failure::throttled(wait, detail),
+            None => Failure::transient(detail),
+        },
         ImapError::Protocol { .. } => Failure::permanent("imap-protocol", detail),
         ImapError::Handshake { source, .. } if is_certificate_error(source) => {
             Failure::permanent("imap-tls", detail)
@@ -149,14 +164,20 @@ pub fn classify_imap(err: &ImapError) -> Failure {
             }
             ImapProtoError::Validate(_) => Failure::permanent("imap-invalid-input", detail),
             ImapProtoError::No(text) => match stage {
-                Stage::Login if says_temporary(text) => Failure::transient(detail),
-                Stage::Login => Failure::permanent("imap-auth-failed", detail),
+                Stage::Login | Stage::Authenticate if says_temporary(text) => {
+                    Failure::transient(detail)
+                }
+                Stage::Login | Stage::Authenticate => {
+                    Failure::permanent("imap-auth-failed", detail)
+                }
                 Stage::Select => Failure::permanent("imap-mailbox", detail),
                 Stage::Starttls => Failure::permanent("imap-starttls-refused", detail),
                 _ => Failure::transient(detail),
             },
             ImapProtoError::Bad(_) => match stage {
-                Stage::Login => Failure::permanent("imap-login-refused", detail),
+                Stage::Login | Stage::Authenticate => {
+                    Failure::permanent("imap-login-refused", detail)
+                }
                 Stage::Select => Failure::permanent("imap-mailbox", detail),
                 Stage::Starttls => Failure::permanent("imap-starttls-refused", detail),
                 _ => Failure::permanent("imap-bad-command", detail),
@@ -226,12 +247,18 @@ pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, S
     Ok(Arc::new(config))
 }
 
-/// Connects, secures the connection as the account says, reads the greeting and logs in.
+/// How the poller reaches one account: its TLS client (its own CA file, if any) and how it
+/// signs in.
+#[derive(Debug, Clone)]
+pub struct Access {
+    pub tls: Arc<rustls::ClientConfig>,
+    pub login: Login,
+}
+
+/// Connects, secures the connection as the account says, reads the greeting and signs in.
 /// The caller bounds the whole of it by the connect timeout.
-pub async fn connect(
-    account: &ImapAccount,
-    tls: &Arc<rustls::ClientConfig>,
-) -> Result<Session, ImapError> {
+pub(crate) async fn connect(account: &ImapAccount, access: &Access) -> Result<SignedIn, ImapError> {
+    let tls = &access.tls;
     let tcp = TcpStream::connect((account.host.as_str(), account.port))
         .await
         .map_err(|source| ImapError::Io {
@@ -267,13 +294,7 @@ pub async fn connect(
             async_imap::Client::new(Box::new(stream) as Box<dyn Io>)
         }
     };
-    client
-        .login(&account.username, account.password())
-        .await
-        .map_err(|(source, _client)| ImapError::Imap {
-            stage: Stage::Login,
-            source,
-        })
+    crate::auth::sign_in(client, account, &access.login).await
 }
 
 async fn handshake(

@@ -110,6 +110,7 @@
 //! The tick's timeout should exceed `connect_timeout` plus the time to handle a batch, or a
 //! slow account's batch is cut short at every tick (nothing is lost: it resumes at the next).
 
+mod auth;
 pub mod config;
 mod fetch;
 pub mod idle;
@@ -134,15 +135,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use sqlx::PgPool;
-use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 
+pub use auth::Login;
 pub use config::{ConfigError, IDLE_REFRESH_MAX, ImapAccount, PollerConfig, validate_accounts};
 pub use idle::{IDLE_LEASE, IdleConfig, Idler, RecheckWith};
 pub use ids::{event_id, inbound_email_id};
-pub use imap::{ImapError, Stage, classify_imap};
+pub use imap::{Access, ImapError, Stage, classify_imap};
 pub use limits::{MailLimits, OverLimit};
 pub use parse::{ParsedEmail, parse_email};
 pub use report::{AccountReport, MessageCounts, PollReport};
@@ -168,8 +169,8 @@ pub const HISTORY_MARGIN: Duration = Duration::from_secs(5 * 60);
 pub struct InboundEmailPoller {
     pool: PgPool,
     config: Arc<PollerConfig>,
-    /// Each account's TLS client (its own CA file, if any), by account name.
-    tls: HashMap<String, Arc<rustls::ClientConfig>>,
+    /// How each account is reached (its TLS client, how it signs in), by account name.
+    access: HashMap<String, Access>,
     stats: PollerStats,
     failed_attempts: Mutex<HashMap<AttemptKey, FailedAttempts>>,
     /// When this poller was made: the `watching_since` of an account it is the first to poll.
@@ -193,14 +194,15 @@ impl InboundEmailPoller {
     /// A poller over `pool` (which must hold the migrations) for the accounts in `config`.
     pub fn new(pool: PgPool, config: PollerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let mut tls = HashMap::new();
+        let mut access = HashMap::new();
         for (i, account) in config.accounts.iter().enumerate() {
-            let client =
+            let tls =
                 imap::tls_config(account.ca_file.as_deref()).map_err(|problem| ConfigError {
                     field: format!("accounts[{i}].ca_file"),
                     problem,
                 })?;
-            tls.insert(account.name.clone(), client);
+            let login = config.login(i, account)?;
+            access.insert(account.name.clone(), Access { tls, login });
         }
         let stats = PollerStats::default();
         for account in &config.accounts {
@@ -209,7 +211,7 @@ impl InboundEmailPoller {
         Ok(Self {
             pool,
             config: Arc::new(config),
-            tls,
+            access,
             stats,
             failed_attempts: Mutex::new(HashMap::new()),
             started_at: Utc::now(),
@@ -238,7 +240,7 @@ impl InboundEmailPoller {
     pub fn idler(&self) -> Idler {
         Idler {
             config: self.config.clone(),
-            tls: self.tls.clone(),
+            access: self.access.clone(),
             stats: self.stats.clone(),
         }
     }
@@ -333,7 +335,7 @@ impl InboundEmailPoller {
             return;
         }
         let limit = self.config.connect_timeout;
-        let Some(tls) = self.tls.get(&account.name) else {
+        let Some(access) = self.access.get(&account.name) else {
             // `new` builds one per configured account; only a foreign account can miss it.
             report.failure = Some(Failure::permanent(
                 "imap-config",
@@ -341,7 +343,7 @@ impl InboundEmailPoller {
             ));
             return;
         };
-        let connected = match tokio::time::timeout(limit, imap::connect(account, tls)).await {
+        let connected = match tokio::time::timeout(limit, imap::connect(account, access)).await {
             Err(_) => Err(ImapError::Timeout {
                 stage: Stage::Connect,
                 limit,
@@ -349,7 +351,7 @@ impl InboundEmailPoller {
             Ok(connected) => connected,
         };
         let mut session = match connected {
-            Ok(session) => session,
+            Ok(signed_in) => signed_in.session,
             Err(err) => {
                 report.failure = Some(classify_imap(&err));
                 return;

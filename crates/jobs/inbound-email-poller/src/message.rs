@@ -87,7 +87,7 @@ impl MessageFailure {
         // answer in time) counts against it; a lost connection does not.
         let counts_as_attempt = match err {
             ImapError::Timeout { .. } | ImapError::Protocol { .. } => true,
-            ImapError::Io { .. } | ImapError::Handshake { .. } => false,
+            ImapError::Io { .. } | ImapError::Handshake { .. } | ImapError::Token(_) => false,
             ImapError::Imap { source, .. } => !matches!(source, E::Io(_) | E::ConnectionLost),
         };
         Self {

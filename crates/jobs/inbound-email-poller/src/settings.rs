@@ -118,6 +118,8 @@ impl InboundEmailPollerSettings {
                 lease_retry: self.idle_lease_retry,
                 reconnect_max: self.idle_reconnect_max,
             },
+            // The host's: it builds the `[oauth.NAME]` sources the accounts share with SMTP.
+            oauth: worker_mail_auth::TokenSources::default(),
         }
     }
 }

@@ -42,6 +42,8 @@ pub fn account(name: &str, user: &str, password: &str) -> ImapAccount {
         username: user.into(),
         password: Some(worker_core::Secret::new(password)),
         password_file: None,
+        auth: worker_mail_auth::AuthMethod::Password,
+        oauth: None,
         mailbox: "INBOX".into(),
         backfill: false,
         ca_file: None,

@@ -1,0 +1,143 @@
+//! Signing in: LOGIN with a password, or AUTHENTICATE XOAUTH2 / OAUTHBEARER with a token of
+//! the account's `[oauth.NAME]`. A token the server refuses is dropped and the exchange tried
+//! once more with a fresh one (revoked, or its permissions changed); a second refusal is the
+//! account's failure. When the server answers with an error challenge, the client sends the
+//! empty response, so that the server's own reason ends the exchange and is recorded with
+//! the challenge's text.
+
+use std::sync::Arc;
+
+use async_imap::Client;
+use async_imap::error::Error as ImapProtoError;
+use tokio::time::Instant;
+use worker_mail_auth::{AccessToken, AuthMethod, TokenSource, sasl};
+
+use crate::ImapAccount;
+use crate::imap::{ImapError, Io, Session, Stage};
+
+/// How an account signs in, as the poller runs it.
+#[derive(Debug, Clone)]
+pub enum Login {
+    Password,
+    Token {
+        method: AuthMethod,
+        source: Arc<TokenSource>,
+    },
+}
+
+/// A session, and when the token it signed in with expires (servers such as Microsoft's end
+/// the session then).
+pub(crate) struct SignedIn {
+    pub session: Session,
+    pub token_expires: Option<Instant>,
+}
+
+pub(crate) async fn sign_in(
+    client: Client<Box<dyn Io>>,
+    account: &ImapAccount,
+    login: &Login,
+) -> Result<SignedIn, ImapError> {
+    let (method, source) = match login {
+        Login::Password => {
+            let session = client
+                .login(&account.username, account.password())
+                .await
+                .map_err(|(source, _client)| ImapError::Imap {
+                    stage: Stage::Login,
+                    source,
+                })?;
+            return Ok(SignedIn {
+                session,
+                token_expires: None,
+            });
+        }
+        Login::Token { method, source } => (*method, source),
+    };
+    let token = source.token().await.map_err(ImapError::Token)?;
+    match authenticate(client, method, account, &token).await {
+        Ok(session) => Ok(SignedIn {
+            session,
+            token_expires: Some(token.expires_at()),
+        }),
+        Err((
+            ImapError::Imap {
+                source: ImapProtoError::No(reason),
+                ..
+            },
+            client,
+        )) => {
+            tracing::info!(account = %account.name, source = %source.name(), %reason, "the server refused the token: trying once with a fresh one");
+            source.invalidate(&token);
+            let fresh = source.token().await.map_err(ImapError::Token)?;
+            let session = authenticate(client, method, account, &fresh)
+                .await
+                .map_err(|(err, _client)| err)?;
+            Ok(SignedIn {
+                session,
+                token_expires: Some(fresh.expires_at()),
+            })
+        }
+        Err((err, _client)) => Err(err),
+    }
+}
+
+async fn authenticate(
+    client: Client<Box<dyn Io>>,
+    method: AuthMethod,
+    account: &ImapAccount,
+    token: &AccessToken,
+) -> Result<Session, (ImapError, Client<Box<dyn Io>>)> {
+    let first = sasl::initial_response(
+        method,
+        &account.username,
+        &account.host,
+        account.port,
+        token.expose(),
+    )
+    .unwrap_or_default();
+    let mut exchange = Exchange {
+        first: Some(first),
+        challenge: None,
+    };
+    match client.authenticate(method.mechanism(), &mut exchange).await {
+        Ok(session) => Ok(session),
+        Err((source, client)) => {
+            let source = match (source, exchange.challenge) {
+                (ImapProtoError::No(reason), Some(challenge)) => {
+                    ImapProtoError::No(format!("{reason} (the server's challenge: {challenge})"))
+                }
+                (ImapProtoError::Bad(reason), Some(challenge)) => {
+                    ImapProtoError::Bad(format!("{reason} (the server's challenge: {challenge})"))
+                }
+                (source, _) => source,
+            };
+            Err((
+                ImapError::Imap {
+                    stage: Stage::Authenticate,
+                    source,
+                },
+                client,
+            ))
+        }
+    }
+}
+
+/// The client's side of one exchange: the token first, then an empty answer to any
+/// challenge, whose text is kept for the error.
+struct Exchange {
+    first: Option<String>,
+    challenge: Option<String>,
+}
+
+impl async_imap::Authenticator for &mut Exchange {
+    type Response = String;
+
+    fn process(&mut self, challenge: &[u8]) -> String {
+        if let Some(first) = self.first.take() {
+            return first;
+        }
+        // A challenge after the token is the server refusing it.
+        self.challenge = Some(sasl::challenge_text(challenge));
+        String::new()
+    }
+}
