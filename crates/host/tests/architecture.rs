@@ -56,7 +56,7 @@ fn workspace() -> Vec<Crate> {
 fn layer(name: &str) -> Option<u8> {
     match name {
         "worker-core" | "worker-messages" => Some(0),
-        "worker-broker" | "worker-store" => Some(1),
+        "worker-broker" | "worker-store" | "worker-mail-auth" => Some(1),
         "worker-host" => Some(3),
         job if job.starts_with("job-") => Some(2),
         _ => None,
@@ -103,6 +103,7 @@ fn the_service_clients_stay_in_their_adapters() {
             c == "job-email-send" || c == "worker-faults"
         }),
         ("axum", |c: &str| c == "worker-host"),
+        ("oauth2", |c: &str| c == "worker-mail-auth"),
     ]);
     let mut wrong = Vec::new();
     for krate in workspace() {

@@ -1,4 +1,4 @@
-//! Signing in: LOGIN with a password, or AUTHENTICATE XOAUTH2 / OAUTHBEARER with a token of
+//! Connecting to an account and signing in: LOGIN with a password, or AUTHENTICATE XOAUTH2 / OAUTHBEARER with a token of
 //! the account's `[oauth.NAME]`. A token the server refuses is dropped and the exchange tried
 //! once more with a fresh one (revoked, or its permissions changed); a second refusal is the
 //! account's failure. When the server answers with an error challenge, the client sends the
@@ -9,11 +9,14 @@ use std::sync::Arc;
 
 use async_imap::Client;
 use async_imap::error::Error as ImapProtoError;
+use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::rustls;
+use worker_core::TlsMode;
 use worker_mail_auth::{AccessToken, AuthMethod, TokenSource, sasl};
 
 use crate::ImapAccount;
-use crate::imap::{ImapError, Io, Session, Stage};
+use crate::imap::{ImapError, Io, Session, Stage, greeting, handshake};
 
 /// How an account signs in, as the poller runs it.
 #[derive(Debug, Clone)]
@@ -30,6 +33,56 @@ pub enum Login {
 pub(crate) struct SignedIn {
     pub session: Session,
     pub token_expires: Option<Instant>,
+}
+
+/// How the poller reaches one account: its TLS client (its own CA file, if any) and how it
+/// signs in.
+#[derive(Debug, Clone)]
+pub struct Access {
+    pub tls: Arc<rustls::ClientConfig>,
+    pub login: Login,
+}
+
+/// Connects, secures the connection as the account says, reads the greeting and signs in.
+/// The caller bounds the whole of it by the connect timeout.
+pub(crate) async fn connect(account: &ImapAccount, access: &Access) -> Result<SignedIn, ImapError> {
+    let tls = &access.tls;
+    let tcp = TcpStream::connect((account.host.as_str(), account.port))
+        .await
+        .map_err(|source| ImapError::Io {
+            stage: Stage::Connect,
+            source,
+        })?;
+    // Latency matters more than throughput for a command-response protocol.
+    let _ = tcp.set_nodelay(true);
+    let client = match account.security {
+        TlsMode::Plain => {
+            let mut client = async_imap::Client::new(Box::new(tcp) as Box<dyn Io>);
+            greeting(&mut client).await?;
+            client
+        }
+        TlsMode::Tls => {
+            let stream = handshake(tcp, account, tls).await?;
+            let mut client = async_imap::Client::new(Box::new(stream) as Box<dyn Io>);
+            greeting(&mut client).await?;
+            client
+        }
+        TlsMode::Starttls => {
+            let mut plain = async_imap::Client::new(tcp);
+            greeting(&mut plain).await?;
+            plain
+                .run_command_and_check_ok("STARTTLS", None)
+                .await
+                .map_err(|source| ImapError::Imap {
+                    stage: Stage::Starttls,
+                    source,
+                })?;
+            let stream = handshake(plain.into_inner(), account, tls).await?;
+            // No second greeting after STARTTLS (RFC 3501 6.2.1).
+            async_imap::Client::new(Box::new(stream) as Box<dyn Io>)
+        }
+    };
+    sign_in(client, account, &access.login).await
 }
 
 pub(crate) async fn sign_in(

@@ -43,8 +43,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use worker_core::{Backoff, Failure, SingletonLease};
 
-use crate::auth::SignedIn;
-use crate::imap::{self, Access, ImapError, Session, Stage, classify_imap, timed};
+use crate::auth::{self, Access, SignedIn};
+use crate::imap::{ImapError, Session, Stage, classify_imap, timed};
 use crate::stats::PollerStats;
 use crate::{ImapAccount, PollerConfig};
 
@@ -394,7 +394,7 @@ impl Idler {
                 stage: Stage::Connect,
                 detail: format!("no TLS client for account `{}`", account.name),
             })?;
-        let mut signed_in = match tokio::time::timeout(limit, imap::connect(account, access)).await
+        let mut signed_in = match tokio::time::timeout(limit, auth::connect(account, access)).await
         {
             Err(_) => {
                 return Err(ImapError::Timeout {

@@ -19,10 +19,9 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-use worker_core::{Failure, TlsMode};
+use worker_core::Failure;
 
 use crate::ImapAccount;
-use crate::auth::{Login, SignedIn};
 use worker_mail_auth::TokenError;
 
 /// The byte stream under a session: TCP, or TLS over TCP.
@@ -247,57 +246,7 @@ pub fn tls_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, S
     Ok(Arc::new(config))
 }
 
-/// How the poller reaches one account: its TLS client (its own CA file, if any) and how it
-/// signs in.
-#[derive(Debug, Clone)]
-pub struct Access {
-    pub tls: Arc<rustls::ClientConfig>,
-    pub login: Login,
-}
-
-/// Connects, secures the connection as the account says, reads the greeting and signs in.
-/// The caller bounds the whole of it by the connect timeout.
-pub(crate) async fn connect(account: &ImapAccount, access: &Access) -> Result<SignedIn, ImapError> {
-    let tls = &access.tls;
-    let tcp = TcpStream::connect((account.host.as_str(), account.port))
-        .await
-        .map_err(|source| ImapError::Io {
-            stage: Stage::Connect,
-            source,
-        })?;
-    // Latency matters more than throughput for a command-response protocol.
-    let _ = tcp.set_nodelay(true);
-    let client = match account.security {
-        TlsMode::Plain => {
-            let mut client = async_imap::Client::new(Box::new(tcp) as Box<dyn Io>);
-            greeting(&mut client).await?;
-            client
-        }
-        TlsMode::Tls => {
-            let stream = handshake(tcp, account, tls).await?;
-            let mut client = async_imap::Client::new(Box::new(stream) as Box<dyn Io>);
-            greeting(&mut client).await?;
-            client
-        }
-        TlsMode::Starttls => {
-            let mut plain = async_imap::Client::new(tcp);
-            greeting(&mut plain).await?;
-            plain
-                .run_command_and_check_ok("STARTTLS", None)
-                .await
-                .map_err(|source| ImapError::Imap {
-                    stage: Stage::Starttls,
-                    source,
-                })?;
-            let stream = handshake(plain.into_inner(), account, tls).await?;
-            // No second greeting after STARTTLS (RFC 3501 6.2.1).
-            async_imap::Client::new(Box::new(stream) as Box<dyn Io>)
-        }
-    };
-    crate::auth::sign_in(client, account, &access.login).await
-}
-
-async fn handshake(
+pub(crate) async fn handshake(
     tcp: TcpStream,
     account: &ImapAccount,
     tls: &Arc<rustls::ClientConfig>,
@@ -317,7 +266,7 @@ async fn handshake(
 }
 
 /// Reads the server's greeting: `OK` (or `PREAUTH`) goes on, `BYE` is a refusal.
-async fn greeting<T: AsyncRead + AsyncWrite + Unpin + Send + fmt::Debug>(
+pub(crate) async fn greeting<T: AsyncRead + AsyncWrite + Unpin + Send + fmt::Debug>(
     client: &mut async_imap::Client<T>,
 ) -> Result<(), ImapError> {
     let response = client

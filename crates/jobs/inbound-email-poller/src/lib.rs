@@ -139,11 +139,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 
-pub use auth::Login;
+pub use auth::{Access, Login};
 pub use config::{ConfigError, IDLE_REFRESH_MAX, ImapAccount, PollerConfig, validate_accounts};
 pub use idle::{IDLE_LEASE, IdleConfig, Idler, RecheckWith};
 pub use ids::{event_id, inbound_email_id};
-pub use imap::{Access, ImapError, Stage, classify_imap};
+pub use imap::{ImapError, Stage, classify_imap};
 pub use limits::{MailLimits, OverLimit};
 pub use parse::{ParsedEmail, parse_email};
 pub use report::{AccountReport, MessageCounts, PollReport};
@@ -343,7 +343,7 @@ impl InboundEmailPoller {
             ));
             return;
         };
-        let connected = match tokio::time::timeout(limit, imap::connect(account, access)).await {
+        let connected = match tokio::time::timeout(limit, auth::connect(account, access)).await {
             Err(_) => Err(ImapError::Timeout {
                 stage: Stage::Connect,
                 limit,
