@@ -15,6 +15,9 @@
 //!   own, optionally serving TLS with a certificate from a [`TestCa`], a certificate authority
 //!   of the test's own.
 //!
+//! - [`oauth`]: a client of the test's own at the token endpoint standing in for Microsoft's
+//!   and Google's, which the mail servers ask whether a token is good.
+//!
 //! And the helpers tests would otherwise copy: [`wait::eventually`] (poll a condition within
 //! a bound instead of sleeping) and [`amqp`] (a queue's depth, taking its messages, headers,
 //! confirmed publishing).
@@ -30,6 +33,7 @@ pub mod amqp;
 pub mod axe;
 mod browser;
 mod dovecot;
+pub mod oauth;
 mod pg_cluster;
 pub mod plan;
 mod proxy;

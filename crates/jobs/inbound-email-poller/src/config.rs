@@ -37,6 +37,15 @@ pub struct ImapAccount {
     pub auth: AuthMethod,
     #[serde(default)]
     pub oauth: Option<String>,
+    /// How often this account's IDLE session asks the server to look at the mailbox (`0s`:
+    /// never, the server's notifications only). Unset: the job's `idle_recheck`, else 150 ms
+    /// on this machine and none for a remote provider.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub idle_recheck: Option<Duration>,
     #[serde(default = "default_mailbox")]
     pub mailbox: String,
     /// Announce the mail already in the mailbox at the account's first poll. Off (the

@@ -61,8 +61,10 @@ pub struct IdleConfig {
     /// with `NOOP`: no IDLE is issued, and each `NOOP`'s answer shows the connection alive.
     pub refresh: Duration,
     /// How often the server is asked to look at the mailbox at once, for servers that hold
-    /// their notifications back; zero: never.
-    pub recheck: Duration,
+    /// their notifications back; zero: never. Unset: [`LOCAL_RECHECK`] for an account on this
+    /// machine, none for a remote one; an account's own `idle_recheck` comes first
+    /// ([`Self::recheck_for`]).
+    pub recheck: Option<Duration>,
     /// How the recheck asks.
     pub recheck_with: RecheckWith,
     /// How often a replica without the idle lease tries for it.
@@ -76,12 +78,42 @@ impl Default for IdleConfig {
         Self {
             enabled: true,
             refresh: Duration::from_secs(4 * 60),
-            recheck: Duration::from_millis(150),
+            recheck: None,
             recheck_with: RecheckWith::Noop,
             lease_retry: Duration::from_secs(5),
             reconnect_max: Duration::from_secs(60),
         }
     }
+}
+
+/// The recheck of an account on this machine that sets none: Dovecot holds its notices
+/// back by 500 ms, and a NOOP to a server on loopback costs no one's quota.
+pub const LOCAL_RECHECK: Duration = Duration::from_millis(150);
+
+impl IdleConfig {
+    /// How often `account`'s session asks the server to look: its own `idle_recheck`, else
+    /// the job's, else [`LOCAL_RECHECK`] on loopback and none for a remote provider, which
+    /// pushes its news in IDLE and throttles a client that asks every 150 ms (576,000 NOOPs a
+    /// day).
+    pub fn recheck_for(&self, account: &ImapAccount) -> Duration {
+        account.idle_recheck.or(self.recheck).unwrap_or_else(|| {
+            if is_loopback(&account.host) {
+                LOCAL_RECHECK
+            } else {
+                Duration::ZERO
+            }
+        })
+    }
+}
+
+/// `localhost` or a loopback address (a name that merely resolves there does not count).
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// How a recheck has the server look at the mailbox.
@@ -269,15 +301,20 @@ impl Idler {
         self.stats.set_idle(&account.name, "idling");
         let command = self.config.message_timeout;
         let idle = &self.config.idle;
-        if idle.recheck_with == RecheckWith::Noop && !idle.recheck.is_zero() {
+        let recheck = idle.recheck_for(account);
+        if idle.recheck_with == RecheckWith::Noop && !recheck.is_zero() {
+            let rechecks = Rechecks {
+                every: recheck,
+                renew_at,
+            };
             return self
-                .noop_rechecks(session, account, wake, cancel, backoff, renew_at)
+                .noop_rechecks(session, account, wake, cancel, backoff, rechecks)
                 .await;
         }
-        let each = if idle.recheck.is_zero() {
+        let each = if recheck.is_zero() {
             idle.refresh
         } else {
-            idle.recheck.min(idle.refresh)
+            recheck.min(idle.refresh)
         };
         loop {
             let mut handle = session.idle();
@@ -349,11 +386,11 @@ impl Idler {
         wake: &Arc<Notify>,
         cancel: &CancellationToken,
         backoff: &mut Backoff,
-        renew_at: Option<Instant>,
+        Rechecks { every, renew_at }: Rechecks,
     ) -> Ended {
         let command = self.config.message_timeout;
         // Ticks that a slow answer made late are not caught up in a burst.
-        let mut every = tokio::time::interval(self.config.idle.recheck);
+        let mut every = tokio::time::interval(every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -416,6 +453,12 @@ impl Idler {
     }
 }
 
+/// A NOOP-rechecking session's pace, and when its token is to be renewed.
+struct Rechecks {
+    every: Duration,
+    renew_at: Option<Instant>,
+}
+
 /// How long to wait for news before the next recheck: `each`, or less when the session's
 /// token is to be renewed sooner.
 fn until_renewal(each: Duration, renew_at: Option<Instant>) -> Duration {
@@ -451,4 +494,58 @@ fn news_between(session: &Session) -> bool {
         );
     }
     news
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account(host: &str, own: Option<Duration>) -> ImapAccount {
+        ImapAccount {
+            name: "a".into(),
+            host: host.into(),
+            port: 993,
+            security: worker_core::TlsMode::Tls,
+            username: "ops@example.com".into(),
+            password: None,
+            password_file: None,
+            auth: worker_mail_auth::AuthMethod::Xoauth2,
+            oauth: Some("m365".into()),
+            idle_recheck: own,
+            mailbox: "INBOX".into(),
+            backfill: false,
+            ca_file: None,
+            allow_plaintext: false,
+        }
+    }
+
+    #[test]
+    fn a_remote_provider_is_not_rechecked_and_this_machines_server_is() {
+        let idle = IdleConfig::default();
+        assert_eq!(
+            idle.recheck_for(&account("outlook.office365.com", None)),
+            Duration::ZERO
+        );
+        assert_eq!(idle.recheck_for(&account("127.0.0.1", None)), LOCAL_RECHECK);
+        assert_eq!(idle.recheck_for(&account("localhost", None)), LOCAL_RECHECK);
+        assert_eq!(idle.recheck_for(&account("[::1]", None)), LOCAL_RECHECK);
+    }
+
+    #[test]
+    fn an_accounts_own_recheck_comes_before_the_jobs() {
+        let idle = IdleConfig {
+            recheck: Some(Duration::from_secs(2)),
+            ..IdleConfig::default()
+        };
+        let own = Some(Duration::from_secs(30));
+        assert_eq!(
+            idle.recheck_for(&account("imap.gmail.com", own)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            idle.recheck_for(&account("imap.gmail.com", None)),
+            Duration::from_secs(2),
+            "a job-wide recheck set explicitly still applies to every account, as before"
+        );
+    }
 }

@@ -51,8 +51,10 @@ pub struct InboundEmailPollerSettings {
     pub idle_refresh: Duration,
     /// How often the server is asked to look at the mailbox at once: for servers that hold
     /// their news back (Dovecot, by 500 ms). `0s`: leave it to the server's notifications.
-    #[serde(with = "humantime_serde")]
-    pub idle_recheck: Duration,
+    /// Unset (the default): 150 ms for an account on this machine, none for a remote
+    /// provider; an account's own `idle_recheck` comes first.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub idle_recheck: Option<Duration>,
     /// How a recheck asks: `noop` (one command, on a session that stays out of IDLE) or
     /// `idle` (`DONE` and a new IDLE, two commands, with the server's notices in between).
     pub idle_recheck_with: crate::RecheckWith,
@@ -137,13 +139,15 @@ impl Section for InboundEmailPollerSettings {
         ] {
             problems.nonzero(key, value);
         }
-        if self.idle_recheck > self.idle_refresh {
+        if let Some(recheck) = self.idle_recheck
+            && recheck > self.idle_refresh
+        {
             problems.add(
                 "idle_recheck",
                 format!(
                     "expected at most idle_refresh ({}), found {}",
                     humantime::format_duration(self.idle_refresh),
-                    humantime::format_duration(self.idle_recheck)
+                    humantime::format_duration(recheck)
                 ),
             );
         }

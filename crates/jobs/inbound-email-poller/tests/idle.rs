@@ -24,7 +24,7 @@ fn quick(mut config: PollerConfig) -> PollerConfig {
     config.idle = IdleConfig {
         enabled: true,
         refresh: Duration::from_secs(1),
-        recheck: Duration::from_millis(100),
+        recheck: Some(Duration::from_millis(100)),
         recheck_with: RecheckWith::default(),
         lease_retry: Duration::from_millis(200),
         reconnect_max: Duration::from_secs(1),
@@ -109,7 +109,7 @@ async fn a_new_mail_wakes_the_poller_at_once() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
     let mailbox = user("idle-news");
     let mut config = quick(config(vec![account("news", &mailbox, "secret")]));
-    config.idle.recheck = Duration::ZERO;
+    config.idle.recheck = Some(Duration::ZERO);
     let poller = poller(&db.pool, config);
     let idling = Idling::start(poller.idler(), &db);
     assert_eq!(idle_state(&idling.idler, "news", "idling").await, "idling");

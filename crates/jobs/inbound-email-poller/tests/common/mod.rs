@@ -44,6 +44,7 @@ pub fn account(name: &str, user: &str, password: &str) -> ImapAccount {
         password_file: None,
         auth: worker_mail_auth::AuthMethod::Password,
         oauth: None,
+        idle_recheck: None,
         mailbox: "INBOX".into(),
         backfill: false,
         ca_file: None,
