@@ -79,6 +79,11 @@ pub enum Command {
         #[command(subcommand)]
         action: crate::commands::mail::MailAction,
     },
+    /// Check the sign-in of an IMAP account or of the SMTP server (OAuth2 or password).
+    MailAuth {
+        #[command(subcommand)]
+        action: crate::commands::mail_auth::MailAuthAction,
+    },
     /// Pause and resume jobs (timers and consumers) on every replica.
     Jobs {
         #[command(subcommand)]

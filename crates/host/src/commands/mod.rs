@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod health;
 pub mod jobs;
 pub mod mail;
+pub mod mail_auth;
 pub mod migrate;
 pub mod operators;
 pub mod outbox;
@@ -68,6 +69,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Dlq { action } => dlq::run(&settings, action).await,
             Command::Jobs { action } => jobs::run(&settings, action).await,
             Command::Mail { action } => mail::run(&settings, action).await,
+            Command::MailAuth { action } => mail_auth::run(&settings, action).await,
             Command::Operators { action } => operators::run(&settings, action).await,
             Command::Upgrade {
                 action: UpgradeAction::Check(args),

@@ -118,6 +118,7 @@ pub use config::{SmtpConfigError, SmtpSettings};
 pub use error::{SendError, classify, server_answer};
 pub use sender::EmailSender;
 pub use settings::{EmailSendSettings, runner_timeout};
+pub use smtp::try_sign_in;
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "email-send";

@@ -278,6 +278,28 @@ impl SmtpPool {
     }
 }
 
+/// Connects to the server of `[smtp]`, secures the connection and signs in, as
+/// `worker-host mail-auth test smtp` does: what the server offered, or why it failed
+/// (classified as the sender would).
+pub async fn try_sign_in(
+    smtp: &crate::SmtpSettings,
+    oauth: &worker_mail_auth::TokenSources,
+) -> Result<String, worker_core::Failure> {
+    let server = smtp
+        .server(oauth)
+        .map_err(|e| worker_core::Failure::permanent("smtp-config", e))?;
+    let how = match &server.login {
+        Login::None => "no sign-in".to_string(),
+        Login::Password(_) => "AUTH with a password".to_string(),
+        Login::Token { method, user, .. } => format!("AUTH {} as {user}", method.mechanism()),
+    };
+    let pool = SmtpPool::new(server, 1);
+    let mut connection = pool.connect().await.map_err(|e| crate::classify(&e))?;
+    let offered = connection.server_info().to_string();
+    connection.quit().await.ok();
+    Ok(format!("signed in with {how}; the server: {offered}"))
+}
+
 /// Whether a connect failed because the server's certificate did not verify: a rustls
 /// certificate error somewhere in the chain (lettre wraps it in an `io::Error`, whose own
 /// `source` skips the error it carries, so that one is looked into too).

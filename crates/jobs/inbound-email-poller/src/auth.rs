@@ -194,3 +194,50 @@ impl async_imap::Authenticator for &mut Exchange {
         String::new()
     }
 }
+
+/// Connects to `account`, signs in and examines its mailbox, as `worker-host mail-auth test`
+/// does: what the server said, or why it failed (classified as the poller would).
+pub async fn try_sign_in(
+    account: &ImapAccount,
+    oauth: &worker_mail_auth::TokenSources,
+    limit: std::time::Duration,
+) -> Result<String, worker_core::Failure> {
+    let config = crate::PollerConfig {
+        oauth: oauth.clone(),
+        ..crate::PollerConfig::default()
+    };
+    let failed = |err: &ImapError| crate::classify_imap(err);
+    let login = config
+        .login(0, account)
+        .map_err(|e| worker_core::Failure::permanent("imap-config", e))?;
+    let tls = crate::imap::tls_config(account.ca_file.as_deref())
+        .map_err(|e| worker_core::Failure::permanent("imap-config", e))?;
+    let access = Access { tls, login };
+    let signed_in = match tokio::time::timeout(limit, connect(account, &access)).await {
+        Err(_) => {
+            return Err(failed(&ImapError::Timeout {
+                stage: Stage::Connect,
+                limit,
+            }));
+        }
+        Ok(connected) => connected.map_err(|e| failed(&e))?,
+    };
+    let mut session = signed_in.session;
+    let mailbox = crate::imap::timed(Stage::Select, limit, session.examine(&account.mailbox))
+        .await
+        .map_err(|e| failed(&e))?;
+    let _ = crate::imap::timed(Stage::Logout, limit, session.logout()).await;
+    let how = match &access.login {
+        Login::Password => "LOGIN".to_string(),
+        Login::Token { method, .. } => format!("AUTHENTICATE {}", method.mechanism()),
+    };
+    Ok(format!(
+        "signed in as {} with {how}; {} holds {} messages (UIDVALIDITY {})",
+        account.username,
+        account.mailbox,
+        mailbox.exists,
+        mailbox
+            .uid_validity
+            .map_or("none".into(), |v| v.to_string())
+    ))
+}

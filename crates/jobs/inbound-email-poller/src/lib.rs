@@ -139,7 +139,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 
-pub use auth::{Access, Login};
+pub use auth::{Access, Login, try_sign_in};
 pub use config::{ConfigError, IDLE_REFRESH_MAX, ImapAccount, PollerConfig, validate_accounts};
 pub use idle::{IDLE_LEASE, IdleConfig, Idler, RecheckWith};
 pub use ids::{event_id, inbound_email_id};
