@@ -116,6 +116,8 @@ pub use retry::{
     AttemptObserver, NoObserver, Retry, RetryOutcome, RetryPolicy, TryOutcome, TryRecord, persist,
 };
 pub use secret::Secret;
-pub use settings::{PoolNeed, Problems, Section, SettingError, TimerSection, TlsMode};
+pub use settings::{
+    PoolNeed, Problems, Section, SettingError, TimerSection, TlsMode, certificate_advice,
+};
 pub use text::truncate;
 pub use timeout::{UnitError, run_unit};

@@ -164,9 +164,38 @@ impl TlsMode {
     }
 }
 
+/// What to do about a certificate a TLS client refused, when the refusal (its error chain,
+/// as text) is one an operator meets with servers set up by hand.
+pub fn certificate_advice(refusal: &str) -> Option<&'static str> {
+    if refusal.contains("CaUsedAsEndEntity") {
+        // `openssl req -x509` makes a CA certificate; rustls takes none as a server's.
+        return Some(
+            "the server presents a CA certificate (CA:TRUE, as `openssl req -x509` makes by default) as its own: issue the server a certificate with basicConstraints CA:FALSE signed by that CA, and give the CA as `ca_file`",
+        );
+    }
+    if refusal.contains("UnknownIssuer") {
+        return Some(
+            "no trusted CA signed the server's certificate: for a private CA, give its certificate as `ca_file`",
+        );
+    }
+    if refusal.contains("NotValidForName") {
+        return Some("the certificate does not name this host: connect by a name it holds");
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ca_certificate_used_by_a_server_gets_advice_naming_ca_false() {
+        let refusal = "invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))";
+        let advice = certificate_advice(refusal).unwrap_or_default();
+        assert!(advice.contains("CA:FALSE"), "{advice}");
+        assert!(advice.contains("ca_file"), "{advice}");
+        assert_eq!(certificate_advice("connection refused"), None);
+    }
 
     #[test]
     fn a_problem_is_named_from_the_section_that_holds_it() {

@@ -227,11 +227,13 @@ impl SmtpPool {
         };
         match tokio::time::timeout(server.connect_timeout, connect).await {
             Ok(Err(SendError::Smtp(err))) if is_certificate_error(&err) => {
+                let refusal = error_chain(&err);
+                let advice = worker_core::certificate_advice(&format!("{refusal} {err:?}"))
+                    .map(|advice| format!(": {advice}"))
+                    .unwrap_or_default();
                 Err(SendError::Certificate(format!(
-                    "the TLS handshake with {}:{} failed: {}",
-                    server.host,
-                    server.port,
-                    error_chain(&err)
+                    "the TLS handshake with {}:{} failed: {refusal}{advice}",
+                    server.host, server.port,
                 )))
             }
             Ok(result) => result,

@@ -132,7 +132,10 @@ impl ImapError {
 /// Permanent here means "for this account, until an operator changes something": the poller
 /// still goes on with the other accounts, and tries this one again at the next tick.
 pub fn classify_imap(err: &ImapError) -> Failure {
-    let detail = worker_core::error_chain(err);
+    let mut detail = worker_core::error_chain(err);
+    if let Some(advice) = worker_core::certificate_advice(&format!("{detail} {err:?}")) {
+        detail = format!("{detail}: {advice}");
+    }
     match err {
         ImapError::Timeout { .. } => Failure::transient(detail),
         ImapError::Token(err) if err.is_permanent() => {

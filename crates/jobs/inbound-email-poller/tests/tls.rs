@@ -10,7 +10,7 @@ mod common;
 use job_inbound_email_poller::ImapAccount;
 use worker_core::FailureClass;
 use worker_core::TlsMode;
-use worker_testkit::{Dovecot, TestCa, TestDb};
+use worker_testkit::{Dovecot, ServerCert, TestCa, TestDb};
 
 use common::{account, append, config, poll, poller, raw_mail, user};
 
@@ -85,5 +85,50 @@ async fn a_server_the_given_ca_does_not_vouch_for_is_refused_naming_the_server()
         );
         assert!(detail.contains("UnknownIssuer"), "{name}: {detail}");
     }
+    Ok(())
+}
+
+/// What `openssl req -x509` makes: a self-signed certificate marked CA:TRUE, which rustls
+/// refuses as a server's own (`CaUsedAsEndEntity`) even when it is given as the CA.
+fn self_signed_ca_true(dir: &std::path::Path) -> anyhow::Result<ServerCert> {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "openssl req -x509 failed");
+    Ok(ServerCert { cert, key })
+}
+
+#[tokio::test]
+async fn a_server_presenting_a_ca_certificate_is_refused_with_advice_to_issue_a_ca_false_one()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cert = self_signed_ca_true(dir.path())?;
+    let server = Dovecot::start_with_tls(&cert).await?;
+    let imaps = server.imaps_port.expect("an IMAPS port");
+    let db = TestDb::create().await?;
+    let u = user("poll-tls-ca-true");
+    let account = ImapAccount {
+        host: "localhost".into(),
+        port: imaps,
+        security: TlsMode::Tls,
+        ca_file: Some(cert.cert.clone()),
+        ..account("tls", &u, "secret")
+    };
+    let report = poll(&poller(&db.pool, config(vec![account]))).await;
+    let (_, failure) = report.failed().next().expect("refused");
+    assert_eq!(failure.reason(), "imap-tls", "{failure}");
+    let detail = failure.detail();
+    assert!(detail.contains("CA:FALSE"), "{detail}");
+    assert!(detail.contains("ca_file"), "{detail}");
     Ok(())
 }
