@@ -223,9 +223,13 @@ pub async fn try_sign_in(
         Ok(connected) => connected.map_err(|e| failed(&e))?,
     };
     let mut session = signed_in.session;
-    let mailbox = crate::imap::timed(Stage::Select, limit, session.examine(&account.mailbox))
-        .await
-        .map_err(|e| failed(&e))?;
+    let mailbox = crate::imap::timed(
+        Stage::Select,
+        limit,
+        session.examine(crate::mailbox_name::encode(&account.mailbox)),
+    )
+    .await
+    .map_err(|e| failed(&e))?;
     let _ = crate::imap::timed(Stage::Logout, limit, session.logout()).await;
     let how = match &access.login {
         Login::Password => "LOGIN".to_string(),

@@ -448,7 +448,12 @@ impl Idler {
             let _ = timed(Stage::Logout, command, session.logout()).await;
             return Ok(None);
         }
-        timed(Stage::Select, command, session.examine(&account.mailbox)).await?;
+        timed(
+            Stage::Select,
+            command,
+            session.examine(crate::mailbox_name::encode(&account.mailbox)),
+        )
+        .await?;
         Ok(Some(signed_in))
     }
 }

@@ -118,6 +118,7 @@ pub mod ids;
 pub mod imap;
 pub mod limits;
 mod mailbox;
+pub mod mailbox_name;
 mod message;
 pub mod parse;
 mod record;

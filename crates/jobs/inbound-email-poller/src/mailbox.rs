@@ -41,7 +41,13 @@ impl InboundEmailPoller {
         report: &mut AccountReport,
     ) -> bool {
         let limit = self.config.message_timeout;
-        let mailbox = match timed(Stage::Select, limit, session.select(&account.mailbox)).await {
+        let mailbox = match timed(
+            Stage::Select,
+            limit,
+            session.select(crate::mailbox_name::encode(&account.mailbox)),
+        )
+        .await
+        {
             Ok(mailbox) => mailbox,
             Err(err) => {
                 report.failure = Some(classify_imap(&err));
