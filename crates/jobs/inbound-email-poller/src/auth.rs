@@ -91,6 +91,17 @@ pub(crate) async fn sign_in(
     login: &Login,
 ) -> Result<SignedIn, ImapError> {
     let (method, source) = match login {
+        // LOGIN's quoted strings are 7-bit (RFC 3501); SASL PLAIN carries UTF-8 (RFC 4616).
+        Login::Password if !account.password().is_ascii() => {
+            let first = format!("\0{}\0{}", account.username, account.password());
+            let session = sasl_exchange(client, "PLAIN", first)
+                .await
+                .map_err(|(err, _client)| err)?;
+            return Ok(SignedIn {
+                session,
+                token_expires: None,
+            });
+        }
         Login::Password => {
             let session = client
                 .login(&account.username, account.password())
@@ -148,11 +159,21 @@ async fn authenticate(
         token.expose(),
     )
     .unwrap_or_default();
+    sasl_exchange(client, method.mechanism(), first).await
+}
+
+/// AUTHENTICATE `mechanism` with `first` as the client's message; a refusal carries the
+/// server's challenge, if it sent one.
+async fn sasl_exchange(
+    client: Client<Box<dyn Io>>,
+    mechanism: &str,
+    first: String,
+) -> Result<Session, (ImapError, Client<Box<dyn Io>>)> {
     let mut exchange = Exchange {
         first: Some(first),
         challenge: None,
     };
-    match client.authenticate(method.mechanism(), &mut exchange).await {
+    match client.authenticate(mechanism, &mut exchange).await {
         Ok(session) => Ok(session),
         Err((source, client)) => {
             let source = match (source, exchange.challenge) {
