@@ -248,3 +248,71 @@ fn the_compose_files_cluster_host_settings_pass_the_check() {
         "the effective settings list the nodes in order: {stdout}"
     );
 }
+
+const M365: &str = "[oauth.m365]\nprovider = \"microsoft\"\ntenant = \"contoso.onmicrosoft.com\"\nflow = \"client_credentials\"\nclient_id = \"app-1\"\nclient_secret = \"oauth-secret-5d1e\"\n";
+
+const M365_SMTP: &str = "[smtp]\nhost = \"smtp.office365.com\"\nport = 587\nsecurity = \"starttls\"\nusername = \"support@contoso.com\"\nauth = \"xoauth2\"\noauth = \"m365\"\n";
+
+#[test]
+fn oauth_sections_and_their_references_are_checked_naming_the_key() {
+    let cases: &[(&str, String, &str)] = &[
+        (
+            "an account naming no section",
+            format!(
+                "{SECRETS}{M365}[[imap.accounts]]\nname = \"a\"\nusername = \"support@contoso.com\"\nauth = \"xoauth2\"\noauth = \"nope\"\n"
+            ),
+            "imap.accounts[0].oauth",
+        ),
+        (
+            "a token sign-in without a source",
+            format!(
+                "{SECRETS}[[imap.accounts]]\nname = \"a\"\nusername = \"u\"\nauth = \"xoauth2\"\n"
+            ),
+            "imap.accounts[0].oauth",
+        ),
+        (
+            "microsoft without a tenant",
+            format!(
+                "{SECRETS}{}",
+                M365.replace("tenant = \"contoso.onmicrosoft.com\"\n", "")
+            ),
+            "oauth.m365.tenant",
+        ),
+        (
+            "a token url in plain http to another host",
+            format!(
+                "{SECRETS}[oauth.x]\nflow = \"client_credentials\"\ntoken_url = \"http://idp.example.com/token\"\nscope = \"s\"\nclient_id = \"c\"\nclient_secret = \"s\"\n"
+            ),
+            "oauth.x.token_url",
+        ),
+        (
+            "an unknown flow",
+            format!(
+                "{SECRETS}{}",
+                M365.replace("client_credentials", "implicit")
+            ),
+            "oauth.m365.flow",
+        ),
+        (
+            "smtp naming no section",
+            format!("{SECRETS}{}", M365_SMTP.replace("\"m365\"", "\"other\"")),
+            "smtp.oauth",
+        ),
+    ];
+    for (what, text, key) in cases {
+        let (code, _out, err) = config_check(text);
+        assert_eq!(code, 64, "{what}: {err}");
+        assert!(err.contains(key), "{what}: expected `{key}` in: {err}");
+    }
+}
+
+#[test]
+fn a_microsoft_smtp_account_is_said_to_keep_three_connections_and_no_secret_is_printed() {
+    let (code, out, err) = config_check(&format!("{SECRETS}{M365}{M365_SMTP}"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("smtp.pool_size = 4 is capped at 3"),
+        "the note on Microsoft's limit: {out}"
+    );
+    assert!(!out.contains("oauth-secret-5d1e"), "{out}");
+}

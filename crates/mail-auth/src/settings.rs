@@ -173,6 +173,8 @@ impl Section for OAuthSettings {
         problems.nonzero("timeout", self.timeout);
         self.check_provider(&mut problems);
         match self.resolved_token_url() {
+            // A provider without what it needs (the tenant) is said above.
+            None if self.provider.is_some() => {}
             None => problems.add(
                 "token_url",
                 "missing: give it, or a provider (`microsoft` with a `tenant`, or `google`)",
