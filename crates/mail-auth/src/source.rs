@@ -31,6 +31,7 @@ const DEFAULT_LIFETIME: Duration = Duration::from_secs(3600);
 pub struct AccessToken {
     secret: Secret,
     expires_at: Instant,
+    renew_at: Instant,
     /// Which issue of the source it is: a login refused with it drops only this one.
     serial: u64,
 }
@@ -52,6 +53,12 @@ impl AccessToken {
 
     pub fn expires_at(&self) -> Instant {
         self.expires_at
+    }
+
+    /// When the source replaces it: a session that must not outlive it signs in again then,
+    /// and gets the new one without a request of its own.
+    pub fn renew_at(&self) -> Instant {
+        self.renew_at
     }
 
     /// How many characters it has (what a log may say of it).
@@ -227,14 +234,16 @@ impl TokenSource {
         match answer {
             Ok(issued) => {
                 let lifetime = issued.lifetime.unwrap_or(DEFAULT_LIFETIME);
+                let renew_at = now + lifetime.saturating_sub(self.margin.min(lifetime / 3));
                 let token = AccessToken {
                     secret: issued.token,
                     expires_at: now + lifetime,
+                    renew_at,
                     serial: self.serial.fetch_add(1, Ordering::Relaxed) + 1,
                 };
                 state.token = Some(Cached {
                     token: token.clone(),
-                    renew_at: now + lifetime.saturating_sub(self.margin.min(lifetime / 3)),
+                    renew_at,
                 });
                 state.failed = None;
                 tracing::debug!(source = %self.name, lifetime = ?lifetime, chars = token.len(), "oauth: new token");

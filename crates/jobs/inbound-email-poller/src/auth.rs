@@ -28,11 +28,11 @@ pub enum Login {
     },
 }
 
-/// A session, and when the token it signed in with expires (servers such as Microsoft's end
-/// the session then).
+/// A session, and when to sign in again: servers such as Microsoft's end a session when its
+/// token expires, so a long one (IDLE) signs in again when the source renews the token.
 pub(crate) struct SignedIn {
     pub session: Session,
-    pub token_expires: Option<Instant>,
+    pub renew_at: Option<Instant>,
 }
 
 /// How the poller reaches one account: its TLS client (its own CA file, if any) and how it
@@ -99,7 +99,7 @@ pub(crate) async fn sign_in(
                 .map_err(|(err, _client)| err)?;
             return Ok(SignedIn {
                 session,
-                token_expires: None,
+                renew_at: None,
             });
         }
         Login::Password => {
@@ -112,7 +112,7 @@ pub(crate) async fn sign_in(
                 })?;
             return Ok(SignedIn {
                 session,
-                token_expires: None,
+                renew_at: None,
             });
         }
         Login::Token { method, source } => (*method, source),
@@ -121,7 +121,7 @@ pub(crate) async fn sign_in(
     match authenticate(client, method, account, &token).await {
         Ok(session) => Ok(SignedIn {
             session,
-            token_expires: Some(token.expires_at()),
+            renew_at: Some(token.renew_at()),
         }),
         Err((
             ImapError::Imap {
@@ -138,7 +138,7 @@ pub(crate) async fn sign_in(
                 .map_err(|(err, _client)| err)?;
             Ok(SignedIn {
                 session,
-                token_expires: Some(fresh.expires_at()),
+                renew_at: Some(fresh.renew_at()),
             })
         }
         Err((err, _client)) => Err(err),

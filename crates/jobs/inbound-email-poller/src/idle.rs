@@ -133,11 +133,6 @@ pub enum RecheckWith {
 /// The first wait before a reconnect; doubles up to [`IdleConfig::reconnect_max`].
 const RECONNECT_FIRST: Duration = Duration::from_secs(1);
 
-/// A session signed in with a token is renewed this long before the token expires: Microsoft
-/// ends it then (`* BYE ... AccessTokenExpired`). A token source hands out tokens with at
-/// least a third of their lifetime left, so a session lives a while still.
-const TOKEN_SLACK: Duration = Duration::from_secs(10);
-
 /// Why one account's IDLE session ended.
 #[derive(Debug)]
 enum Ended {
@@ -286,13 +281,10 @@ impl Idler {
             () = cancel.cancelled() => return Ended::Cancelled,
             connected = self.open(account) => connected,
         };
+        // Microsoft ends a session when its token expires (`* BYE ... AccessTokenExpired`):
+        // this one signs in again when the source renews the token, a margin before that.
         let (mut session, renew_at) = match connected {
-            Ok(Some(signed_in)) => (
-                signed_in.session,
-                signed_in
-                    .token_expires
-                    .map(|expires| expires.checked_sub(TOKEN_SLACK).unwrap_or(expires)),
-            ),
+            Ok(Some(signed_in)) => (signed_in.session, signed_in.renew_at),
             Ok(None) => return Ended::Unsupported,
             Err(err) => return Ended::Failed(err),
         };
