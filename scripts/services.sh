@@ -206,6 +206,10 @@ install_missing() {
     if ! port_open "$IMAP_PORT"; then
         { command -v dovecot >/dev/null && [ -x /usr/lib/dovecot/imap ]; } || pkgs+=(dovecot-imapd)
     fi
+    # The shared Dovecot's passdb for tokens (XOAUTH2, OAUTHBEARER) is Lua.
+    if [ ! -e /usr/lib/dovecot/modules/auth/libauthdb_lua.so ]; then
+        pkgs+=(dovecot-auth-lua)
+    fi
     if ! port_open "$SMTP_PORT"; then
         smtp_python >/dev/null || pkgs+=(python3-aiosmtpd)
     fi
@@ -753,7 +757,7 @@ state_dir = $DOVECOT_DIR/state
 log_path = $DOVECOT_LOG
 ssl = no
 disable_plaintext_auth = no
-auth_mechanisms = plain login
+auth_mechanisms = plain login xoauth2 oauthbearer
 # "Alice" and "alice@localhost" both log in as alice, whose mail is in mail/alice/Maildir.
 auth_username_format = %Ln
 first_valid_uid = 1
@@ -766,15 +770,24 @@ service anvil {
     mode = 0
   }
 }
+# Tokens (XOAUTH2, OAUTHBEARER): the test kit's token endpoint says whether one is good for
+# the mailbox, asked from a Lua passdb (scripts/oauth_check.lua; scripts/services/oauth.sh).
+passdb {
+  driver = lua
+  mechanisms = xoauth2 oauthbearer
+  args = file=$DIR/oauth/oauth_check.lua blocking=yes
+}
 # Known accounts with their own passwords.
 passdb {
   driver = passwd-file
+  mechanisms = plain login
   args = scheme=PLAIN username_format=%u $DOVECOT_DIR/users
 }
 # Any other user name (any local part the SMTP sink delivered to) logs in with "secret";
 # the known accounts are filtered out so that e.g. demo/secret still fails.
 passdb {
   driver = static
+  mechanisms = plain login
   args = password=secret
   username_filter = !alice !bob !demo !ops *
 }
