@@ -11,11 +11,14 @@ Token requests (RFC 6749, form-encoded, the client authenticated in the body or 
   200 {"access_token", "token_type": "Bearer", "expires_in"}; errors as RFC 6749 §5.2:
   401 invalid_client, 400 invalid_grant | unauthorized_client | unsupported_grant_type | invalid_scope.
 
-For the mail servers (Dovecot's checkpassword hook, scripts/oauth_check.py):
-  POST /check {"token", "user"}  200 when the token is active (not expired, not revoked) and
-               acts for user (a local part, or local@domain), or is app-only and user is one of
-               its client's mailboxes; else 403 with the reason.
-  POST /introspect token=T       RFC 7662: {"active", "username", "client_id", "exp", "scope"}
+For the mail servers:
+  POST /introspect token=T       RFC 7662, as Dovecot's passdb oauth2 asks (introspection_mode
+               post): {"active", "username", "client_id", "exp", "scope", "wh_mailboxes"}, the
+               last a regular expression of the mailboxes the token may open: the user it acts
+               for, or its client's mailboxes for an app-only token. Dovecot sends the token
+               alone, so it matches the login user against that itself (scripts/services.sh).
+  POST /check {"token", "user"}  200 when the token is good for that mailbox, else 403 with why
+               (for a client that knows the user, and for people trying things by hand).
 
 For the tests:
   POST /admin/clients {"client_id", "client_secret", "public_key", "mailboxes", "lifetime",
@@ -170,6 +173,19 @@ class Failing(Exception):
         self.status, self.retry_after = status, retry_after
 
 
+def mailbox_pattern(entry):
+    """The mailboxes a token may open, as the POSIX regular expression Dovecot's passdb
+    matches the login user against (`pass_attrs` in scripts/services.sh): the user a token acts
+    for, or an app-only token's client's mailboxes."""
+    if entry["user"] is not None:
+        names = [entry["user"]]
+    else:
+        names = [local_part(m) for m in clients.get(entry["client_id"], {}).get("mailboxes", ["*"])]
+    if "*" in names:
+        return "^.*$"
+    return "^(%s)$" % "|".join("".join("\\" + c if c in ".[]{}()\\*+?^$|" else c for c in n) for n in names)
+
+
 def token_status(token, user):
     """None when `token` is good for `user`, else why not."""
     entry = tokens.get(token)
@@ -275,12 +291,14 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             entry = tokens.get(token)
             if entry is None:
-                return self.answer(200, {"active": False})
+                return self.answer(200, {"active": False, "username": ""})
             count(entry["client_id"], "introspections")
             if entry["revoked"] or time.time() >= entry["expires"]:
-                return self.answer(200, {"active": False})
-            return self.answer(200, {"active": True, "client_id": entry["client_id"], "username": entry["user"],
-                                     "exp": int(entry["expires"]), "scope": entry["scope"]})
+                return self.answer(200, {"active": False, "username": entry["user"] or entry["client_id"]})
+            return self.answer(200, {"active": True, "client_id": entry["client_id"],
+                                     "username": entry["user"] or entry["client_id"],
+                                     "exp": int(entry["expires"]), "scope": entry["scope"],
+                                     "wh_mailboxes": mailbox_pattern(entry)})
 
     def admin(self, what, request):
         with lock:

@@ -1,8 +1,7 @@
 # shellcheck shell=bash
 # Sourced by scripts/services.sh: the token endpoint standing in for Microsoft's and Google's
-# (scripts/oauth_endpoint.py) on 127.0.0.1:10180, state in memory, and the Lua passdb through
-# which Dovecot asks it whether a token is good for a mailbox (scripts/oauth_check.lua and .py,
-# copied to <services dir>/oauth, where the shared Dovecot's passdb names them).
+# (scripts/oauth_endpoint.py) on 127.0.0.1:10180, state in memory. The shared Dovecot's oauth2
+# passdb (scripts/services.sh) and the one behind Postfix ask it to introspect each token.
 
 OAUTH_PORT=10180
 OAUTH_DIR=$DIR/oauth
@@ -27,18 +26,8 @@ oauth_ready() {
     port_open "$OAUTH_PORT"
 }
 
-# The hook must be in place before Dovecot takes a token, and stay where its config names it.
-oauth_hook() {
-    private_dir "$OAUTH_DIR"
-    chmod 755 "$OAUTH_DIR"
-    install -m 0755 "$SCRIPT_DIR/oauth_check.py" "$OAUTH_DIR/oauth_check.py"
-    sed "s|@CHECKER@|$OAUTH_DIR/oauth_check.py|" "$SCRIPT_DIR/oauth_check.lua" >"$OAUTH_DIR/oauth_check.lua.new"
-    chmod 644 "$OAUTH_DIR/oauth_check.lua.new"
-    mv -f "$OAUTH_DIR/oauth_check.lua.new" "$OAUTH_DIR/oauth_check.lua"
-}
-
 oauth_up() {
-    oauth_hook
+    private_dir "$OAUTH_DIR"
     if port_open "$OAUTH_PORT"; then
         say "token endpoint $(ours oauth && echo 'already running (started by us)' || echo reused) on $HOST:$OAUTH_PORT"
         return 0
