@@ -137,14 +137,19 @@ async fn exchange(
     }
 }
 
-/// A negative answer to AUTH is the server refusing the token; anything else (the
-/// connection broke) is not.
+/// A 535 (or 534) to AUTH is the server refusing the token: worth one try with a fresh one.
+/// Any other answer (a 454 or a 421: the server's trouble) and a broken connection are
+/// classified as any SMTP failure is.
 fn refusal(err: lettre::transport::smtp::Error, challenge: Option<String>) -> Refused {
+    let refused = err
+        .status()
+        .is_some_and(|code| matches!(u16::from(code), 534 | 535));
     match server_answer(&err) {
-        Some(answer) => Refused::Token(match challenge {
+        Some(answer) if refused => Refused::Token(match challenge {
             Some(challenge) => format!("{answer} (the server's challenge: {challenge})"),
             None => answer,
         }),
+        Some(_) => Refused::Other(SendError::Smtp(err)),
         None => Refused::Other(SendError::Connection(format!(
             "the connection failed during AUTH: {}",
             error_chain(&err)
