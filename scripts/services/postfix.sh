@@ -244,7 +244,7 @@ postfix_down() {
 postfix_status() {
     local rc=0
     status_line postfix "$HOST:$POSTFIX_STARTTLS_PORT, :$POSTFIX_TLS_PORT" port_open "$POSTFIX_STARTTLS_PORT" || rc=1
-    status_line submission "$HOST:$MTA_SUBMISSION_PORT" port_open "$MTA_SUBMISSION_PORT" || rc=1
+    status_line dovecot-mta "$HOST:$MTA_SUBMISSION_PORT (submission)" port_open "$MTA_SUBMISSION_PORT" || rc=1
     return $rc
 }
 
