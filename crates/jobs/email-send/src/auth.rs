@@ -16,6 +16,7 @@ use std::sync::Arc;
 use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
 use lettre::transport::smtp::client::AsyncSmtpConnection;
 use lettre::transport::smtp::response::Response;
+use tokio::time::Instant;
 use worker_core::error_chain;
 use worker_mail_auth::{AccessToken, AuthMethod, TokenSource, sasl};
 
@@ -43,17 +44,19 @@ pub(crate) struct Peer<'a> {
     pub port: u16,
 }
 
+/// Signs in on a new connection; with a token, says when the source renews it (the
+/// connection is not used after that).
 pub(crate) async fn sign_in(
     connection: &mut AsyncSmtpConnection,
     login: &Login,
     peer: Peer<'_>,
-) -> Result<(), SendError> {
+) -> Result<Option<Instant>, SendError> {
     match login {
-        Login::None => Ok(()),
+        Login::None => Ok(None),
         Login::Password(credentials) => connection
             .auth(DEFAULT_MECHANISMS, credentials)
             .await
-            .map(drop)
+            .map(|_| None)
             .map_err(SendError::Smtp),
         Login::Token {
             method,
@@ -62,15 +65,17 @@ pub(crate) async fn sign_in(
         } => {
             let token = source.token().await.map_err(SendError::Token)?;
             match exchange(connection, *method, user, &peer, &token).await {
+                Ok(()) => Ok(Some(token.renew_at())),
                 Err(Refused::Token(first)) => {
                     tracing::info!(source = %source.name(), refusal = %first, "the SMTP server refused the token: trying once with a fresh one");
                     source.invalidate(&token);
                     let fresh = source.token().await.map_err(SendError::Token)?;
                     exchange(connection, *method, user, &peer, &fresh)
                         .await
+                        .map(|()| Some(fresh.renew_at()))
                         .map_err(Refused::into_error)
                 }
-                other => other.map_err(Refused::into_error),
+                Err(other) => Err(other.into_error()),
             }
         }
     }

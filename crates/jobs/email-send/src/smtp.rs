@@ -51,6 +51,8 @@ pub(crate) struct Server {
 struct Idle {
     connection: AsyncSmtpConnection,
     since: Instant,
+    /// When the token it signed in with is renewed: it is not used after that.
+    renew_at: Option<tokio::time::Instant>,
 }
 
 /// At most `pool_size` connections, each used by one send at a time.
@@ -103,7 +105,7 @@ impl SmtpPool {
             .acquire()
             .await
             .map_err(|_| SendError::Connection("the SMTP pool is closed".into()))?;
-        let mut connection = self.checkout().await?;
+        let (mut connection, renew_at) = self.checkout().await?;
 
         let envelope = message.envelope();
         let body = message.formatted();
@@ -155,7 +157,7 @@ impl SmtpPool {
         }));
         match connection.message_iter(parts).await {
             Ok(response) => {
-                self.give_back(connection);
+                self.give_back(connection, renew_at);
                 Ok(response)
             }
             // The server's own answer: it took the mail or refused it, either way known.
@@ -169,30 +171,39 @@ impl SmtpPool {
     }
 
     /// An idle connection that still answers a NOOP, or a new one.
-    async fn checkout(&self) -> Result<AsyncSmtpConnection, SendError> {
+    async fn checkout(
+        &self,
+    ) -> Result<(AsyncSmtpConnection, Option<tokio::time::Instant>), SendError> {
         loop {
             let idle = self.idle.lock().map(|mut idle| idle.pop()).ok().flatten();
             let Some(Idle {
                 mut connection,
                 since,
+                renew_at,
             }) = idle
             else {
                 return self.connect().await;
             };
-            if since.elapsed() > IDLE_MAX {
+            // A session outliving its token may be ended by the server (Microsoft does so
+            // for IMAP): one signed in with a token is used until the token is renewed.
+            let renewed = renew_at.is_some_and(|at| tokio::time::Instant::now() >= at);
+            if since.elapsed() > IDLE_MAX || renewed {
                 continue;
             }
             let alive =
                 tokio::time::timeout(self.server.connect_timeout, connection.test_connected())
                     .await;
             if matches!(alive, Ok(true)) {
-                return Ok(connection);
+                return Ok((connection, renew_at));
             }
         }
     }
 
     /// Connects, greets, protects and logs in, all within the connect timeout.
-    async fn connect(&self) -> Result<AsyncSmtpConnection, SendError> {
+    /// A new connection, and when the token it signed in with is renewed (if it used one).
+    async fn connect(
+        &self,
+    ) -> Result<(AsyncSmtpConnection, Option<tokio::time::Instant>), SendError> {
         let server = &self.server;
         let connect = async {
             let mut connection = match &server.security {
@@ -222,8 +233,8 @@ impl SmtpPool {
                 host: &server.host,
                 port: server.port,
             };
-            crate::auth::sign_in(&mut connection, &server.login, peer).await?;
-            Ok::<_, SendError>(connection)
+            let renew_at = crate::auth::sign_in(&mut connection, &server.login, peer).await?;
+            Ok::<_, SendError>((connection, renew_at))
         };
         match tokio::time::timeout(server.connect_timeout, connect).await {
             Ok(Err(SendError::Smtp(err))) if is_certificate_error(&err) => {
@@ -270,11 +281,12 @@ impl SmtpPool {
     }
 
     /// Back to the idle list: only after a whole transaction ended with its answer read.
-    fn give_back(&self, connection: AsyncSmtpConnection) {
+    fn give_back(&self, connection: AsyncSmtpConnection, renew_at: Option<tokio::time::Instant>) {
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(Idle {
                 connection,
                 since: Instant::now(),
+                renew_at,
             });
         }
     }
@@ -296,7 +308,7 @@ pub async fn try_sign_in(
         Login::Token { method, user, .. } => format!("AUTH {} as {user}", method.mechanism()),
     };
     let pool = SmtpPool::new(server, 1);
-    let mut connection = pool.connect().await.map_err(|e| crate::classify(&e))?;
+    let (mut connection, _) = pool.connect().await.map_err(|e| crate::classify(&e))?;
     let offered = connection.server_info().to_string();
     connection.quit().await.ok();
     Ok(format!("signed in with {how}; the server: {offered}"))
