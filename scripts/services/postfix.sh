@@ -8,8 +8,9 @@
 #                own Cyrus SASL has no XOAUTH2); relays what an authenticated client sends to
 #                the sink; refuses a recipient whose local part starts with fail5xx (550 5.1.1)
 #                or fail4xx (450 4.2.0) itself, at RCPT.
-#   Dovecot      127.0.0.1:10588  Dovecot's submission service, plain (loopback), relaying to
-#   (mta)                         the sink; its auth service on 127.0.0.1:10125 serves Postfix.
+#   Dovecot      127.0.0.1:10588  Dovecot's submission service, STARTTLS offered (not required:
+#   (mta)        127.0.0.1:10466  loopback), and TLS from the first byte, relaying to the sink;
+#                                 its auth service on 127.0.0.1:10125 serves Postfix.
 #                A second instance (instance_name wh-mta), so that the shared IMAP Dovecot,
 #                which the test kit copies for private servers, keeps its listeners alone.
 #                Same passdbs as the shared one: tokens through the token endpoint, the
@@ -26,6 +27,7 @@ MTA_DIR=$DIR/dovecot-mta
 MTA_CONF=$MTA_DIR/dovecot.conf
 MTA_LOG=$MTA_DIR/dovecot.log
 MTA_SUBMISSION_PORT=10588
+MTA_SUBMISSIONS_PORT=10466
 MTA_AUTH_PORT=10125
 EXTRAS+=(postfix)
 
@@ -59,7 +61,10 @@ instance_name = wh-mta
 base_dir = $MTA_DIR/run
 state_dir = $MTA_DIR/state
 log_path = $MTA_LOG
-ssl = no
+# STARTTLS offered on 10588 (not required: loopback), TLS from the first byte on 10466.
+ssl = yes
+ssl_cert = <$MAIL_TLS_DIR/server.pem
+ssl_key = <$MAIL_TLS_DIR/server.key
 disable_plaintext_auth = no
 hostname = localhost
 auth_mechanisms = plain login xoauth2 oauthbearer
@@ -91,6 +96,11 @@ service submission-login {
   inet_listener submission {
     address = $HOST
     port = $MTA_SUBMISSION_PORT
+  }
+  inet_listener submissions {
+    address = $HOST
+    port = $MTA_SUBMISSIONS_PORT
+    ssl = yes
   }
 }
 EOF
@@ -217,7 +227,7 @@ postfix_up() {
         # would answer its next AUTH with 454 "Connection lost to authentication server".
         if ours postfix && [ "$CONFIG_CHANGED" = 1 ] || [ "$MTA_RELOADED" = 1 ]; then
             as_root postfix -c "$POSTFIX_CONF" reload >>"$POSTFIX_LOG" 2>&1 || die "postfix: reload failed; log: $POSTFIX_LOG"
-            say "postfix: configuration changed, reloaded"
+            say "postfix: its configuration or its SASL service changed, reloaded"
         fi
         say "postfix $(ours postfix && echo 'already running (started by us)' || echo reused) on $HOST:$POSTFIX_STARTTLS_PORT and :$POSTFIX_TLS_PORT"
         return 0
@@ -250,6 +260,7 @@ postfix_status() {
 
 postfix_env() {
     echo "export WH_TEST_SUBMISSION=$HOST:$MTA_SUBMISSION_PORT"
+    echo "export WH_TEST_SUBMISSION_TLS=$HOST:$MTA_SUBMISSIONS_PORT"
     echo "export WH_TEST_POSTFIX_STARTTLS=$HOST:$POSTFIX_STARTTLS_PORT"
     echo "export WH_TEST_POSTFIX_TLS=$HOST:$POSTFIX_TLS_PORT"
 }

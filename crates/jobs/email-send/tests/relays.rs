@@ -51,6 +51,22 @@ const DOVECOT_SUBMISSION: (&str, &str, &str, TlsMode) = (
     "127.0.0.1:10588",
     TlsMode::Plain,
 );
+const DOVECOT_STARTTLS: (&str, &str, &str, TlsMode) = (
+    "dovecot submission starttls",
+    "WH_TEST_SUBMISSION",
+    "127.0.0.1:10588",
+    TlsMode::Starttls,
+);
+const DOVECOT_TLS: (&str, &str, &str, TlsMode) = (
+    "dovecot submission tls",
+    "WH_TEST_SUBMISSION_TLS",
+    "127.0.0.1:10466",
+    TlsMode::Tls,
+);
+
+/// Every path runs against both relays, STARTTLS and TLS from the first byte.
+const SECURED: [(&str, &str, &str, TlsMode); 4] =
+    [POSTFIX_STARTTLS, POSTFIX_TLS, DOVECOT_STARTTLS, DOVECOT_TLS];
 
 fn relay(
     (_, var, default, security): (&str, &str, &str, TlsMode),
@@ -131,28 +147,24 @@ async fn send_through(
 }
 
 #[tokio::test]
-async fn xoauth2_with_a_long_token_goes_through_postfix_with_starttls_and_with_tls()
+async fn xoauth2_with_a_long_token_goes_through_both_relays_with_starttls_and_with_tls()
 -> anyhow::Result<()> {
-    let client = OAuthClient::register("relay-postfix", &ClientSpec::default()).await?;
+    let client = OAuthClient::register("relay-xoauth2", &ClientSpec::default()).await?;
     let oauth = sources(&client);
     let db = TestDb::create().await?;
-    for relay_of in [POSTFIX_STARTTLS, POSTFIX_TLS] {
+    for relay_of in SECURED {
         let settings = relay(relay_of, AuthMethod::Xoauth2);
         send_through(&db, &settings, &oauth, relay_of.0).await?;
     }
-    assert_eq!(
-        client.stats().await?.token_requests,
-        1,
-        "one token for both"
-    );
+    assert_eq!(client.stats().await?.token_requests, 1, "one token for all");
     Ok(())
 }
 
 #[tokio::test]
-async fn plain_with_a_password_goes_through_postfix_with_starttls_and_with_tls()
+async fn plain_with_a_password_goes_through_both_relays_with_starttls_and_with_tls()
 -> anyhow::Result<()> {
     let db = TestDb::create().await?;
-    for relay_of in [POSTFIX_STARTTLS, POSTFIX_TLS] {
+    for relay_of in SECURED {
         let settings = SmtpSettings {
             username: Some("alice".into()),
             password: Some(Secret::new("secret")),
@@ -177,22 +189,29 @@ async fn a_long_token_goes_through_dovecots_submission_with_xoauth2_and_oauthbea
 }
 
 #[tokio::test]
-async fn a_recipient_postfix_refuses_fails_the_mail_permanently_with_its_answer()
+async fn a_refused_recipient_fails_the_mail_permanently_with_the_relays_answer()
 -> anyhow::Result<()> {
     let client = OAuthClient::register("relay-refused", &ClientSpec::default()).await?;
     let oauth = sources(&client);
     let db = TestDb::create().await?;
-    let sender = EmailSender::signing_in_with(
-        db.pool.clone(),
-        &relay(POSTFIX_STARTTLS, AuthMethod::Xoauth2),
-        "wh-sender@localhost",
-        Duration::from_secs(20),
-        &oauth,
-    )?;
-    let id = queue(&db.pool, &format!("{}@localhost", unique("fail5xx")), "no").await;
-    let failure = sender.handle(&ctx(), &command(id)).await.unwrap_err();
-    assert!(failure.is_permanent(), "{failure}");
-    assert!(failure.detail().contains("550"), "{failure}");
+    // Postfix refuses it itself; Dovecot's submission passes on the sink's refusal.
+    for relay_of in [POSTFIX_STARTTLS, DOVECOT_STARTTLS] {
+        let sender = EmailSender::signing_in_with(
+            db.pool.clone(),
+            &relay(relay_of, AuthMethod::Xoauth2),
+            "wh-sender@localhost",
+            Duration::from_secs(20),
+            &oauth,
+        )?;
+        let id = queue(&db.pool, &format!("{}@localhost", unique("fail5xx")), "no").await;
+        let failure = sender.handle(&ctx(), &command(id)).await.unwrap_err();
+        assert!(failure.is_permanent(), "{}: {failure}", relay_of.0);
+        assert!(
+            failure.detail().contains("550"),
+            "{}: {failure}",
+            relay_of.0
+        );
+    }
     Ok(())
 }
 
