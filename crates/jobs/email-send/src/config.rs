@@ -249,6 +249,41 @@ mod tests {
     }
 
     #[test]
+    fn microsofts_preset_keeps_at_most_three_connections() {
+        use std::collections::BTreeMap;
+        use worker_mail_auth::{Flow, OAuthSettings, Provider};
+        let m365 = OAuthSettings {
+            provider: Some(Provider::Microsoft),
+            tenant: Some("contoso.onmicrosoft.com".into()),
+            flow: Some(Flow::ClientCredentials),
+            client_id: Some("app".into()),
+            client_secret: Some(Secret::new("s")),
+            ..OAuthSettings::default()
+        };
+        let sources = TokenSources::build(&BTreeMap::from([("m365".to_string(), m365)]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let smtp = SmtpSettings {
+            username: Some("support@contoso.com".into()),
+            auth: AuthMethod::Xoauth2,
+            oauth: Some("m365".into()),
+            pool_size: 8,
+            ..SmtpSettings::default()
+        };
+        assert_eq!(smtp.connections_with(&sources).ok(), Some(3));
+        let small = SmtpSettings {
+            pool_size: 2,
+            ..smtp.clone()
+        };
+        assert_eq!(small.connections_with(&sources).ok(), Some(2));
+        let password = SmtpSettings {
+            auth: AuthMethod::Password,
+            oauth: None,
+            ..smtp
+        };
+        assert_eq!(password.connections_with(&sources).ok(), Some(8));
+    }
+
+    #[test]
     fn a_pool_of_none_is_refused() {
         let none = SmtpSettings {
             pool_size: 0,
