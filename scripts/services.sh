@@ -760,6 +760,33 @@ passdb {
 EOF
 }
 
+# How the shared Dovecot and the one behind Postfix (scripts/services/postfix.sh) sign users
+# in and where their mail is.
+dovecot_logins() {
+    local mu
+    mu=$(mail_user)
+    cat <<EOF
+auth_mechanisms = plain login xoauth2 oauthbearer
+# "Alice" and "alice@localhost" both log in as alice, whose mail is in mail/alice/Maildir.
+auth_username_format = %Ln
+first_valid_uid = 1
+mail_location = maildir:$DIR/mail/%u/Maildir
+# Tests try wrong passwords on purpose: answer failures at once (0.5 s tick) and switch off
+# the per-IP auth penalty, which would otherwise slow later logins from 127.0.0.1 up to 15 s.
+auth_failure_delay = 0
+service anvil {
+  unix_listener anvil-auth-penalty {
+    mode = 0
+  }
+}
+$(dovecot_passdbs)
+userdb {
+  driver = static
+  args = uid=$mu gid=$(id -gn "$mu") home=$DIR/mail/%u
+}
+EOF
+}
+
 dovecot_config() {
     local mu
     mu=$(mail_user)
@@ -797,24 +824,7 @@ state_dir = $DOVECOT_DIR/state
 log_path = $DOVECOT_LOG
 ssl = no
 disable_plaintext_auth = no
-auth_mechanisms = plain login xoauth2 oauthbearer
-# "Alice" and "alice@localhost" both log in as alice, whose mail is in mail/alice/Maildir.
-auth_username_format = %Ln
-first_valid_uid = 1
-mail_location = maildir:$DIR/mail/%u/Maildir
-# Tests try wrong passwords on purpose: answer failures at once (0.5 s tick) and switch off
-# the per-IP auth penalty, which would otherwise slow later logins from 127.0.0.1 up to 15 s.
-auth_failure_delay = 0
-service anvil {
-  unix_listener anvil-auth-penalty {
-    mode = 0
-  }
-}
-$(dovecot_passdbs)
-userdb {
-  driver = static
-  args = uid=$mu gid=$(id -gn "$mu") home=$DIR/mail/%u
-}
+$(dovecot_logins)
 service auth {
   user = root
 }

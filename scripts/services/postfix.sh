@@ -48,8 +48,6 @@ postfix_preseed() {
 }
 
 mta_config() {
-    local mu
-    mu=$(mail_user)
     private_dir "$MTA_DIR"
     no_link "$MTA_DIR/run" "$MTA_DIR/state"
     mkdir -p "$MTA_DIR/run" "$MTA_DIR/state"
@@ -67,23 +65,9 @@ ssl_cert = <$MAIL_TLS_DIR/server.pem
 ssl_key = <$MAIL_TLS_DIR/server.key
 disable_plaintext_auth = no
 hostname = localhost
-auth_mechanisms = plain login xoauth2 oauthbearer
-auth_username_format = %Ln
-auth_failure_delay = 0
-first_valid_uid = 1
-mail_location = maildir:$DIR/mail/%u/Maildir
 submission_relay_host = $HOST
 submission_relay_port = $SMTP_PORT
-service anvil {
-  unix_listener anvil-auth-penalty {
-    mode = 0
-  }
-}
-$(dovecot_passdbs)
-userdb {
-  driver = static
-  args = uid=$mu gid=$(id -gn "$mu") home=$DIR/mail/%u
-}
+$(dovecot_logins)
 service auth {
   user = root
   # Postfix's SASL (smtpd_sasl_type = dovecot) over TCP.

@@ -8,15 +8,6 @@ use std::process::Command;
 
 use worker_testkit::oauth::{ClientSpec, OAuthClient};
 
-fn mail_ca() -> String {
-    std::env::var("WH_TEST_MAIL_CA").unwrap_or_else(|_| {
-        worker_testkit::services_dir()
-            .join("tls/ca.pem")
-            .display()
-            .to_string()
-    })
-}
-
 fn settings(client: &OAuthClient, secret: &str, mailbox: &str) -> String {
     let smtp =
         std::env::var("WH_TEST_POSTFIX_STARTTLS").unwrap_or_else(|_| "127.0.0.1:10587".into());
@@ -47,7 +38,7 @@ scope = "https://outlook.office365.com/.default"
 client_id = {id:?}
 client_secret = {secret:?}
 "#,
-        ca = mail_ca(),
+        ca = worker_testkit::mail_ca(),
         url = client.token_url(),
         id = client.client_id,
     )

@@ -37,15 +37,6 @@ fn postfix_starttls() -> (String, u16) {
     (host.to_string(), port.parse().expect("a port"))
 }
 
-fn mail_ca() -> String {
-    std::env::var("WH_TEST_MAIL_CA").unwrap_or_else(|_| {
-        worker_testkit::services_dir()
-            .join("tls/ca.pem")
-            .display()
-            .to_string()
-    })
-}
-
 /// The settings of a host whose IMAP account and SMTP server both sign in with XOAUTH2.
 fn oauth_settings(account: &str, imap: &OAuthClient, smtp: &OAuthClient) -> String {
     let (smtp_host, smtp_port) = postfix_starttls();
@@ -80,7 +71,7 @@ schedule = "every 10s"
 {imap_source}
 {smtp_source}
 "#,
-        ca = mail_ca(),
+        ca = worker_testkit::mail_ca(),
         imap_source = source("imap", imap),
         smtp_source = source("smtp", smtp),
     )

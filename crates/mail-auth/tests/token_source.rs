@@ -12,14 +12,7 @@ use worker_mail_auth::{Flow, OAuthSettings, TokenError, TokenSource};
 use worker_testkit::oauth::{ClientSpec, OAuthClient, service_account_key, unique_client_id};
 
 fn app_only(client: &OAuthClient) -> OAuthSettings {
-    OAuthSettings {
-        flow: Some(Flow::ClientCredentials),
-        token_url: Some(client.token_url()),
-        scope: Some("https://outlook.office365.com/.default".into()),
-        client_id: Some(client.client_id.clone()),
-        client_secret: Some(Secret::new(client.client_secret.clone())),
-        ..OAuthSettings::default()
-    }
+    client.app_only()
 }
 
 #[tokio::test]

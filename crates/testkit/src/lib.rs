@@ -84,6 +84,15 @@ pub fn smtp_addr() -> String {
     std::env::var("WH_TEST_SMTP").unwrap_or_else(|_| "127.0.0.1:2525".into())
 }
 
+/// The test CA that signs the mail servers' certificate (Postfix, Dovecot's submission, the
+/// second IMAP server), as a client's `ca_file`.
+pub fn mail_ca() -> std::path::PathBuf {
+    match std::env::var("WH_TEST_MAIL_CA") {
+        Ok(path) => path.into(),
+        Err(_) => services_dir().join("tls/ca.pem"),
+    }
+}
+
 /// The folder the local services keep their data in (mail folders, SMTP failure switches).
 pub fn services_dir() -> std::path::PathBuf {
     match std::env::var("WH_SERVICES_DIR") {

@@ -139,6 +139,25 @@ impl OAuthClient {
         Ok(response.json().await?)
     }
 
+    /// A `[oauth.NAME]` of this client, app-only (client credentials), as a test host's
+    /// settings would give it.
+    pub fn app_only(&self) -> worker_mail_auth::OAuthSettings {
+        worker_mail_auth::OAuthSettings {
+            flow: Some(worker_mail_auth::Flow::ClientCredentials),
+            token_url: Some(self.token_url()),
+            scope: Some("https://outlook.office365.com/.default".into()),
+            client_id: Some(self.client_id.clone()),
+            client_secret: Some(worker_core::Secret::new(self.client_secret.clone())),
+            ..worker_mail_auth::OAuthSettings::default()
+        }
+    }
+
+    /// The token sources of a mail connection that names `name`: this client, app-only.
+    pub fn sources(&self, name: &str) -> anyhow::Result<worker_mail_auth::TokenSources> {
+        let settings = std::collections::BTreeMap::from([(name.to_string(), self.app_only())]);
+        Ok(worker_mail_auth::TokenSources::build(&settings)?)
+    }
+
     /// A token of this client straight from the endpoint (client credentials), for tests that
     /// talk to a server by hand.
     pub async fn client_credentials_token(&self) -> anyhow::Result<String> {

@@ -9,12 +9,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use job_email_send::{EmailSender, SmtpSettings};
 use worker_core::{ConsumerJob, Secret, TlsMode};
-use worker_mail_auth::{AuthMethod, Flow, OAuthSettings, TokenSources};
+use worker_mail_auth::{AuthMethod, TokenSources};
 use worker_testkit::TestDb;
 use worker_testkit::oauth::{ClientSpec, OAuthClient};
 
@@ -24,12 +23,6 @@ fn addr(var: &str, default: &str) -> (String, u16) {
     let addr = std::env::var(var).unwrap_or_else(|_| default.into());
     let (host, port) = addr.rsplit_once(':').expect("host:port");
     (host.to_string(), port.parse().expect("a port"))
-}
-
-fn mail_ca() -> std::path::PathBuf {
-    std::env::var("WH_TEST_MAIL_CA")
-        .map(Into::into)
-        .unwrap_or_else(|_| worker_testkit::services_dir().join("tls/ca.pem"))
 }
 
 /// The relays: (name, address variable, default, security).
@@ -78,7 +71,7 @@ fn relay(
         host: "localhost".into(),
         port,
         security,
-        ca_file: (security != TlsMode::Plain).then(mail_ca),
+        ca_file: (security != TlsMode::Plain).then(worker_testkit::mail_ca),
         username: Some("wh-sender@localhost".into()),
         auth,
         oauth: auth.uses_token().then(|| "relay".to_string()),
@@ -89,15 +82,7 @@ fn relay(
 }
 
 fn sources(client: &OAuthClient) -> TokenSources {
-    let settings = OAuthSettings {
-        flow: Some(Flow::ClientCredentials),
-        token_url: Some(client.token_url()),
-        scope: Some("https://outlook.office365.com/.default".into()),
-        client_id: Some(client.client_id.clone()),
-        client_secret: Some(Secret::new(client.client_secret.clone())),
-        ..OAuthSettings::default()
-    };
-    TokenSources::build(&BTreeMap::from([("relay".to_string(), settings)])).unwrap()
+    client.sources("relay").unwrap()
 }
 
 /// How many mails the sink delivered to `local`'s Maildir.

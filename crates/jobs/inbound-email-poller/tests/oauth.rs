@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,22 +16,13 @@ use common::*;
 use job_inbound_email_poller::{IdleConfig, ImapAccount, RecheckWith};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use worker_core::Secret;
-use worker_mail_auth::{AuthMethod, Flow, OAuthSettings, TokenSources};
+use worker_mail_auth::{AuthMethod, TokenSources};
 use worker_store::AdvisoryLease;
 use worker_testkit::TestDb;
 use worker_testkit::oauth::{ClientSpec, OAuthClient};
 
 fn sources(client: &OAuthClient) -> TokenSources {
-    let settings = OAuthSettings {
-        flow: Some(Flow::ClientCredentials),
-        token_url: Some(client.token_url()),
-        scope: Some("https://outlook.office365.com/.default".into()),
-        client_id: Some(client.client_id.clone()),
-        client_secret: Some(Secret::new(client.client_secret.clone())),
-        ..OAuthSettings::default()
-    };
-    TokenSources::build(&BTreeMap::from([("m365".to_string(), settings)])).unwrap()
+    client.sources("m365").unwrap()
 }
 
 fn signed_with(name: &str, user: &str, auth: AuthMethod) -> ImapAccount {
