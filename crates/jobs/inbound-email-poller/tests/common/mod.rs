@@ -98,7 +98,12 @@ pub async fn send(user: &str, from: &str, subject: &str, body: &str) -> anyhow::
 }
 
 async fn session(user: &str) -> anyhow::Result<async_imap::Session<TcpStream>> {
-    let stream = TcpStream::connect(worker_testkit::imap_addr()).await?;
+    session_at(&worker_testkit::imap_addr(), user).await
+}
+
+/// A plain-IMAP session as `user` (password `secret`) on the server at `addr`.
+async fn session_at(addr: &str, user: &str) -> anyhow::Result<async_imap::Session<TcpStream>> {
+    let stream = TcpStream::connect(addr).await?;
     let mut client = async_imap::Client::new(stream);
     let _greeting = client.read_response().await?;
     Ok(client.login(user, "secret").await.map_err(|(e, _)| e)?)
@@ -106,13 +111,12 @@ async fn session(user: &str) -> anyhow::Result<async_imap::Session<TcpStream>> {
 
 /// Appends raw bytes to a mailbox of `user` (the way to plant a malformed or huge mail).
 pub async fn append(user: &str, mailbox: &str, raw: &[u8]) -> anyhow::Result<()> {
-    tokio::time::timeout(BOUND, async {
-        let mut s = session(user).await?;
-        s.append(mailbox, None, None, raw).await?;
-        s.logout().await?;
-        anyhow::Ok(())
-    })
-    .await?
+    append_at(&worker_testkit::imap_addr(), user, mailbox, raw).await
+}
+
+/// [`append`] on the IMAP server at `addr` (another server than the local Dovecot).
+pub async fn append_at(addr: &str, user: &str, mailbox: &str, raw: &[u8]) -> anyhow::Result<()> {
+    append_dated_at(addr, user, mailbox, raw, None).await
 }
 
 /// Appends the two odd mails a poll must get past: bytes with no header at all, then a
@@ -136,10 +140,21 @@ pub async fn append_garbage_and_big(user: &str) -> anyhow::Result<()> {
 /// Appends raw bytes to a mailbox of `user` with the INTERNALDATE `date`
 /// (`01-Jan-2020 10:00:00 +0000`): mail that arrived then.
 pub async fn append_dated(user: &str, mailbox: &str, raw: &[u8], date: &str) -> anyhow::Result<()> {
+    append_dated_at(&worker_testkit::imap_addr(), user, mailbox, raw, Some(date)).await
+}
+
+/// [`append_dated`] on the IMAP server at `addr`; no `date`: the server's time of arrival.
+pub async fn append_dated_at(
+    addr: &str,
+    user: &str,
+    mailbox: &str,
+    raw: &[u8],
+    date: Option<&str>,
+) -> anyhow::Result<()> {
     tokio::time::timeout(BOUND, async {
-        let mut s = session(user).await?;
-        s.append(mailbox, None, Some(&format!("\"{date}\"")), raw)
-            .await?;
+        let mut s = session_at(addr, user).await?;
+        let date = date.map(|d| format!("\"{d}\""));
+        s.append(mailbox, None, date.as_deref(), raw).await?;
         s.logout().await?;
         anyhow::Ok(())
     })
@@ -160,8 +175,13 @@ pub async fn move_all(user: &str, from: &str, to: &str) -> anyhow::Result<()> {
 
 /// Runs plain IMAP commands as `user` (CREATE, DELETE ...).
 pub async fn command(user: &str, command: &str) -> anyhow::Result<()> {
+    command_at(&worker_testkit::imap_addr(), user, command).await
+}
+
+/// [`command`] on the IMAP server at `addr` (e.g. as Cyrus's admin `cyrus`).
+pub async fn command_at(addr: &str, user: &str, command: &str) -> anyhow::Result<()> {
     tokio::time::timeout(BOUND, async {
-        let mut s = session(user).await?;
+        let mut s = session_at(addr, user).await?;
         s.run_command_and_check_ok(command).await?;
         s.logout().await?;
         anyhow::Ok(())
@@ -171,8 +191,13 @@ pub async fn command(user: &str, command: &str) -> anyhow::Result<()> {
 
 /// The mailbox's UIDVALIDITY and message count.
 pub async fn examine(user: &str, mailbox: &str) -> anyhow::Result<(u32, u32)> {
+    examine_at(&worker_testkit::imap_addr(), user, mailbox).await
+}
+
+/// [`examine`] on the IMAP server at `addr`.
+pub async fn examine_at(addr: &str, user: &str, mailbox: &str) -> anyhow::Result<(u32, u32)> {
     tokio::time::timeout(BOUND, async {
-        let mut s = session(user).await?;
+        let mut s = session_at(addr, user).await?;
         let m = s.examine(mailbox).await?;
         let uids: Vec<_> = s
             .uid_fetch("1:*", "UID")
