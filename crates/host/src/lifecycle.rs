@@ -69,6 +69,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
     ));
     let oauth = worker_mail_auth::TokenSources::build(&settings.oauth)
         .map_err(|e| Fatal::usage(e.to_string()))?;
+    crate::metrics::oauth::register(&observability.metrics.meter, &oauth);
     let jobs_context = JobsContext {
         settings: settings.clone(),
         oauth,

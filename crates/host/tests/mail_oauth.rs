@@ -152,6 +152,14 @@ async fn pings_are_answered_once_each_while_the_tokens_expire_on_both_sides() ->
             stats.token_requests
         );
         assert_eq!(stats.refused, 0, "{side}: no token was refused");
+        let metrics = host.metrics().await?;
+        let requests = metrics.sum("worker_oauth_token_requests_total", &[("source", side)]);
+        assert_eq!(
+            requests as u64, stats.token_requests,
+            "{side}: /metrics agrees"
+        );
+        let failing = metrics.sum("worker_oauth_token_failing", &[("source", side)]);
+        assert_eq!(failing, 0.0, "{side}: not failing");
     }
     host.stop_cleanly().await;
     Ok(())

@@ -277,6 +277,11 @@ impl TokenSource {
         }
     }
 
+    /// Whether the last token request failed (and no token is cached since).
+    pub fn failing(&self) -> bool {
+        self.lock().failed.is_some()
+    }
+
     /// Forgets a paused failure: an operator asked for a try now (`mail-auth test`).
     pub fn forget_failure(&self) {
         self.lock().failed = None;

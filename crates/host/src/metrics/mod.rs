@@ -7,6 +7,7 @@
 pub mod exposition;
 pub mod jobs;
 pub mod names;
+pub mod oauth;
 
 use std::time::Duration;
 

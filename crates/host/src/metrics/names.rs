@@ -109,5 +109,11 @@ pub const EMAIL_UNKNOWN_OUTCOMES: &str = "worker_email_unknown_outcomes_total";
 /// Gauge: the replicas that report to the shared database, by `state`: `live` (reported
 /// within `alerts.replica_silent_after`) or `silent` (stopped reporting without a clean stop).
 pub const REPLICAS: &str = "worker_replicas";
+/// Counter: token requests each `[oauth.NAME]` source made, by `source`: about one per
+/// renewal (a third of a token's lifetime before it expires), not one per poll or mail.
+pub const OAUTH_TOKEN_REQUESTS: &str = "worker_oauth_token_requests_total";
+/// Gauge: 1 while a token source's last request failed, by `source` (the error is in the log
+/// and in `worker-host mail-auth test`); its IMAP accounts and SMTP then wait.
+pub const OAUTH_TOKEN_FAILING: &str = "worker_oauth_token_failing";
 /// Gauge, always 1: this process's `version`, `revision`, `installation` and `replica`.
 pub const BUILD_INFO: &str = "worker_build_info";
