@@ -158,17 +158,11 @@ impl Endpoint<'_> {
                 refusal.error_description().cloned(),
             )),
             Err(RequestTokenError::Request(err)) => Err(self.http_error(err)),
-            Err(RequestTokenError::Parse(err, body)) => Err(TokenError::Settings {
+            // Not the body: an answer that failed to parse may still hold a token.
+            Err(RequestTokenError::Parse(err, _body)) => Err(TokenError::Settings {
                 source_name: self.source.to_string(),
                 code: "unreadable answer".into(),
-                description: Some(format!(
-                    "{} in {}",
-                    error_chain(&err),
-                    String::from_utf8_lossy(&body)
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                )),
+                description: Some(error_chain(&err)),
             }),
             Err(RequestTokenError::Other(detail)) => Err(TokenError::Settings {
                 source_name: self.source.to_string(),
