@@ -264,8 +264,7 @@ impl TokenSource {
     }
 
     /// Drops `token` if it is still the cached one: a server refused a login with it
-    /// (revoked, or its permissions changed), and the next [`Self::token`] asks anew. A
-    /// paused failure is forgotten too, so that the one retry after a refusal asks.
+    /// (revoked, or its permissions changed), and the next [`Self::token`] asks anew.
     pub fn invalidate(&self, token: &AccessToken) {
         let mut state = self.lock();
         if state
@@ -280,11 +279,6 @@ impl TokenSource {
     /// Whether the last token request failed (and no token is cached since).
     pub fn failing(&self) -> bool {
         self.lock().failed.is_some()
-    }
-
-    /// Forgets a paused failure: an operator asked for a try now (`mail-auth test`).
-    pub fn forget_failure(&self) {
-        self.lock().failed = None;
     }
 
     fn ready(&self) -> Option<Result<AccessToken, TokenError>> {

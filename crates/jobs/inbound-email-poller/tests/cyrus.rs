@@ -10,16 +10,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::idling::Idling;
 use common::*;
 use job_inbound_email_poller::{IdleConfig, ImapAccount, RecheckWith};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use worker_core::TlsMode;
-use worker_store::AdvisoryLease;
 use worker_testkit::TestDb;
 
 /// `host:port` of Cyrus's plain IMAP port (STARTTLS offered).
@@ -310,15 +306,9 @@ async fn idle_wakes_the_poller_when_mail_arrives() -> anyhow::Result<()> {
         reconnect_max: Duration::from_secs(1),
     };
     let poller = poller(&db.pool, config);
-    let idler = poller.idler();
-    let (wake, stop, tracker) = (
-        Arc::new(Notify::new()),
-        CancellationToken::new(),
-        TaskTracker::new(),
-    );
-    let lease = Arc::new(AdvisoryLease::new(db.pool.clone()));
-    tracker.spawn(idler.clone().run(lease, wake.clone(), stop.clone()));
-    let woken = |within| tokio::time::timeout(within, wake.notified());
+    let idling = Idling::start(poller.idler(), &db);
+    let idler = &idling.idler;
+    let woken = |within| tokio::time::timeout(within, idling.wake.notified());
 
     let deadline = Instant::now() + BOUND;
     let state = loop {
@@ -362,8 +352,6 @@ async fn idle_wakes_the_poller_when_mail_arrives() -> anyhow::Result<()> {
     assert!(news >= 1, "counted as news: {news}");
     assert_eq!(poll(&poller).await.totals().stored, 1);
 
-    stop.cancel();
-    tracker.close();
-    tokio::time::timeout(BOUND, tracker.wait()).await?;
+    tokio::time::timeout(BOUND, idling.end()).await?;
     Ok(())
 }

@@ -9,15 +9,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::idling::Idling;
 use common::*;
 use job_inbound_email_poller::{IdleConfig, ImapAccount, RecheckWith};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 use worker_mail_auth::{AuthMethod, TokenSources};
-use worker_store::AdvisoryLease;
 use worker_testkit::TestDb;
 use worker_testkit::oauth::{ClientSpec, OAuthClient};
 
@@ -133,9 +130,7 @@ async fn an_idle_session_signs_in_again_as_its_token_is_renewed_and_misses_no_ma
         ..IdleConfig::default()
     };
     let poller = poller(&db.pool, config);
-    let (wake, stop) = (Arc::new(Notify::new()), CancellationToken::new());
-    let lease = Arc::new(AdvisoryLease::new(db.pool.clone()));
-    let idling = tokio::spawn(poller.idler().run(lease, wake.clone(), stop.clone()));
+    let idling = Idling::start(poller.idler(), &db);
 
     let mut stored = 0;
     for i in 0..5 {
@@ -143,15 +138,14 @@ async fn an_idle_session_signs_in_again_as_its_token_is_renewed_and_misses_no_ma
         let subject = format!("across the renewals {i}");
         let id = format!("idle-oauth-{i}@test");
         append(&u, "INBOX", &raw_mail(&id, "a@example.com", &subject, "x")).await?;
-        tokio::time::timeout(Duration::from_secs(3), wake.notified())
+        tokio::time::timeout(Duration::from_secs(3), idling.wake.notified())
             .await
             .unwrap_or_else(|_| panic!("mail {i} woke no poll"));
         let report = poll(&poller).await;
         assert_eq!(report.failed().count(), 0, "{report:?}");
         stored += report.accounts[0].counts.stored;
     }
-    stop.cancel();
-    idling.await?;
+    idling.end().await;
     assert_eq!(stored, 5, "each mail stored once");
     assert_eq!(rows(&db.pool, "idle").await?.len(), 5);
     let requests = client.stats().await?.token_requests;

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 pub mod hostile;
+pub mod idling;
 pub mod statements;
 
 use std::time::Duration;
