@@ -119,5 +119,5 @@ pub use secret::Secret;
 pub use settings::{
     PoolNeed, Problems, Section, SettingError, TimerSection, TlsMode, certificate_advice,
 };
-pub use text::truncate;
+pub use text::{truncate, visible, visible_json};
 pub use timeout::{UnitError, run_unit};

@@ -1,11 +1,13 @@
 //! `worker-host dlq`: the dead-letter archive on the command line — list, show, replay and
-//! purge, as a readable table or as JSON.
+//! purge, as a readable table or as JSON. What a dead letter carries (its queue, error and
+//! body come from outside) is printed through [`visible`], never raw to the terminal.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use job_dead_letter_archive as archive;
+use worker_core::text::{visible, visible_json};
 
 use super::actor::{ActorArgs, actor};
 use crate::connections;
@@ -138,7 +140,7 @@ pub(crate) fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
 fn print_json(value: &impl serde::Serialize) {
     println!(
         "{}",
-        serde_json::to_string_pretty(value).unwrap_or_default()
+        visible_json(&serde_json::to_string_pretty(value).unwrap_or_default())
     );
 }
 
@@ -147,13 +149,15 @@ fn when(at: Option<DateTime<Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// `text` on one line of at most `chars` characters, each a terminal shows and never acts on.
 fn cut(text: &str, chars: usize) -> String {
     let line = text.replace(['\n', '\r'], " ");
-    if line.chars().count() <= chars {
+    let line = if line.chars().count() <= chars {
         line
     } else {
         format!("{}…", line.chars().take(chars).collect::<String>())
-    }
+    };
+    visible(&line).into_owned()
 }
 
 pub async fn run(settings: &Settings, action: DlqAction) -> Result<(), Fatal> {
@@ -183,7 +187,7 @@ async fn dispatch(
             for queue in queues {
                 println!(
                     "{}  dead {}  replayed {}  purged {}  oldest {}  newest {}",
-                    queue.queue,
+                    visible(&queue.queue),
                     queue.dead,
                     queue.replayed,
                     queue.purged,
@@ -194,7 +198,7 @@ async fn dispatch(
                     println!(
                         "    {:>6}  {}  {}",
                         fp.count,
-                        fp.fingerprint,
+                        visible(&fp.fingerprint),
                         cut(&fp.normalized, 100)
                     );
                 }
@@ -246,11 +250,11 @@ async fn dispatch(
                     row.id,
                     when(Some(row.died_at)),
                     cut(&row.queue, 20),
-                    row.reason,
+                    visible(&row.reason),
                     row.attempts
                         .map(|a| a.to_string())
                         .unwrap_or_else(|| "-".into()),
-                    row.fingerprint,
+                    visible(&row.fingerprint),
                     cut(row.error.as_deref().unwrap_or(""), 80)
                 );
                 println!("{:>7}  body: {}", "", cut(&row.body_preview, 120));
@@ -321,20 +325,20 @@ async fn dispatch(
                         item.id,
                         cut(&item.queue, 20),
                         if item.exchange.is_empty() {
-                            "(default)"
+                            "(default)".into()
                         } else {
-                            &item.exchange
+                            visible(&item.exchange)
                         },
-                        item.routing_key,
+                        visible(&item.routing_key),
                         item.outcome,
                         item.error
                             .as_deref()
-                            .map(|e| format!("  {e}"))
+                            .map(|e| format!("  {}", visible(e)))
                             .unwrap_or_default()
                     );
                 }
                 if let Some(why) = &report.stopped {
-                    println!("stopped early: {why}");
+                    println!("stopped early: {}", visible(why));
                 }
                 if let Some(more) = report.beyond_planned {
                     println!(

@@ -1,9 +1,12 @@
 //! `worker-host mail show|find`: a mail's story, and the mails a search finds with the end
-//! state of each (see [`crate::story`]).
+//! state of each (see [`crate::story`]). Every value that came with a mail (subject,
+//! addresses, a server's answer) is printed through [`visible`]: a mail cannot send escapes to
+//! the operator's terminal.
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use uuid::Uuid;
+use worker_core::text::{visible, visible_json};
 
 use super::dlq::parse_since;
 use crate::connections;
@@ -105,9 +108,9 @@ pub async fn run(settings: &Settings, action: MailAction) -> Result<(), Fatal> {
                         "{}  {}  {:<28}  {:<11}  {}",
                         mail.id,
                         mail.received_at.format("%Y-%m-%d %H:%M:%S"),
-                        mail.from.as_deref().unwrap_or("-"),
+                        visible(mail.from.as_deref().unwrap_or("-")),
                         mail.end.name(),
-                        mail.subject.as_deref().unwrap_or("")
+                        visible(mail.subject.as_deref().unwrap_or(""))
                     );
                 }
             }
@@ -119,7 +122,7 @@ pub async fn run(settings: &Settings, action: MailAction) -> Result<(), Fatal> {
 fn print_json(value: &impl serde::Serialize) {
     println!(
         "{}",
-        serde_json::to_string_pretty(value).unwrap_or_default()
+        visible_json(&serde_json::to_string_pretty(value).unwrap_or_default())
     );
 }
 
@@ -128,14 +131,14 @@ fn print_story(story: &Story) {
     println!(
         "Mail {} from {} to {}: \"{}\"",
         mail.id,
-        mail.from_address.as_deref().unwrap_or("(no sender)"),
-        mail.to_addresses.join(", "),
-        mail.subject.as_deref().unwrap_or("")
+        visible(mail.from_address.as_deref().unwrap_or("(no sender)")),
+        visible(&mail.to_addresses.join(", ")),
+        visible(mail.subject.as_deref().unwrap_or(""))
     );
     if let Some(message_id) = &mail.message_id {
-        println!("Message-ID <{message_id}>");
+        println!("Message-ID <{}>", visible(message_id));
     }
-    println!("\n{}\n", story.end.sentence());
+    println!("\n{}\n", visible(&story.end.sentence()));
     for step in &story.steps {
         let gap = step
             .gap_ms
@@ -144,12 +147,12 @@ fn print_story(story: &Story) {
         let trace = step
             .trace_id
             .as_deref()
-            .map(|t| format!("  [trace {t}]"))
+            .map(|t| format!("  [trace {}]", visible(t)))
             .unwrap_or_default();
         println!(
             "{}  {gap:>10}  {}{trace}",
             step.at.format("%Y-%m-%d %H:%M:%S%.3f"),
-            step.text
+            visible(&step.text)
         );
     }
     let unmatched: Vec<_> = story
@@ -174,10 +177,10 @@ fn print_story(story: &Story) {
             } else {
                 ""
             };
-            println!("  {}: {why}{changed}", v.automation);
+            println!("  {}: {}{changed}", visible(&v.automation), visible(&why));
         }
     }
     for note in &story.incomplete {
-        println!("\nNote: {note}");
+        println!("\nNote: {}", visible(note));
     }
 }
