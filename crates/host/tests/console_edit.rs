@@ -358,3 +358,93 @@ async fn an_edit_that_is_not_a_valid_mail_is_refused_naming_the_rule() -> anyhow
     world.host.stop_cleanly().await;
     Ok(())
 }
+
+/// The one-time key is bound to the mail it edits: the key of one mail's edit, posted again on
+/// another mail, edits that other mail (a copy of its own), and never answers `already-sent`
+/// with the first mail's copy, which would drop the second edit silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_on_another_mail_edits_that_mail_not_the_first() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let world = World::with_token(SHOW_LOG).await?;
+    world.dead_letters(2).await?;
+    let mails: Vec<String> = sqlx::query_scalar(
+        "SELECT id::text FROM outbound_emails WHERE status = 'failed' ORDER BY created_at LIMIT 2",
+    )
+    .fetch_all(&world.db.pool)
+    .await?;
+    assert_eq!(mails.len(), 2, "two failed mails");
+    let key = Uuid::new_v4().to_string();
+    let (first_to, second_to) = (fresh_address(), fresh_address());
+    let (status, first) = api_edit(&world, TOKEN, &mails[0], &key, &first_to).await?;
+    assert_eq!(
+        (status, first["outcome"].as_str()),
+        (200, Some("sent")),
+        "{first}"
+    );
+    let (status, second) = api_edit(&world, TOKEN, &mails[1], &key, &second_to).await?;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(
+        second["outcome"], "sent",
+        "the second mail's edit is done: {second}"
+    );
+    assert_eq!(second["original"], mails[1].as_str(), "{second}");
+    assert_ne!(second["copy"], first["copy"], "a copy of its own: {second}");
+    let superseded: Option<String> =
+        sqlx::query_scalar("SELECT superseded_by::text FROM outbound_emails WHERE id = $1::uuid")
+            .bind(&mails[1])
+            .fetch_one(&world.db.pool)
+            .await?;
+    assert_eq!(superseded.as_deref(), second["copy"].as_str());
+    assert_eq!(
+        wait_delivered(&world, &second_to, 1).await,
+        1,
+        "its copy is sent"
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
+}
+
+/// An edited copy is a mail to its recipients as any other: the reply limit counts it, and a
+/// search by the recipient of an answer (`/mail?to=`) finds the mail it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_copy_is_counted_by_the_reply_limit_and_found_by_recipient() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let world = World::with_token(SHOW_LOG).await?;
+    let failed = failed_mail(&world).await?;
+    let to = fresh_address();
+    let key = Uuid::new_v4().to_string();
+    let (status, edited) = api_edit(&world, TOKEN, &failed.mail, &key, &to).await?;
+    assert_eq!(
+        (status, edited["outcome"].as_str()),
+        (200, Some("sent")),
+        "{edited}"
+    );
+    let pool = &world.db.pool;
+    let (automation, event): (Uuid, Uuid) = sqlx::query_as(
+        "SELECT x.automation_id, x.event_id FROM outbound_emails e \
+         JOIN action_executions x ON x.id = e.action_execution_id WHERE e.id = $1::uuid",
+    )
+    .bind(&failed.mail)
+    .fetch_one(pool)
+    .await?;
+    let mut conn = pool.acquire().await?;
+    let counted = job_automation_action::reply_limit::sent_within(
+        &mut conn,
+        automation,
+        &to,
+        Duration::from_secs(3600),
+    )
+    .await?;
+    assert_eq!(counted, 1, "the reply limit counts the copy to {to}");
+    let found =
+        job_automation_action::story::events_answering(pool, &to.to_uppercase(), None, None, 10)
+            .await?;
+    assert_eq!(
+        found,
+        vec![event],
+        "the search by recipient finds the ping the copy answers"
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
+}

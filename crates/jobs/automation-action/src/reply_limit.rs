@@ -133,8 +133,9 @@ fn recipients(email: &RenderedEmail) -> Vec<String> {
 }
 
 /// The recipients of `email` as the reply limit counts them, bare, lower-case and once
-/// each: what the mail's statement records for [`SENT_WITHIN`] to count.
-pub(crate) fn counted_recipients(email: &RenderedEmail) -> Vec<String> {
+/// each: what the mail's statement records for [`SENT_WITHIN`] to count (and an operator's
+/// edited copy too).
+pub fn counted_recipients(email: &RenderedEmail) -> Vec<String> {
     recipients(email)
 }
 

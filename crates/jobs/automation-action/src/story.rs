@@ -47,7 +47,9 @@ pub async fn executions(
 }
 
 /// The events whose answers were addressed to `address` (to or cc, any case) between
-/// `since` and `until`, newest first, at most `limit`.
+/// `since` and `until`, newest first, at most `limit`. An operator's edited copy has no
+/// execution of its own: it answers the event its original (followed through `supersedes`)
+/// answered.
 pub async fn events_answering(
     pool: &PgPool,
     address: &str,
@@ -57,14 +59,20 @@ pub async fn events_answering(
 ) -> Result<Vec<Uuid>, Failure> {
     let address = crate::loops::bare_address(address);
     sqlx::query_scalar(
-        "SELECT DISTINCT x.event_id FROM ( \
+        "WITH RECURSIVE r AS ( \
              SELECT r.outbound_email_id, r.created_at FROM outbound_email_recipients r \
              WHERE r.address = $1 \
                AND ($2::timestamptz IS NULL OR r.created_at >= $2) \
                AND ($3::timestamptz IS NULL OR r.created_at < $3) \
-             ORDER BY r.created_at DESC LIMIT $4) r \
-         JOIN outbound_emails e ON e.id = r.outbound_email_id \
-         JOIN action_executions x ON x.id = e.action_execution_id",
+             ORDER BY r.created_at DESC LIMIT $4), \
+         answers AS ( \
+             SELECT e.action_execution_id, e.supersedes FROM r \
+             JOIN outbound_emails e ON e.id = r.outbound_email_id \
+             UNION \
+             SELECT o.action_execution_id, o.supersedes FROM answers a \
+             JOIN outbound_emails o ON o.id = a.supersedes WHERE a.action_execution_id IS NULL) \
+         SELECT DISTINCT x.event_id FROM answers a \
+         JOIN action_executions x ON x.id = a.action_execution_id",
     )
     .bind(address)
     .bind(since)

@@ -7,7 +7,9 @@
 //! - two edits of one mail queue on the original's row lock; the second finds it superseded
 //!   and is refused, naming the copy (never dropped silently, ServiceControl#5122);
 //! - the same form posted twice carries the same one-time key: the second post finds the
-//!   first's audit entry (or, racing it, the copy named by the key) and answers with it;
+//!   first's audit entry (or, racing it, the copy named by the key) and answers with it. The
+//!   key counts on the mail it was posted for only: the same key on another mail is another
+//!   edit, never the first mail's answer (which would drop that edit silently);
 //! - the original is never sent after the edit: its dead letters leave `dead` here, and the
 //!   sender's claim refuses a superseded row (ServicePulse#2424).
 
@@ -102,7 +104,8 @@ pub async fn edit_mail(
 ) -> Result<Edited, EditError> {
     let db = worker_store::classify;
     let mut tx = pool.begin().await.map_err(db)?;
-    let by_key = json!({ "edit_key": key });
+    // The key and the mail together: a key is one form's, and a form edits one mail.
+    let by_key = json!({ "edit_key": key, "outbound_email_id": id });
     let seen = audit::latest_on_target_in(&mut tx, &by_key).await?;
     if let Some(first) = seen.as_ref().and_then(|entry| earlier(entry, id)) {
         return Ok(first);
@@ -130,11 +133,14 @@ pub async fn edit_mail(
     if changed.is_empty() {
         return Err(EditError::Unchanged);
     }
+    let recipients =
+        job_automation_action::reply_limit::counted_recipients(&as_rendered(&original, edit));
     if !mail::supersede(
         &mut tx,
         &original,
         copy,
         edit,
+        &recipients,
         &actor.label(),
         &settings.route,
     )
