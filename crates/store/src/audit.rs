@@ -143,6 +143,14 @@ pub enum EntryKind {
     /// A failed outbound mail or a malformed dead letter edited and sent again in its place;
     /// the entry's target holds the diff.
     Edit,
+    /// One person's data erased (`worker-host privacy erase`, or the console's page); the
+    /// target names the address only by its keyed hash, with the rows per table.
+    PrivacyErase,
+    /// Everything held about one person read out (`worker-host privacy export`); the target
+    /// names the address only by its keyed hash.
+    PrivacyExport,
+    /// A viewer revealed the personal data of one console page (its target names the page).
+    Reveal,
 }
 
 impl EntryKind {
@@ -161,6 +169,9 @@ impl EntryKind {
             Self::Resume => "resume",
             Self::RunNow => "trigger",
             Self::Edit => "edit",
+            Self::PrivacyErase => "privacy-erase",
+            Self::PrivacyExport => "privacy-export",
+            Self::Reveal => "reveal",
         }
     }
 
@@ -179,7 +190,7 @@ impl EntryKind {
     }
 }
 
-const ALL_KINDS: [EntryKind; 13] = [
+const ALL_KINDS: [EntryKind; 16] = [
     EntryKind::Replay,
     EntryKind::Purge,
     EntryKind::OutboxRetry,
@@ -193,6 +204,9 @@ const ALL_KINDS: [EntryKind; 13] = [
     EntryKind::Resume,
     EntryKind::RunNow,
     EntryKind::Edit,
+    EntryKind::PrivacyErase,
+    EntryKind::PrivacyExport,
+    EntryKind::Reveal,
 ];
 
 /// How the console and the command line show a stored kind: [`EntryKind::shown`], or the
@@ -447,10 +461,14 @@ mod tests {
         let migration = include_str!("../../../migrations/20261204000100_operator_accounts.sql");
         // The kinds added since, by the migration that widens the CHECK with each.
         let later = include_str!("../../../migrations/20261207000300_mail_edits.sql");
+        let privacy = include_str!("../../../migrations/20261210000600_audit_redaction.sql");
         for kind in all {
             let word = format!("'{}'", kind.as_str());
             assert!(
-                migration.contains(&word) || later.contains(&format!("ARRAY[{word}]")),
+                migration.contains(&word)
+                    || later.contains(&format!("ARRAY[{word}]"))
+                    || privacy.contains("ARRAY['privacy-erase', 'privacy-export']")
+                        && word.starts_with("'privacy-"),
                 "{kind:?} is in the CHECK"
             );
             let json = serde_json::to_value(kind).unwrap();

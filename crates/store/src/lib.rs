@@ -37,6 +37,7 @@ pub mod migration_rules;
 pub mod operators;
 pub mod outbox;
 pub mod pauses;
+pub mod privacy;
 pub mod replicas;
 pub mod schema;
 pub mod sessions;

@@ -80,7 +80,8 @@ pub const DEAD_LETTER_OLDEST_AGE: &str = "worker_dead_letter_oldest_age_seconds"
 pub const DEAD_LETTERS_ARCHIVED: &str = "worker_dead_letters_archived_total";
 /// Counter: rows the retention job deleted past their retention, by `table`
 /// (`processed_messages`, `attempt_log`, `history_minutes`, `history_hours`, `history_days`,
-/// `publications`, and `outbox` for the rows earlier releases marked processed).
+/// `publications`, and `outbox` for the rows earlier releases marked processed); and
+/// `audit_diff`: edits whose diff in the audit trail was redacted (the rows stay).
 pub const RETENTION_SWEPT: &str = "worker_retention_swept_total";
 /// Gauge: outbox rows waiting to be published.
 pub const OUTBOX_PENDING: &str = "worker_outbox_pending";

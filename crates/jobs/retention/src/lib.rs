@@ -9,6 +9,12 @@
 //! `jobs.retention.publications`). This
 //! timer job deletes what is past its retention, so that none grows without bound.
 //!
+//! One more is personal data rather than size: an edit's diff in the audit trail (a customer's
+//! mail before and after) is redacted once older than `jobs.retention.audit_diff` (30 days by
+//! default), its fields' before and after replaced by `[redacted]`; the audit row itself stays,
+//! with its kind, who and when ([`worker_store::privacy::aged_diffs`]). It is counted like a
+//! sweep, as table `audit_diff`.
+//!
 //! It also removes the `outbox` rows that earlier releases marked `processed` and kept for
 //! a week (today's drain deletes a row once the broker confirmed it, so it leaves none):
 //! whatever their age, in the same short batches, so that an upgrade needs no migration
@@ -85,10 +91,13 @@ pub enum Table {
     Publications,
     /// Outbox rows an earlier release marked processed (published) and kept.
     ProcessedOutbox,
+    /// Edits in the audit trail whose diff (a customer's mail, before and after) is past its
+    /// retention: the diff is redacted, the entry stays.
+    AuditDiff,
 }
 
 impl Table {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::ProcessedMessages,
         Self::AttemptLog,
         Self::HistoryMinutes,
@@ -96,6 +105,7 @@ impl Table {
         Self::HistoryDays,
         Self::Publications,
         Self::ProcessedOutbox,
+        Self::AuditDiff,
     ];
 
     /// The table's name (`processed_messages`, `attempt_log`, ...), as the metric labels it;
@@ -109,6 +119,7 @@ impl Table {
             Self::HistoryDays => "history_days",
             Self::Publications => "publications",
             Self::ProcessedOutbox => "outbox",
+            Self::AuditDiff => "audit_diff",
         }
     }
 
@@ -122,7 +133,8 @@ impl Table {
             Self::ProcessedMessages
             | Self::AttemptLog
             | Self::Publications
-            | Self::ProcessedOutbox => None,
+            | Self::ProcessedOutbox
+            | Self::AuditDiff => None,
         }
     }
 }
@@ -142,6 +154,8 @@ pub struct RetentionConfig {
     pub history_days: Duration,
     /// Publications older than this go (`jobs.retention.publications`).
     pub publications: Duration,
+    /// Edits older than this lose their diff in the audit trail (`jobs.retention.audit_diff`).
+    pub audit_diff: Duration,
     /// Rows per `DELETE` (at least 1).
     pub batch_size: u32,
     /// Batches per table per tick at most (at least 1); the rest waits for the next tick.
@@ -157,6 +171,7 @@ impl Default for RetentionConfig {
             history_hours: Duration::from_secs(30 * 24 * 3600),
             history_days: Duration::from_secs(365 * 24 * 3600),
             publications: Duration::from_secs(30 * 24 * 3600),
+            audit_diff: Duration::from_secs(30 * 24 * 3600),
             batch_size: 1000,
             max_batches_per_tick: 20,
         }
@@ -172,6 +187,7 @@ impl RetentionConfig {
             Table::HistoryHours => self.history_hours,
             Table::HistoryDays => self.history_days,
             Table::Publications => self.publications,
+            Table::AuditDiff => self.audit_diff,
             // Published already: kept by no promise, whatever their age.
             Table::ProcessedOutbox => Duration::ZERO,
         }
@@ -215,6 +231,8 @@ pub struct RetentionReport {
     pub publications: TableReport,
     /// Outbox rows an earlier release marked processed.
     pub processed_outbox: TableReport,
+    /// Edits whose diff was redacted (the rows stay).
+    pub audit_diff: TableReport,
     /// The tick's token fired before it was done.
     pub cancelled: bool,
 }
@@ -229,6 +247,7 @@ impl RetentionReport {
             Table::HistoryDays => &self.history_days,
             Table::Publications => &self.publications,
             Table::ProcessedOutbox => &self.processed_outbox,
+            Table::AuditDiff => &self.audit_diff,
         }
     }
 
@@ -241,6 +260,7 @@ impl RetentionReport {
             Table::HistoryDays => &mut self.history_days,
             Table::Publications => &mut self.publications,
             Table::ProcessedOutbox => &mut self.processed_outbox,
+            Table::AuditDiff => &mut self.audit_diff,
         }
     }
 
@@ -360,6 +380,9 @@ impl Retention {
             Table::ProcessedOutbox => {
                 worker_store::outbox::sweep_processed_batch(&self.pool, batch).await
             }
+            Table::AuditDiff => {
+                worker_store::privacy::aged_diffs::redact_batch(&self.pool, retention, batch).await
+            }
             _ => worker_store::attempt_log::sweep_batch(&self.pool, retention, batch).await,
         }
     }
@@ -383,6 +406,12 @@ impl TimerJob for Retention {
             detail.push_str(&format!(
                 ", and {} outbox rows an earlier release marked processed",
                 report.processed_outbox.swept
+            ));
+        }
+        if report.audit_diff.swept > 0 {
+            detail.push_str(&format!(
+                ", and redacted the diff of {} edits in the audit trail",
+                report.audit_diff.swept
             ));
         }
         if Table::ALL.iter().any(|t| report.table(*t).backlog_remains) {

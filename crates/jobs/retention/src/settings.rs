@@ -30,6 +30,10 @@ pub struct RetentionSettings {
     /// How long each published message's record (for a mail's story) is kept.
     #[serde(with = "humantime_serde")]
     pub publications: Duration,
+    /// How long an edit's diff (a customer's mail before and after) is kept in the audit
+    /// trail; then it is redacted, and the entry keeps its kind, who and when.
+    #[serde(with = "humantime_serde")]
+    pub audit_diff: Duration,
     /// One tick.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -49,6 +53,7 @@ impl Default for RetentionSettings {
             history_hours: config.history_hours,
             history_days: config.history_days,
             publications: config.publications,
+            audit_diff: config.audit_diff,
             timeout: Duration::from_secs(60),
             batch_size: config.batch_size,
             max_batches_per_tick: config.max_batches_per_tick,
@@ -66,6 +71,7 @@ impl RetentionSettings {
             history_hours: self.history_hours,
             history_days: self.history_days,
             publications: self.publications,
+            audit_diff: self.audit_diff,
             batch_size: self.batch_size,
             max_batches_per_tick: self.max_batches_per_tick,
         }
@@ -81,6 +87,7 @@ impl Section for RetentionSettings {
         problems.nonzero("history_hours", self.history_hours);
         problems.nonzero("history_days", self.history_days);
         problems.nonzero("publications", self.publications);
+        problems.nonzero("audit_diff", self.audit_diff);
         problems.nonzero("timeout", self.timeout);
         problems.positive("batch_size", u64::from(self.batch_size));
         problems.positive("max_batches_per_tick", u64::from(self.max_batches_per_tick));
