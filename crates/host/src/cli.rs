@@ -79,6 +79,12 @@ pub enum Command {
         #[command(subcommand)]
         action: crate::commands::mail::MailAction,
     },
+    /// What the host holds about one person's address: export it (GDPR Art. 15) or erase it
+    /// (Art. 17), each recorded in the audit trail with the address as a keyed hash.
+    Privacy {
+        #[command(subcommand)]
+        action: crate::commands::privacy::PrivacyAction,
+    },
     /// Check the sign-in of an IMAP account or of the SMTP server (OAuth2 or password).
     MailAuth {
         #[command(subcommand)]

@@ -13,6 +13,7 @@ pub mod mail_auth;
 pub mod migrate;
 pub mod operators;
 pub mod outbox;
+pub mod privacy;
 pub mod replicas;
 pub mod status;
 pub mod topology;
@@ -71,6 +72,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Mail { action } => mail::run(&settings, action).await,
             Command::MailAuth { action } => mail_auth::run(&settings, action).await,
             Command::Operators { action } => operators::run(&settings, action).await,
+            Command::Privacy { action } => privacy::run(&settings, action).await,
             Command::Upgrade {
                 action: UpgradeAction::Check(args),
             } => upgrade::check(&settings, &args).await,

@@ -90,6 +90,7 @@
 
 pub mod archiver;
 pub mod bulk;
+pub mod drain;
 mod headers;
 pub mod maintenance;
 mod pacer;

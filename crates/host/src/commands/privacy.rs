@@ -1,0 +1,196 @@
+//! `worker-host privacy export|erase`: what the host holds about one person's address, read out
+//! (GDPR Art. 15) or erased (Art. 17), through [`worker_store::privacy`]. Both are audit
+//! entries naming the address only by its keyed hash ([`hash_key`]). An erasure first empties
+//! the broker's dead queues into the archive ([`archive_dead_queues`], the archiver's own
+//! step), so that a dead letter still in a queue is erased with the rest.
+
+use std::time::Duration;
+
+use clap::Subcommand;
+use worker_core::text::visible;
+use worker_store::privacy::erase::Erasure;
+use worker_store::privacy::export::Export;
+use worker_store::privacy::{self, Address, HashKey};
+
+use super::actor::{ActorArgs, actor};
+use crate::connections;
+use crate::exit::Fatal;
+use crate::settings::Settings;
+
+#[derive(Debug, Subcommand)]
+pub enum PrivacyAction {
+    /// Print everything the host holds about one address: inbound and outbound mails (with
+    /// their recipients), drafts, the actions run for them, outbox rows, dead letters, attempt
+    /// rows, audit entries, and automations that name it.
+    Export {
+        /// The address (`ann@example.com` or `Ann <ann@example.com>`; any case).
+        #[arg(long)]
+        address: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        actor: ActorArgs,
+    },
+    /// Erase the subjects, bodies, names and addresses of and to one address in every table
+    /// that holds them (ids, counts, times and statuses stay). Run it with --dry-run first: it
+    /// prints the rows per table and changes nothing.
+    Erase {
+        #[arg(long)]
+        address: String,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        actor: ActorArgs,
+    },
+}
+
+/// The key of the keyed hash that names an address in the audit trail and makes its
+/// pseudonym: derived from the database's password (`database.password` or its `_file`),
+/// which every replica and command already holds and no console user sees. Rotating that
+/// password changes the key: erasures after it get other hashes and pseudonyms.
+pub fn hash_key(settings: &Settings) -> Result<HashKey, Fatal> {
+    let secret = settings.database.password.as_ref().ok_or_else(|| {
+        Fatal::usage("privacy needs database.password (or database.password_file): its keyed hash is derived from it")
+    })?;
+    Ok(HashKey::derived_from(secret.expose().as_bytes()))
+}
+
+pub async fn run(settings: &Settings, action: PrivacyAction) -> Result<(), Fatal> {
+    let pool = worker_store::connect(&connections::pool_options(&settings.database))
+        .await
+        .map_err(Fatal::unavailable)?;
+    let key = hash_key(settings)?;
+    match action {
+        PrivacyAction::Export {
+            address,
+            json,
+            actor: given,
+        } => {
+            let address = Address::parse(&address).map_err(Fatal::usage)?;
+            let export = privacy::export::export(&pool, &address, &key, &actor(&given))
+                .await
+                .map_err(|e| Fatal::software(format!("exporting: {e}")))?;
+            if json {
+                print_json(&export);
+            } else {
+                print_export(&export);
+            }
+        }
+        PrivacyAction::Erase {
+            address,
+            dry_run,
+            json,
+            actor: given,
+        } => {
+            let address = Address::parse(&address).map_err(Fatal::usage)?;
+            if !dry_run {
+                let archived = archive_dead_queues(settings, &pool).await?;
+                if archived > 0 && !json {
+                    println!(
+                        "archived {archived} dead letters from the broker's dead queues first"
+                    );
+                }
+            }
+            let erasure = privacy::erase::erase(&pool, &address, &key, &actor(&given), dry_run)
+                .await
+                .map_err(|e| Fatal::software(format!("erasing: {e}")))?;
+            if json {
+                print_json(&erasure);
+            } else {
+                print_erasure(&erasure);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Empties every dead queue of the topology into the archive, each message archived (the
+/// archiver's own step, idempotent) before it is acked; returns how many. Messages a running
+/// host's archiver holds unacked are its to archive, within its insert timeout.
+pub async fn archive_dead_queues(settings: &Settings, pool: &sqlx::PgPool) -> Result<u64, Fatal> {
+    use job_dead_letter_archive::{Archiver, dead_queues, drain::drain};
+
+    let topology = settings
+        .topology()
+        .map_err(crate::topology::topology_failure)?;
+    let session = connections::connect_broker(
+        &connections::broker_connection(settings).map_err(Fatal::usage)?,
+        settings.broker.connect_attempts,
+    )
+    .await
+    .map_err(Fatal::unavailable)?;
+    let archiver = Archiver::new(
+        pool.clone(),
+        settings.jobs.dead_letter_archive.job.archiver.clone(),
+    );
+    let archived = drain(&archiver, &session, &dead_queues(&topology))
+        .await
+        .map_err(|e| Fatal::unavailable(format!("archiving the dead queues: {e}")));
+    let _ = tokio::time::timeout(Duration::from_secs(5), session.close("privacy done")).await;
+    archived
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    );
+}
+
+fn print_export(export: &Export) {
+    println!(
+        "what the host holds about {} ({} rows; audit entry {})",
+        visible(&export.address),
+        export.total(),
+        export.action_id
+    );
+    for table in &export.tables {
+        println!();
+        println!(
+            "{} ({}): {} rows",
+            table.table,
+            table.what,
+            table.rows.len()
+        );
+        for row in &table.rows {
+            let Some(fields) = row.as_object() else {
+                continue;
+            };
+            println!("  -");
+            for (name, value) in fields {
+                if value.is_null() {
+                    continue;
+                }
+                let shown = match value {
+                    serde_json::Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                println!("    {name}: {}", visible(&shown));
+            }
+        }
+    }
+}
+
+fn print_erasure(erasure: &Erasure) {
+    let verb = if erasure.dry_run {
+        "would erase (dry run: nothing changed)"
+    } else {
+        "erased"
+    };
+    println!(
+        "{verb} {} rows; audit entry {} (the address recorded as its keyed hash {})",
+        erasure.erased(),
+        erasure.action_id,
+        erasure.address_hash
+    );
+    for table in &erasure.tables {
+        let note = if table.read_only {
+            "  (configuration: shown, not erased; change it by hand)"
+        } else {
+            ""
+        };
+        println!("  {:<28} {:>6}{note}", table.table, table.rows);
+    }
+}
