@@ -462,11 +462,13 @@ mod tests {
         // The kinds added since, by the migration that widens the CHECK with each.
         let later = include_str!("../../../migrations/20261207000300_mail_edits.sql");
         let privacy = include_str!("../../../migrations/20261210000600_audit_redaction.sql");
+        let sight = include_str!("../../../migrations/20261210000500_personal_data_sight.sql");
         for kind in all {
             let word = format!("'{}'", kind.as_str());
             assert!(
                 migration.contains(&word)
                     || later.contains(&format!("ARRAY[{word}]"))
+                    || sight.contains(&format!("ARRAY[{word}]"))
                     || privacy.contains("ARRAY['privacy-erase', 'privacy-export']")
                         && word.starts_with("'privacy-"),
                 "{kind:?} is in the CHECK"

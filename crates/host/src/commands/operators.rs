@@ -76,6 +76,18 @@ pub enum OperatorsAction {
         #[command(flatten)]
         actor: ActorArgs,
     },
+    /// Let a viewer reveal customers' personal data, a console page at a time, each reveal
+    /// audited (`--allow`), or no longer (`--deny`). Operators and admins see it by role.
+    Reveal {
+        #[arg(value_name = "NAME")]
+        account: String,
+        #[arg(long, conflicts_with = "deny", required_unless_present = "deny")]
+        allow: bool,
+        #[arg(long)]
+        deny: bool,
+        #[command(flatten)]
+        actor: ActorArgs,
+    },
     /// Make an API token for an account, which acts with the account's role. It is printed
     /// once; only its digest is kept.
     Token {
@@ -229,6 +241,22 @@ async fn dispatch(
             println!("removed {name}, its tokens and its sessions");
             Ok(())
         }
+        OperatorsAction::Reveal {
+            account: name,
+            allow,
+            deny: _,
+            actor: who,
+        } => {
+            operators::set_reveal_right(pool, &name, allow, &actor(&who))
+                .await
+                .map_err(account_error)?;
+            if allow {
+                println!("{name} may reveal personal data, a page at a time, each reveal audited");
+            } else {
+                println!("{name} may no longer reveal personal data");
+            }
+            Ok(())
+        }
         OperatorsAction::Token {
             account: name,
             label,
@@ -266,7 +294,7 @@ async fn list(pool: &sqlx::PgPool, json: bool) -> Result<(), Fatal> {
             None => "enabled".into(),
         };
         println!(
-            "{:<24} {:<8} {:<9} {:<22} password {:<3} tokens {} sessions {}  made by {}",
+            "{:<24} {:<8} {:<9} {:<22} password {:<3} tokens {} sessions {}{}  made by {}",
             a.name,
             a.role.0,
             a.origin,
@@ -274,6 +302,11 @@ async fn list(pool: &sqlx::PgPool, json: bool) -> Result<(), Fatal> {
             if a.has_password { "yes" } else { "no" },
             a.tokens,
             a.sessions,
+            if a.reveals_personal_data {
+                "  may reveal"
+            } else {
+                ""
+            },
             a.created_by
         );
     }

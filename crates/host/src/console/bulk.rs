@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Form;
 use axum::extract::Path;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Json};
 use job_dead_letter_archive as archive;
 use minijinja::Value;
@@ -22,6 +22,7 @@ use super::filter::FilterForm;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
+use super::personal;
 
 /// Bulk actions one replica runs at once: each holds a database connection of the console's
 /// pool while it publishes a batch.
@@ -40,17 +41,22 @@ pub struct BulkRuns {
 }
 
 impl BulkRuns {
-    fn count(&self) -> usize {
-        self.running.lock().map(|r| r.len()).unwrap_or(RUNNING_MAX)
+    /// Holds `control` until [`BulkRuns::remove`] with the key returned, while fewer than
+    /// [`RUNNING_MAX`] run here; else `None`. The count and the insert are one step under the
+    /// lock: counted, then inserted apart, two starts at once could both find room for one.
+    fn admit(&self, control: archive::Control) -> Option<u64> {
+        let mut running = self.running.lock().ok()?;
+        if running.len() >= RUNNING_MAX {
+            return None;
+        }
+        let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        running.insert(key, control);
+        Some(key)
     }
 
-    /// Holds `control` until [`BulkRuns::remove`] with the key returned.
-    fn insert(&self, control: archive::Control) -> u64 {
-        let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut running) = self.running.lock() {
-            running.insert(key, control);
-        }
-        key
+    #[cfg(test)]
+    fn count(&self) -> usize {
+        self.running.lock().map(|r| r.len()).unwrap_or(RUNNING_MAX)
     }
 
     fn remove(&self, key: u64) {
@@ -239,7 +245,8 @@ async fn start(
         .planned
         .as_deref()
         .and_then(|p| p.trim().parse::<u64>().ok());
-    if console.bulk.count() >= RUNNING_MAX {
+    let control = archive::Control::default();
+    let Some(key) = console.bulk.admit(control.clone()) else {
         return Err(Problem::new(
             StatusCode::TOO_MANY_REQUESTS,
             "Busy",
@@ -247,9 +254,7 @@ async fn start(
                 "{RUNNING_MAX} bulk actions already run on this replica: wait for one to end, or cancel one on /actions"
             ),
         ));
-    }
-    let control = archive::Control::default();
-    let key = console.bulk.insert(control.clone());
+    };
     let run = archive::Run::new(actor.clone())
         .rate(Some(rate))
         .planned(planned)
@@ -392,28 +397,31 @@ async fn progress(console: &Console, id: &str) -> Result<Progress, Problem> {
 pub async fn entry_page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, &format!("/actions/{id}")) {
         return Ok(redirect);
     }
     let progress = progress(&console, &id).await?;
+    let (a, personal) = personal::for_page(&console, &caller, &uri, &progress).await?;
     render(
         &console,
         &caller,
         "action.html",
-        minijinja::context! { a => Value::from_serialize(&progress) },
+        minijinja::context! { a, personal },
     )
 }
 
 pub async fn entry_api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     may_read_api(&caller)?;
     let progress = progress(&console, &id).await.map_err(Problem::json)?;
-    Ok(Json(progress).into_response())
+    personal::for_api(&console, &caller, &uri, &progress).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -476,21 +484,52 @@ async fn trail(console: &Console) -> Result<Trail, Problem> {
     })
 }
 
-pub async fn trail_page(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn trail_page(axum::extract::State(console): State, caller: Who, uri: Uri) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, "/actions") {
         return Ok(redirect);
     }
     let trail = trail(&console).await?;
+    let (t, personal) = personal::for_page(&console, &caller, &uri, &trail).await?;
     render(
         &console,
         &caller,
         "actions.html",
-        minijinja::context! { t => Value::from_serialize(&trail) },
+        minijinja::context! { t, personal },
     )
 }
 
-pub async fn trail_api(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn trail_api(axum::extract::State(console): State, caller: Who, uri: Uri) -> PageResult {
     may_read_api(&caller)?;
     let trail = trail(&console).await.map_err(Problem::json)?;
-    Ok(Json(trail).into_response())
+    personal::for_api(&console, &caller, &uri, &trail).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_at_once_never_run_more_than_the_cap() {
+        let runs = Arc::new(BulkRuns::default());
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let runs = runs.clone();
+                let most = most.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        if let Some(key) = runs.admit(archive::Control::default()) {
+                            most.fetch_max(runs.count(), std::sync::atomic::Ordering::SeqCst);
+                            runs.remove(key);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let most = most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most <= RUNNING_MAX, "{most} ran at once");
+    }
 }

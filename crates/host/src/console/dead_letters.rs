@@ -3,9 +3,8 @@
 //! JSON under `/api/dead-letters`. Every list is a page of a query run in PostgreSQL.
 
 use axum::extract::{Path, Query};
-use axum::response::{IntoResponse, Json};
+use axum::http::Uri;
 use job_dead_letter_archive as archive;
-use minijinja::Value;
 use serde::{Deserialize, Serialize};
 use worker_store::attempt_log::{self, AttemptRecord};
 
@@ -13,6 +12,7 @@ use super::Console;
 use super::caller::Who;
 use super::filter::FilterForm;
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
+use super::personal;
 use crate::status::JobStats;
 
 /// Groups on one page.
@@ -128,6 +128,7 @@ async fn groups(console: &Console, form: &FilterForm, paging: &Paging) -> Result
 pub async fn groups_page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
@@ -135,17 +136,19 @@ pub async fn groups_page(
         return Ok(redirect);
     }
     let groups = groups(&console, &form, &paging).await?;
+    let (g, personal) = personal::for_page(&console, &caller, &uri, &groups).await?;
     render(
         &console,
         &caller,
         "groups.html",
-        minijinja::context! { g => Value::from_serialize(&groups) },
+        minijinja::context! { g, personal },
     )
 }
 
 pub async fn groups_api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
@@ -153,7 +156,7 @@ pub async fn groups_api(
     let groups = groups(&console, &form, &paging)
         .await
         .map_err(Problem::json)?;
-    Ok(Json(groups).into_response())
+    personal::for_api(&console, &caller, &uri, &groups).await
 }
 
 #[derive(Debug, Serialize)]
@@ -201,6 +204,7 @@ async fn messages(
 pub async fn messages_page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
@@ -208,17 +212,19 @@ pub async fn messages_page(
         return Ok(redirect);
     }
     let messages = messages(&console, &form, &paging).await?;
+    let (l, personal) = personal::for_page(&console, &caller, &uri, &messages).await?;
     render(
         &console,
         &caller,
         "messages.html",
-        minijinja::context! { l => Value::from_serialize(&messages) },
+        minijinja::context! { l, personal },
     )
 }
 
 pub async fn messages_api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Query(form): Query<FilterForm>,
     Query(paging): Query<Paging>,
 ) -> PageResult {
@@ -226,7 +232,7 @@ pub async fn messages_api(
     let messages = messages(&console, &form, &paging)
         .await
         .map_err(Problem::json)?;
-    Ok(Json(messages).into_response())
+    personal::for_api(&console, &caller, &uri, &messages).await
 }
 
 /// A body as a page shows it: text or hex, bounded.
@@ -351,6 +357,7 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
 pub async fn one_page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     let path = format!("/dead-letters/{id}");
@@ -361,17 +368,19 @@ pub async fn one_page(
         .parse()
         .map_err(|_| Problem::not_found(format!("`{id}` is not a dead letter's id")))?;
     let one = one(&console, id).await?;
+    let (d, personal) = personal::for_page(&console, &caller, &uri, &one).await?;
     render(
         &console,
         &caller,
         "dead_letter.html",
-        minijinja::context! { d => Value::from_serialize(&one) },
+        minijinja::context! { d, personal },
     )
 }
 
 pub async fn one_api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     may_read_api(&caller)?;
@@ -379,7 +388,7 @@ pub async fn one_api(
         .parse()
         .map_err(|_| Problem::not_found(format!("`{id}` is not a dead letter's id")).json())?;
     let one = one(&console, id).await.map_err(Problem::json)?;
-    Ok(Json(one).into_response())
+    personal::for_api(&console, &caller, &uri, &one).await
 }
 
 #[cfg(test)]

@@ -6,9 +6,7 @@
 
 use axum::Form;
 use axum::extract::Path;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Json};
-use minijinja::Value;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use serde::Serialize;
 use worker_store::attempt_log::{self, AttemptRecord};
 use worker_store::audit::{self, Entry, EntryKind, NewEntry};
@@ -20,6 +18,7 @@ use super::caller::Who;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
+use super::personal;
 use crate::jobs::pausable;
 use crate::scheduler::TimerView;
 use crate::status::JobStats;
@@ -114,6 +113,7 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
 pub async fn page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(name): Path<String>,
     axum::extract::Query(query): axum::extract::Query<super::history::RangeQuery>,
 ) -> PageResult {
@@ -123,22 +123,24 @@ pub async fn page(
     let range = super::history::Range::of(&query)?;
     let job = job(&console, &name).await?;
     let history = super::history::job(&console, &name, range).await?;
+    let (j, personal) = personal::for_page(&console, &caller, &uri, &job).await?;
     render(
         &console,
         &caller,
         "job.html",
-        minijinja::context! { j => Value::from_serialize(&job), history => history.view() },
+        minijinja::context! { j, history => history.view(), personal },
     )
 }
 
 pub async fn api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(name): Path<String>,
 ) -> PageResult {
     may_read_api(&caller)?;
     let job = job(&console, &name).await.map_err(Problem::json)?;
-    Ok(Json(job).into_response())
+    personal::for_api(&console, &caller, &uri, &job).await
 }
 
 /// Runs a timer's tick now on this replica (through its busy guard, lease and timeout, even

@@ -3,9 +3,8 @@
 //! `worker-host mail show|find`.
 
 use axum::extract::{Path, Query};
-use axum::response::{IntoResponse, Json};
+use axum::http::Uri;
 use chrono::{DateTime, Utc};
-use minijinja::Value;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -13,6 +12,7 @@ use super::Console;
 use super::caller::Who;
 use super::filter::{given, parse_time};
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
+use super::personal;
 use crate::story::{self, Found, Search, Story};
 
 /// Mails on one page of a search.
@@ -115,28 +115,31 @@ async fn results(console: &Console, form: SearchForm) -> Result<Results, Problem
 pub async fn search_page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Query(form): Query<SearchForm>,
 ) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, "/mail") {
         return Ok(redirect);
     }
     let results = results(&console, form).await?;
+    let (r, personal) = personal::for_page(&console, &caller, &uri, &results).await?;
     render(
         &console,
         &caller,
         "mails.html",
-        minijinja::context! { r => Value::from_serialize(&results) },
+        minijinja::context! { r, personal },
     )
 }
 
 pub async fn search_api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Query(form): Query<SearchForm>,
 ) -> PageResult {
     may_read_api(&caller)?;
     let results = results(&console, form).await.map_err(Problem::json)?;
-    Ok(Json(results).into_response())
+    personal::for_api(&console, &caller, &uri, &results).await
 }
 
 async fn story_of(console: &Console, id: &str) -> Result<Story, Problem> {
@@ -152,6 +155,7 @@ async fn story_of(console: &Console, id: &str) -> Result<Story, Problem> {
 pub async fn story_page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, &format!("/mail/{id}")) {
@@ -159,20 +163,25 @@ pub async fn story_page(
     }
     let story = story_of(&console, &id).await?;
     let end = (story.end.name(), story.end.sentence());
+    let (s, personal) = personal::for_page(&console, &caller, &uri, &story).await?;
+    // The link to the sender's other mails names the sender: not for whom it is masked.
+    let masked = personal.get_attr("masked").is_ok_and(|m| m.is_true());
     let others = story
         .mail
         .from_address
         .as_deref()
+        .filter(|_| !masked)
         .map(|from| serde_urlencoded::to_string([("from", from)]).unwrap_or_default());
     render(
         &console,
         &caller,
         "mail.html",
         minijinja::context! {
-            s => Value::from_serialize(&story),
+            s,
             state => end.0,
             sentence => end.1,
             others => others,
+            personal,
         },
     )
 }
@@ -180,11 +189,12 @@ pub async fn story_page(
 pub async fn story_api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     may_read_api(&caller)?;
     let story = story_of(&console, &id).await.map_err(Problem::json)?;
-    Ok(Json(story).into_response())
+    personal::for_api(&console, &caller, &uri, &story).await
 }
 
 #[cfg(test)]

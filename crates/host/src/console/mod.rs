@@ -36,9 +36,11 @@ pub mod forwarded;
 mod history;
 mod jobs;
 mod mail;
+mod masking;
 mod outbox;
 mod overview;
 pub mod page;
+mod personal;
 mod sign_in;
 pub mod throttle;
 pub mod views;
@@ -105,6 +107,8 @@ fn operator_actions() -> Router<Arc<Console>> {
         .route("/accounts/{name}/{change}", post(accounts::change))
         .route("/outbound/{id}/edited", post(edit::edit_submit))
         .route("/dead-letters/{id}/edited", post(edit::body_edit_submit))
+        .route("/reveal", post(personal::reveal))
+        .route("/accounts/{name}/personal-data", post(personal::set_right))
 }
 
 /// The console's routes, pages and API.

@@ -3,7 +3,7 @@
 //! says how many (recorded), then the confirmed run, which puts back no more than that.
 
 use axum::Form;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Json};
 use minijinja::Value;
 use serde::{Deserialize, Serialize};
@@ -14,6 +14,7 @@ use super::caller::Who;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
+use super::personal;
 
 /// Rows of each kind the page lists.
 const ROWS: u32 = 100;
@@ -36,23 +37,24 @@ async fn outbox(console: &Console) -> Result<OutboxPage, Problem> {
     })
 }
 
-pub async fn page(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn page(axum::extract::State(console): State, caller: Who, uri: Uri) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, "/outbox") {
         return Ok(redirect);
     }
     let page = outbox(&console).await?;
+    let (o, personal) = personal::for_page(&console, &caller, &uri, &page).await?;
     render(
         &console,
         &caller,
         "outbox.html",
-        minijinja::context! { o => Value::from_serialize(&page) },
+        minijinja::context! { o, personal },
     )
 }
 
-pub async fn api(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn api(axum::extract::State(console): State, caller: Who, uri: Uri) -> PageResult {
     may_read_api(&caller)?;
     let page = outbox(&console).await.map_err(Problem::json)?;
-    Ok(Json(page).into_response())
+    personal::for_api(&console, &caller, &uri, &page).await
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,14 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use axum::response::{IntoResponse, Json};
-use minijinja::Value;
+use axum::http::Uri;
 use serde::Serialize;
 use worker_store::{pauses, replicas};
 
 use super::Console;
 use super::caller::Who;
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
+use super::personal;
 use crate::sampler::QueueReading;
 
 #[derive(Debug, Serialize)]
@@ -119,6 +119,7 @@ fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::
 pub async fn page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     axum::extract::Query(query): axum::extract::Query<super::history::RangeQuery>,
 ) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, "/") {
@@ -127,19 +128,20 @@ pub async fn page(
     let range = super::history::Range::of(&query)?;
     let overview = overview(&console).await?;
     let history = super::history::overview(&console, range).await?;
+    let (o, personal) = personal::for_page(&console, &caller, &uri, &overview).await?;
     render(
         &console,
         &caller,
         "overview.html",
         minijinja::context! {
-            o => Value::from_serialize(&overview),
-            history => history.view(),
+            o,
+            history => history.view(), personal,
         },
     )
 }
 
-pub async fn api(axum::extract::State(console): State, caller: Who) -> PageResult {
+pub async fn api(axum::extract::State(console): State, caller: Who, uri: Uri) -> PageResult {
     may_read_api(&caller)?;
     let overview = overview(&console).await.map_err(Problem::json)?;
-    Ok(Json(overview).into_response())
+    personal::for_api(&console, &caller, &uri, &overview).await
 }

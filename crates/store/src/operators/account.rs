@@ -97,6 +97,8 @@ pub struct Account {
     pub tokens: i64,
     /// Its live sessions.
     pub sessions: i64,
+    /// As a viewer, it may reveal customers' personal data, a page at a time.
+    pub reveals_personal_data: bool,
 }
 
 /// A role as a column holds it, read back into [`Role`].

@@ -53,7 +53,8 @@ pub async fn list(pool: &PgPool) -> Result<Vec<Account>, Failure> {
                 a.password_hash IS NOT NULL AS has_password, \
                 (SELECT count(*) FROM operator_tokens t WHERE t.account = a.name) AS tokens, \
                 (SELECT count(*) FROM operator_sessions s \
-                  WHERE s.account = a.name AND s.expires_at > now()) AS sessions \
+                  WHERE s.account = a.name AND s.expires_at > now()) AS sessions, \
+                a.reveals_personal_data \
          FROM operator_accounts a ORDER BY a.name",
     )
     .fetch_all(pool)

@@ -7,9 +7,11 @@
 mod account;
 mod bootstrap;
 mod manage;
+mod personal_data;
 mod sign_in;
 
 pub use account::{Account, AccountError, BOOTSTRAP, NAME_MAX_CHARS, Role, RoleText, valid_name};
 pub use bootstrap::{BootstrapSync, sync_bootstrap};
 pub use manage::{add, add_token, disable, enable, list, remove, set_password, set_role};
+pub use personal_data::{ViewerSight, reveal, set_reveal_right, viewer_sight};
 pub use sign_in::{by_token, credentials, from_proxy};

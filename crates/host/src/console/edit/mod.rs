@@ -11,7 +11,7 @@ mod raw;
 
 use axum::Form;
 use axum::extract::Path;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Json};
 use job_email_send::edit::{self as mail, MailEdit, OutboundMail, Refused};
 use minijinja::Value;
@@ -29,6 +29,7 @@ use super::caller::Who;
 use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
+use super::personal;
 
 /// The audit entries a mail's page lists.
 const EDITS_SHOWN: u32 = 20;
@@ -100,29 +101,32 @@ async fn mail_page_data(console: &Console, id: Uuid) -> Result<MailPage, Problem
 pub async fn mail_page(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     if let Some(redirect) = sign_in_first(&caller, &format!("/outbound/{id}")) {
         return Ok(redirect);
     }
     let page = mail_page_data(&console, mail_id(&id)?).await?;
+    let (e, personal) = personal::for_page(&console, &caller, &uri, &page).await?;
     render(
         &console,
         &caller,
         "outbound_mail.html",
-        minijinja::context! { e => Value::from_serialize(&page) },
+        minijinja::context! { e, personal },
     )
 }
 
 pub async fn mail_api(
     axum::extract::State(console): State,
     caller: Who,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> PageResult {
     may_read_api(&caller)?;
     let id = mail_id(&id).map_err(Problem::json)?;
     let page = mail_page_data(&console, id).await.map_err(Problem::json)?;
-    Ok(Json(page).into_response())
+    personal::for_api(&console, &caller, &uri, &page).await
 }
 
 /// The edit form's page: the mail's fields (or the operator's, with what was wrong with them).

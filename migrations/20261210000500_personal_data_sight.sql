@@ -1,0 +1,27 @@
+-- Personal data by role (issue 38): a viewer sees customers' addresses masked and no bodies,
+-- unless an operator or admin gave its account the right to reveal them; each reveal is an
+-- audit entry (`reveal`), and a reveal shows that page's data for a while (the console reads
+-- the entry back, so every replica agrees).
+ALTER TABLE operator_accounts
+    ADD COLUMN reveals_personal_data boolean NOT NULL DEFAULT false;
+
+DO $$
+DECLARE
+    words text[];
+BEGIN
+    -- The check reads `IN ('a', 'b')` as first written, `= ANY ('{a,b}'::text[])` once
+    -- rewritten: each quoted part is a word or an array of them.
+    SELECT array_agg(DISTINCT word) INTO words
+    FROM pg_constraint c
+    CROSS JOIN LATERAL regexp_matches(pg_get_constraintdef(c.oid), '''([^'']+)''', 'g') AS m
+    CROSS JOIN LATERAL unnest(CASE WHEN m[1] LIKE '{%' THEN m[1]::text[] ELSE ARRAY[m[1]] END)
+        AS word
+    WHERE c.conrelid = 'dead_letter_actions'::regclass
+      AND c.conname = 'dead_letter_actions_action_check';
+    EXECUTE 'ALTER TABLE dead_letter_actions DROP CONSTRAINT dead_letter_actions_action_check';
+    EXECUTE format(
+        'ALTER TABLE dead_letter_actions ADD CONSTRAINT dead_letter_actions_action_check '
+        'CHECK (action = ANY (%L::text[]))',
+        array(SELECT DISTINCT unnest(words || ARRAY['reveal']) ORDER BY 1));
+END;
+$$;
