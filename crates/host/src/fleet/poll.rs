@@ -2,6 +2,12 @@
 //! background round every `refresh`: the page shows the last round's results and never waits
 //! on an installation. An installation that does not answer is unreachable from its first
 //! failed reading on, until it answers again.
+//!
+//! What one installation can cost the view is bounded: its answer is read in chunks up to
+//! [`ANSWER_MAX_BYTES`] (a longer one is dropped, its connection closed, and the installation
+//! shown failing with "answer over N bytes"), and each list and text kept of it is cut
+//! ([`LIST_MAX`], [`FIELD_MAX_CHARS`]). A broken or hostile installation streaming for the
+//! whole timeout cannot grow the fleet process.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -16,6 +22,17 @@ use crate::environment::Environment;
 
 /// The longest error shown for an unreachable installation.
 const ERROR_MAX_CHARS: usize = 160;
+
+/// The longest answer read from an installation. An overview is a few kilobytes (a host with
+/// twenty jobs and every alert firing stays under 64 KiB); anything past this is not one.
+pub const ANSWER_MAX_BYTES: usize = 4 * 1024 * 1024;
+
+/// The most entries kept of each list of a reading (failing jobs, alerts); past it, one entry
+/// says how many more there were.
+pub const LIST_MAX: usize = 50;
+
+/// The longest text kept of each field of a reading (a name, an alert's message).
+pub const FIELD_MAX_CHARS: usize = 200;
 
 /// One installation as the view shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -172,18 +189,21 @@ async fn read(
     if let Some(token) = &installation.token {
         request = request.bearer_auth(token.expose());
     }
+    let within = humantime::format_duration(timeout);
     // The client's timeout covers the body too; this one is the bound the page promises.
     let answer = tokio::time::timeout(timeout, async {
-        let response = request.send().await?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| short(&describe(&e, &within)))?;
         let status = response.status();
-        let body = response.text().await?;
-        Ok::<_, reqwest::Error>((status, body))
+        let body = bounded_body(response, ANSWER_MAX_BYTES, &within).await?;
+        Ok::<_, String>((status, body))
     })
     .await;
-    let within = humantime::format_duration(timeout);
     let (status, body) = match answer {
         Err(_) => return Err(format!("no answer within {within}")),
-        Ok(Err(e)) => return Err(short(&describe(&e, &within))),
+        Ok(Err(e)) => return Err(e),
         Ok(Ok(answer)) => answer,
     };
     match status.as_u16() {
@@ -195,9 +215,38 @@ async fn read(
         }
         _ => return Err(short(&format!("answered {status}"))),
     }
-    let body: Value = serde_json::from_str(&body)
+    let body: Value = serde_json::from_slice(&body)
         .map_err(|e| short(&format!("not a worker-host overview: {e}")))?;
     Ok(reading_of(&body))
+}
+
+/// The answer's body, read a chunk at a time up to `max` bytes. Past `max` (announced by its
+/// `Content-Length` or found while reading) the answer is dropped unread, which closes its
+/// connection, and the installation is failing: "answer over `max` bytes".
+async fn bounded_body(
+    mut response: reqwest::Response,
+    max: usize,
+    within: &humantime::FormattedDuration,
+) -> Result<Vec<u8>, String> {
+    let over = || format!("answer over {max} bytes: not a worker-host overview");
+    if response
+        .content_length()
+        .is_some_and(|length| length > u64::try_from(max).unwrap_or(u64::MAX))
+    {
+        return Err(over());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| short(&describe(&e, within)))?
+    {
+        if body.len() + chunk.len() > max {
+            return Err(over());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// A client error in words, without the library's wrapping: the refused connection, the
@@ -230,7 +279,7 @@ fn short(text: &str) -> String {
 /// never as a failure, so that an older release is still shown.
 pub fn reading_of(body: &Value) -> Reading {
     let status = &body["status"];
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let text = |v: &Value| field(v.as_str().unwrap_or_default());
     let mut problems = Vec::new();
     let broker = status["broker"]["state"].as_str().unwrap_or("unknown");
     if broker != "connected" {
@@ -239,7 +288,7 @@ pub fn reading_of(body: &Value) -> Reading {
     if status["database"]["healthy"].as_bool() != Some(true) {
         problems.push("database probe unhealthy".to_string());
     }
-    let failing_jobs = body["jobs"]
+    let mut failing_jobs: Vec<String> = body["jobs"]
         .as_array()
         .map(|jobs| {
             jobs.iter()
@@ -248,7 +297,10 @@ pub fn reading_of(body: &Value) -> Reading {
                 .collect()
         })
         .unwrap_or_default();
-    let alerts = status["alerts"]
+    if let Some(more) = beyond_list_max(&mut failing_jobs) {
+        failing_jobs.push(format!("… and {more} more"));
+    }
+    let mut alerts: Vec<Alert> = status["alerts"]
         .as_array()
         .map(|alerts| {
             alerts
@@ -256,11 +308,18 @@ pub fn reading_of(body: &Value) -> Reading {
                 .map(|a| Alert {
                     name: text(&a["name"]),
                     message: text(&a["message"]),
-                    since: a["since"].as_str().map(str::to_string),
+                    since: a["since"].as_str().map(field),
                 })
                 .collect()
         })
         .unwrap_or_default();
+    if let Some(more) = beyond_list_max(&mut alerts) {
+        alerts.push(Alert {
+            name: "more".to_string(),
+            message: format!("… and {more} more alerts"),
+            since: None,
+        });
+    }
     Reading {
         installation: text(&status["installation"]),
         replica: text(&status["replica"]),
@@ -272,9 +331,26 @@ pub fn reading_of(body: &Value) -> Reading {
         release: text(&status["release"]),
         revision: text(&status["revision"]),
         schema_version: status["schema"]["version"].as_i64(),
-        schema_release: status["schema"]["release"].as_str().map(str::to_string),
-        environment: status["environment"]["name"].as_str().map(str::to_string),
+        schema_release: status["schema"]["release"].as_str().map(field),
+        environment: status["environment"]["name"].as_str().map(field),
     }
+}
+
+/// Cuts `list` to [`LIST_MAX`] entries; how many it had past that, if any.
+fn beyond_list_max<T>(list: &mut Vec<T>) -> Option<usize> {
+    let more = list.len().checked_sub(LIST_MAX).filter(|n| *n > 0)?;
+    list.truncate(LIST_MAX);
+    Some(more)
+}
+
+/// One text field of a reading, at most [`FIELD_MAX_CHARS`] characters.
+fn field(text: &str) -> String {
+    if text.chars().count() <= FIELD_MAX_CHARS {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(FIELD_MAX_CHARS).collect();
+    out.push('…');
+    out
 }
 
 #[cfg(test)]
@@ -291,6 +367,7 @@ mod tests {
                 token_env: None,
                 environment: "production".into(),
                 environment_colour: None,
+                allow_plaintext: false,
             }],
             ..FleetSettings::default()
         };
@@ -318,6 +395,53 @@ mod tests {
         assert_eq!(reading.alerts[0].name, "dead_letters");
         assert_eq!(reading.schema_version, Some(20_261_201_000_000));
         assert_eq!(reading.environment.as_deref(), Some("production"));
+    }
+
+    #[test]
+    fn a_reading_keeps_at_most_list_max_of_each_list_and_field_max_of_each_text() {
+        let jobs: Vec<Value> = (0..500)
+            .map(|i| serde_json::json!({"name": format!("job-{i}"), "state": "failing"}))
+            .collect();
+        let alerts: Vec<Value> = (0..500)
+            .map(|i| serde_json::json!({"name": "a".repeat(10_000), "message": i.to_string()}))
+            .collect();
+        let body = serde_json::json!({"status": {"alerts": alerts}, "jobs": jobs});
+        let reading = reading_of(&body);
+        assert_eq!(reading.failing_jobs.len(), LIST_MAX + 1);
+        assert_eq!(reading.failing_jobs[LIST_MAX], "… and 450 more");
+        assert_eq!(reading.alerts.len(), LIST_MAX + 1);
+        assert_eq!(reading.alerts[LIST_MAX].message, "… and 450 more alerts");
+        assert_eq!(reading.alerts[0].name.chars().count(), FIELD_MAX_CHARS + 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_longer_than_the_bound_is_refused_with_its_size() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0_u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                ANSWER_MAX_BYTES + 1
+            );
+            let _ = socket.write_all(head.as_bytes()).await;
+            let _ = socket.write_all(&vec![b' '; ANSWER_MAX_BYTES + 1]).await;
+        });
+        let mut installation = row_settings();
+        installation.url = format!("http://{addr}");
+        let answer = read(
+            &reqwest::Client::new(),
+            &installation,
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(
+            answer.unwrap_err(),
+            format!("answer over {ANSWER_MAX_BYTES} bytes: not a worker-host overview")
+        );
     }
 
     #[test]
@@ -379,6 +503,7 @@ mod tests {
             token_env: None,
             environment: "staging".into(),
             environment_colour: None,
+            allow_plaintext: false,
         }
     }
 }

@@ -72,6 +72,11 @@ pub struct InstallationSettings {
     /// The label's colour instead of the default (red for production, blue for any other).
     #[serde(default)]
     pub environment_colour: Option<Colour>,
+    /// Lets the token go over plain `http://` to a host that is not loopback, as
+    /// `database.allow_plaintext` and `broker.allow_plaintext` do: only for a network that
+    /// is trusted. Unset: such a `url` is refused, since anyone on the path reads the token.
+    #[serde(default)]
+    pub allow_plaintext: bool,
 }
 
 impl InstallationSettings {
@@ -192,6 +197,18 @@ impl FleetSettings {
                         || url.password().is_some()
                     {
                         fail(key("url"), "expected the admin address alone (`https://host:port`), without credentials, query or fragment".into());
+                    }
+                    let host = url.host_str().unwrap_or_default();
+                    if url.scheme() == "http"
+                        && !installation.allow_plaintext
+                        && !crate::settings::validate::is_loopback(host)
+                    {
+                        fail(
+                            key("url"),
+                            format!(
+                                "the viewer token would cross the network to {host} in plain text: use https:// (the admin port behind a TLS proxy), or set `installations[{i}].allow_plaintext = true` if the network is trusted"
+                            ),
+                        );
                     }
                 }
                 _ => fail(

@@ -36,6 +36,7 @@ url = "http://10.0.0.5:9180"
 token_env = "STAGING_TOKEN"
 environment = "staging"
 environment_colour = "amber"
+allow_plaintext = true
 "#;
 
 #[test]
@@ -181,4 +182,33 @@ fn the_example_file_loads() {
     assert_eq!(settings.listen, FleetSettings::default().listen);
     assert_eq!(settings.refresh, FleetSettings::default().refresh);
     assert_eq!(settings.timeout, FleetSettings::default().timeout);
+}
+
+#[test]
+fn a_token_over_plain_http_to_another_host_is_refused_unless_allowed() {
+    let text = GOOD.replace("allow_plaintext = true\n", "");
+    let errors = load_with_env(&text, &[("STAGING_TOKEN", "staging-viewer-token")]).unwrap_err();
+    assert_eq!(keys(&errors), vec!["installations[1].url"], "{errors:?}");
+    let shown = errors[0].to_string();
+    assert!(
+        shown.contains("10.0.0.5")
+            && shown.contains("plain text")
+            && shown.contains("installations[1].allow_plaintext"),
+        "{shown}"
+    );
+    assert!(!shown.contains("staging-viewer-token"), "{shown}");
+}
+
+#[test]
+fn a_token_over_plain_http_to_loopback_is_taken() {
+    for url in [
+        "http://127.0.0.1:9180",
+        "http://localhost:9180",
+        "http://[::1]:9180",
+    ] {
+        let text = format!(
+            "[[installations]]\nname = \"a\"\nurl = \"{url}\"\ntoken = \"a-viewer-token\"\nenvironment = \"staging\"\n"
+        );
+        assert!(load(&text).is_ok(), "{url}");
+    }
 }
