@@ -42,6 +42,8 @@
 #
 # Browser      Debian's chromium and chromium-driver are installed too (not started: each browser
 #              test starts its own ChromeDriver on a free port, headless).
+# nginx        Debian's nginx-light is installed too (not started: the test of the shipped
+#              deploy/nginx file starts its own on a free port).
 #
 # Everything this script creates lives in ${WH_SERVICES_DIR:-<repo>/.services}, a folder that
 # must belong to the user running the script and that no one else may write (checked, and the
@@ -211,6 +213,8 @@ install_missing() {
     fi
     # The console's browser tests drive Debian's Chromium through its ChromeDriver.
     { command -v chromium && command -v chromedriver; } >/dev/null || pkgs+=(chromium chromium-driver)
+    # The test of the shipped nginx file runs a real nginx of its own (not started here).
+    [ -x /usr/sbin/nginx ] || pkgs+=(nginx-light)
     local extra
     for extra in "${EXTRAS[@]}"; do
         # shellcheck disable=SC2207 # package names have no spaces
