@@ -195,9 +195,13 @@ async fn scrape_guard(State(state): State<AdminState>, request: Request, next: N
             .may_scrape(&console.pool, peer, request.headers())
             .await
         {
-            let mut response = crate::console::page::Problem::from(refusal)
-                .json()
-                .into_response();
+            let retry = crate::console::caller::retry_after(&refusal);
+            let mut response = crate::console::caller::with_retry_after(
+                crate::console::page::Problem::from(refusal)
+                    .json()
+                    .into_response(),
+                retry,
+            );
             if response.status() == StatusCode::UNAUTHORIZED {
                 response.headers_mut().insert(
                     axum::http::header::WWW_AUTHENTICATE,

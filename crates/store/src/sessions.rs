@@ -1,6 +1,12 @@
 //! Console sessions (`operator_sessions`), shared by every replica: a session made on one is
 //! valid on all, and ending it on one ends it on all. The caller keeps the cookie's id; this
 //! module only sees its SHA-256.
+//!
+//! A session the auth proxy's header makes for a request without a cookie is *unclaimed*
+//! until its cookie comes back ([`create_unclaimed`]): each account has at most one, so that
+//! requests that never bring a cookie back (another site's `<img>` in a signed-in browser,
+//! whose `SameSite=Strict` cookie stays home; a script through the proxy) do not each leave a
+//! row until its lifetime ends.
 
 use std::time::Duration;
 
@@ -67,17 +73,54 @@ pub async fn create(pool: &PgPool, session: &NewSession<'_>) -> Result<(), Failu
     Ok(())
 }
 
+/// Makes a session for the auth proxy's user, unclaimed until its cookie is seen
+/// ([`live`]), in place of the account's other unclaimed ones. The account's row is locked
+/// meanwhile, so that requests at once still leave one.
+pub async fn create_unclaimed(pool: &PgPool, session: &NewSession<'_>) -> Result<(), Failure> {
+    let mut tx = pool.begin().await.map_err(classify)?;
+    sqlx::query("SELECT 1 FROM operator_accounts WHERE name = $1 FOR UPDATE")
+        .bind(session.account)
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
+    sqlx::query(
+        "DELETE FROM operator_sessions \
+         WHERE (account = $1 AND unclaimed) OR expires_at < now()",
+    )
+    .bind(session.account)
+    .execute(&mut *tx)
+    .await
+    .map_err(classify)?;
+    sqlx::query(
+        "INSERT INTO operator_sessions \
+           (id_sha256, account, csrf, origin, given_name, expires_at, unclaimed) \
+         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6), true)",
+    )
+    .bind(session.id_sha256)
+    .bind(session.account)
+    .bind(session.csrf)
+    .bind(session.origin)
+    .bind(session.given_name)
+    .bind(seconds(session.lifetime))
+    .execute(&mut *tx)
+    .await
+    .map_err(classify)?;
+    tx.commit().await.map_err(classify)?;
+    Ok(())
+}
+
 /// The session with this id, if it is live: within its lifetime, used within `idle`, and its
 /// account enabled. With `touch`, this use counts (a page that refreshes itself passes
-/// `false`, so that an open tab does not keep a session alive).
+/// `false`, so that an open tab does not keep a session alive). An unclaimed session is
+/// claimed: its cookie came back.
 pub async fn live(
     pool: &PgPool,
     id_sha256: &[u8],
     idle: Duration,
     touch: bool,
 ) -> Result<Option<Live>, Failure> {
-    let row: Option<(String, String, String, String, Option<String>)> = sqlx::query_as(
-        "SELECT s.account, a.role, s.csrf, s.origin, s.given_name \
+    let row: Option<(String, String, String, String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT s.account, a.role, s.csrf, s.origin, s.given_name, s.unclaimed \
          FROM operator_sessions s JOIN operator_accounts a ON a.name = s.account \
          WHERE s.id_sha256 = $1 AND s.expires_at > now() \
            AND s.last_seen_at > now() - make_interval(secs => $2) AND a.disabled_at IS NULL",
@@ -87,9 +130,16 @@ pub async fn live(
     .fetch_optional(pool)
     .await
     .map_err(classify)?;
-    let Some((account, role, csrf, origin, given_name)) = row else {
+    let Some((account, role, csrf, origin, given_name, unclaimed)) = row else {
         return Ok(None);
     };
+    if unclaimed {
+        sqlx::query("UPDATE operator_sessions SET unclaimed = false WHERE id_sha256 = $1")
+            .bind(id_sha256)
+            .execute(pool)
+            .await
+            .map_err(classify)?;
+    }
     if touch {
         sqlx::query(
             "UPDATE operator_sessions SET last_seen_at = now() \

@@ -18,7 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Json, Response};
 
 use super::Console;
-use super::access::{self, Caller, REFRESH_MARKER, SESSION_COOKIE};
+use super::access::{self, Caller, REFRESH_MARKER, Refusal, SESSION_COOKIE};
 use super::page::{Problem, ProblemBody};
 
 /// A request that came without its connection's address (only in tests of the router alone)
@@ -52,8 +52,10 @@ pub async fn identify(
     {
         Ok(caller) => caller,
         Err(refusal) => {
+            let retry = retry_after(&refusal);
             let problem = Problem::from(refusal);
-            return if api { problem.json() } else { problem }.into_response();
+            let answer = if api { problem.json() } else { problem }.into_response();
+            return with_retry_after(answer, retry);
         }
     };
     caller.api = api;
@@ -65,6 +67,24 @@ pub async fn identify(
     let mut response = next.run(request).await;
     if let Some(value) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
         response.headers_mut().append(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// How long a throttled request is told to wait, whole seconds, at least one.
+pub fn retry_after(refusal: &Refusal) -> Option<u64> {
+    match refusal {
+        Refusal::Throttled(after) => {
+            Some((after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1))
+        }
+        _ => None,
+    }
+}
+
+/// A throttled answer with its `Retry-After`.
+pub fn with_retry_after(mut response: Response, seconds: Option<u64>) -> Response {
+    if let Some(value) = seconds.and_then(|s| HeaderValue::from_str(&s.to_string()).ok()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
     }
     response
 }

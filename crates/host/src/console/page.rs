@@ -94,7 +94,8 @@ impl From<Refusal> for Problem {
             Refusal::BadCsrf
             | Refusal::CrossSite
             | Refusal::Role { .. }
-            | Refusal::NoAccount(_) => StatusCode::FORBIDDEN,
+            | Refusal::NoAccount(_)
+            | Refusal::ProxyBootstrap => StatusCode::FORBIDDEN,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, "Refused", refusal.to_string())

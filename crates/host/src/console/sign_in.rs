@@ -131,13 +131,9 @@ pub async fn submit(
         }
         Err(refusal @ (Refusal::WrongPassword | Refusal::Throttled(_) | Refusal::BadCsrf)) => {
             let status = Problem::from(refusal.clone()).status;
-            let mut page = form_page(&console, &caller, &next, Some(refusal.to_string()), status)?;
-            if let Refusal::Throttled(after) = refusal
-                && let Ok(value) = HeaderValue::from_str(&after.as_secs().max(1).to_string())
-            {
-                page.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-            Ok(page)
+            let page = form_page(&console, &caller, &next, Some(refusal.to_string()), status)?;
+            let retry = super::caller::retry_after(&refusal);
+            Ok(super::caller::with_retry_after(page, retry))
         }
         Err(refusal) => Err(Problem::from(refusal)),
     }

@@ -1,12 +1,19 @@
-//! How fast credentials may be tried, with governor's keyed rate limiters (GCRA):
+//! How fast credentials may be tried. Nothing here waits: a try past its budget is refused at
+//! once with the time to wait ([`TooMany`], answered `429 Retry-After`), so that a storm of
+//! guesses holds no connection and no task, and the probes (`/healthz`, `/readyz`, never
+//! throttled) keep answering through it.
 //!
-//! - per client address: [`ADDRESS_ATTEMPTS`] sign-ins a minute, and as many wrong `Bearer`
-//!   tokens; past that the address is answered 429 until its budget refills. One address
-//!   guessing therefore never slows down another (an IPv6 client counts by its /64, which one
-//!   host usually holds whole);
-//! - per account: sign-ins past a burst of [`ACCOUNT_BURST`] wait for their turn, one every
-//!   [`ACCOUNT_PERIOD`]. An account is slowed down, never locked: whoever knows its password
-//!   still gets in, a little later, while someone guesses at it from many addresses.
+//! - per client address, in governor's keyed rate limiters (GCRA), two budgets that never
+//!   touch each other: [`ADDRESS_ATTEMPTS`] sign-ins a minute, and as many wrong `Bearer`
+//!   tokens (on `/api/`, `/metrics`, `/status`). A Prometheus with a stale scrape token
+//!   therefore runs out of its own budget, never of the sign-ins of its address (an SSH
+//!   tunnel's, say). One address guessing never slows down another (an IPv6 client counts by
+//!   its /64, which one host usually holds whole). These count on each replica.
+//! - per account: a burst of [`ACCOUNT_BURST`] sign-ins, then one every [`ACCOUNT_PERIOD`],
+//!   counted in PostgreSQL ([`operators::take_sign_in_turn`]) so that every replica takes
+//!   from the same budget. Whoever knows the password of an account under attack is refused
+//!   too while the guesses keep its budget empty; the bootstrap token is checked before this
+//!   budget (it is too long to guess), so an admin with it always gets in.
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -14,16 +21,16 @@ use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
+use sqlx::PgPool;
+use worker_core::Failure;
+use worker_store::operators::{self, SignInBudget};
 
-/// Sign-ins (and wrong `Bearer` tokens) a client address may try in a minute.
+/// Sign-ins a client address may try in a minute (and, apart, wrong `Bearer` tokens).
 pub const ADDRESS_ATTEMPTS: u32 = 10;
 /// Sign-ins an account takes at once before each has to wait its turn.
 pub const ACCOUNT_BURST: u32 = 5;
 /// How often an account takes a sign-in past its burst.
 pub const ACCOUNT_PERIOD: Duration = Duration::from_secs(1);
-/// The longest a sign-in waits for its account's turn; past it the sign-in is answered 429,
-/// to be tried again, so that a queue of guesses cannot hold a connection for ever.
-pub const ACCOUNT_WAIT_MAX: Duration = Duration::from_secs(20);
 /// Keys kept before the ones whose budget has refilled are dropped.
 const KEYS_MAX: usize = 10_000;
 
@@ -33,12 +40,21 @@ pub struct TooMany {
     pub retry_after: Duration,
 }
 
-/// The limiters of one replica. Each replica counts on its own, so behind a load balancer an
-/// address gets this budget at each of them.
+/// Why an account's sign-in may not go on.
+#[derive(Debug)]
+pub enum AccountRefusal {
+    TooMany(TooMany),
+    /// The shared budget could not be read.
+    Store(Failure),
+}
+
+/// The throttle of one replica: its address budgets, and the shape of the shared account
+/// budget.
 #[derive(Debug)]
 pub struct Throttle {
-    addresses: DefaultKeyedRateLimiter<IpAddr>,
-    accounts: DefaultKeyedRateLimiter<String>,
+    sign_ins: DefaultKeyedRateLimiter<IpAddr>,
+    tokens: DefaultKeyedRateLimiter<IpAddr>,
+    account: SignInBudget,
     clock: DefaultClock,
 }
 
@@ -60,47 +76,52 @@ fn address_key(ip: IpAddr) -> IpAddr {
 }
 
 impl Throttle {
-    /// `per_minute` tries an address; an account's `burst`, then one every `period`.
+    /// `per_minute` tries an address (sign-ins, and apart wrong tokens); an account's
+    /// `burst`, then one every `period`.
     pub fn new(per_minute: u32, burst: u32, period: Duration) -> Self {
         let per_minute = NonZeroU32::new(per_minute).unwrap_or(NonZeroU32::MIN);
-        let burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
-        let account = Quota::with_period(period)
-            .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
-            .allow_burst(burst);
+        let quota = Quota::per_minute(per_minute);
         Self {
-            addresses: DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute)),
-            accounts: DefaultKeyedRateLimiter::keyed(account),
+            sign_ins: DefaultKeyedRateLimiter::keyed(quota),
+            tokens: DefaultKeyedRateLimiter::keyed(quota),
+            account: SignInBudget {
+                burst: burst.max(1),
+                period: period.max(Duration::from_millis(1)),
+            },
             clock: DefaultClock::default(),
         }
     }
 
-    fn tidy(&self) {
-        if self.addresses.len() > KEYS_MAX {
-            self.addresses.retain_recent();
+    fn check(&self, limiter: &DefaultKeyedRateLimiter<IpAddr>, ip: IpAddr) -> Result<(), TooMany> {
+        if limiter.len() > KEYS_MAX {
+            limiter.retain_recent();
         }
-        if self.accounts.len() > KEYS_MAX {
-            self.accounts.retain_recent();
-        }
-    }
-
-    /// Counts one try from `ip`: a sign-in, or a wrong `Bearer` token.
-    pub fn address(&self, ip: IpAddr) -> Result<(), TooMany> {
-        self.tidy();
-        self.addresses
+        limiter
             .check_key(&address_key(ip))
             .map_err(|not_until| TooMany {
                 retry_after: not_until.wait_time_from(self.clock.now()),
             })
     }
 
-    /// Waits for `account`'s turn to be tried (at once within its burst).
-    pub async fn account(&self, account: &str) -> Result<(), TooMany> {
+    /// Counts one sign-in from `ip`.
+    pub fn sign_in(&self, ip: IpAddr) -> Result<(), TooMany> {
+        self.check(&self.sign_ins, ip)
+    }
+
+    /// Counts one wrong `Bearer` token from `ip`.
+    pub fn wrong_token(&self, ip: IpAddr) -> Result<(), TooMany> {
+        self.check(&self.tokens, ip)
+    }
+
+    /// Takes `account`'s turn from its budget, shared by every replica; refused at once when
+    /// it has none.
+    pub async fn account(&self, pool: &PgPool, account: &str) -> Result<(), AccountRefusal> {
         let key = account.to_lowercase();
-        tokio::time::timeout(ACCOUNT_WAIT_MAX, self.accounts.until_key_ready(&key))
-            .await
-            .map_err(|_| TooMany {
-                retry_after: ACCOUNT_PERIOD,
-            })
+        match operators::take_sign_in_turn(pool, &key, self.account).await {
+            Ok(None) => Ok(()),
+            Ok(Some(retry_after)) => Err(AccountRefusal::TooMany(TooMany { retry_after })),
+            Err(failure) => Err(AccountRefusal::Store(failure)),
+        }
     }
 }
 
@@ -113,35 +134,28 @@ mod tests {
         let throttle = Throttle::default();
         let guesser: IpAddr = "192.0.2.1".parse().unwrap();
         for _ in 0..ADDRESS_ATTEMPTS {
-            assert!(throttle.address(guesser).is_ok());
+            assert!(throttle.sign_in(guesser).is_ok());
         }
-        let refused = throttle.address(guesser).unwrap_err();
+        let refused = throttle.sign_in(guesser).unwrap_err();
         assert!(refused.retry_after > Duration::ZERO);
-        assert!(throttle.address("192.0.2.2".parse().unwrap()).is_ok());
+        assert!(throttle.sign_in("192.0.2.2".parse().unwrap()).is_ok());
     }
 
     #[test]
     fn an_ipv6_client_counts_by_its_64() {
         let throttle = Throttle::new(1, 1, ACCOUNT_PERIOD);
-        assert!(throttle.address("2001:db8::1".parse().unwrap()).is_ok());
-        assert!(throttle.address("2001:db8::2".parse().unwrap()).is_err());
-        assert!(throttle.address("2001:db8:0:1::1".parse().unwrap()).is_ok());
+        assert!(throttle.sign_in("2001:db8::1".parse().unwrap()).is_ok());
+        assert!(throttle.sign_in("2001:db8::2".parse().unwrap()).is_err());
+        assert!(throttle.sign_in("2001:db8:0:1::1".parse().unwrap()).is_ok());
     }
 
-    #[tokio::test]
-    async fn an_account_past_its_burst_waits_its_turn_and_is_not_refused() {
-        let throttle = Throttle::new(100, 2, Duration::from_millis(200));
-        let start = std::time::Instant::now();
-        for _ in 0..3 {
-            throttle.account("alice").await.unwrap();
-        }
-        assert!(
-            start.elapsed() >= Duration::from_millis(150),
-            "{:?}",
-            start.elapsed()
-        );
-        let other = std::time::Instant::now();
-        throttle.account("bob").await.unwrap();
-        assert!(other.elapsed() < Duration::from_millis(100));
+    #[test]
+    fn wrong_tokens_spend_a_budget_apart_from_the_sign_ins_of_their_address() {
+        let throttle = Throttle::new(2, 1, ACCOUNT_PERIOD);
+        let scraper: IpAddr = "192.0.2.7".parse().unwrap();
+        assert!(throttle.wrong_token(scraper).is_ok());
+        assert!(throttle.wrong_token(scraper).is_ok());
+        assert!(throttle.wrong_token(scraper).is_err());
+        assert!(throttle.sign_in(scraper).is_ok());
     }
 }

@@ -14,4 +14,4 @@ pub use account::{Account, AccountError, BOOTSTRAP, NAME_MAX_CHARS, Role, RoleTe
 pub use bootstrap::{BootstrapSync, sync_bootstrap};
 pub use manage::{add, add_token, disable, enable, list, remove, set_password, set_role};
 pub use personal_data::{ViewerSight, reveal, set_reveal_right, viewer_sight};
-pub use sign_in::{by_token, credentials, from_proxy};
+pub use sign_in::{SignInBudget, by_token, credentials, from_proxy, take_sign_in_turn};

@@ -2,6 +2,7 @@
 //! the auth proxy's header, a session) and whether it may read `/metrics` and `/status`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderMap;
@@ -9,6 +10,7 @@ use sqlx::PgPool;
 use worker_store::operators;
 use worker_store::sessions;
 
+use super::decoy::Decoy;
 use super::request::{SESSION_COOKIE, bearer, cookie_value, digest, same_secret};
 use super::rules::{Caller, Credential, Refusal, Signed};
 use crate::console::forwarded::{Client, TrustedProxies};
@@ -27,6 +29,8 @@ pub struct Access {
     pub(super) auth_proxy: Option<AuthProxy>,
     scrape_token: Option<Secret>,
     pub throttle: Throttle,
+    /// What a wrong account name's password is checked against.
+    pub(super) decoy: Arc<Decoy>,
 }
 
 impl Access {
@@ -39,6 +43,7 @@ impl Access {
             auth_proxy: admin.auth_proxy.clone(),
             scrape_token: admin.scrape_token.clone(),
             throttle: Throttle::default(),
+            decoy: Arc::new(Decoy::new(admin.password_hashing)),
         }
     }
 
@@ -116,7 +121,7 @@ impl Access {
                 given_name: None,
             }),
             None => {
-                self.throttle.address(client.ip)?;
+                self.throttle.wrong_token(client.ip)?;
                 tracing::warn!(from = %client.ip, "a request with a wrong API token was refused");
                 Err(Refusal::WrongToken)
             }

@@ -24,8 +24,10 @@
 //! The files: `rules.rs` (the [`Caller`] and what it may do, each [`Refusal`], and another
 //! site's requests refused), `request.rs` (what a request carries: cookies and a `Bearer`
 //! token; and how secrets are made and compared), `identify.rs` ([`Access`]: who a request
-//! is, and the scrape token), `sessions.rs` (signing in and out).
+//! is, and the scrape token), `sessions.rs` (signing in and out), `decoy.rs` (the hash a wrong
+//! account name is checked against).
 
+mod decoy;
 mod identify;
 mod request;
 mod rules;

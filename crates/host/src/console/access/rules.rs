@@ -10,7 +10,7 @@ use worker_store::operators::Role;
 
 use super::request::same_secret;
 use crate::console::forwarded::Client;
-use crate::console::throttle::TooMany;
+use crate::console::throttle::{AccountRefusal, TooMany};
 
 /// An account, signed in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +84,21 @@ pub enum Refusal {
         "the sign-in proxy names `{0}`, which is no enabled account here: ask an admin to make it (worker-host operators add)"
     )]
     NoAccount(String),
+    #[error(
+        "the sign-in proxy names `bootstrap`, the account of admin.operator_token, which no proxied user may become: sign in with the token on the sign-in form instead"
+    )]
+    ProxyBootstrap,
     #[error("checking who you are failed: {0}")]
     Unavailable(String),
+}
+
+impl From<AccountRefusal> for Refusal {
+    fn from(refusal: AccountRefusal) -> Self {
+        match refusal {
+            AccountRefusal::TooMany(too_many) => too_many.into(),
+            AccountRefusal::Store(failure) => failure.into(),
+        }
+    }
 }
 
 impl From<TooMany> for Refusal {

@@ -1,8 +1,6 @@
 //! Signing in and out: a session opened for an account's password, the bootstrap token or
 //! the auth proxy's user, kept in PostgreSQL so that every replica knows it, and ended.
 
-use std::sync::OnceLock;
-
 use axum::http::HeaderMap;
 use sqlx::PgPool;
 use worker_store::audit::{Actor, Via};
@@ -16,16 +14,6 @@ use super::request::{
 use super::rules::{Caller, Refusal, Signed, refuse_cross_site};
 use crate::console::forwarded::Client;
 use crate::credentials;
-use crate::settings::PasswordHashing;
-
-/// An argon2id string that matches no password, verified when no account has the name given,
-/// so that a wrong name takes as long as a wrong password.
-fn decoy_hash() -> &'static str {
-    static DECOY: OnceLock<String> = OnceLock::new();
-    DECOY.get_or_init(|| {
-        credentials::hash_password(&random_token(), PasswordHashing::default()).unwrap_or_default()
-    })
-}
 
 impl Access {
     /// Signs the auth proxy's `user` in with a new session: its id and CSRF token.
@@ -43,10 +31,14 @@ impl Access {
             Ok(None) | Err(operators::AccountError::BadName(_)) => {
                 return Err(Refusal::NoAccount(user.to_string()));
             }
+            Err(operators::AccountError::Bootstrap) => {
+                tracing::warn!(from = %caller.client.ip, proxy = %caller.peer, named = %user, "the auth proxy named the bootstrap account, which only admin.operator_token signs in as: refused");
+                return Err(Refusal::ProxyBootstrap);
+            }
             Err(e) => return Err(Refusal::Unavailable(e.to_string())),
         };
         let (id, csrf) = self
-            .open_session(pool, user, None, &caller.client.label(caller.peer))
+            .open_session(pool, user, None, &caller.client.label(caller.peer), true)
             .await?;
         tracing::info!(account = %user, from = %caller.client.ip, "an operator signed in to the console through the auth proxy");
         let signed = Signed {
@@ -57,27 +49,31 @@ impl Access {
         Ok((signed, id, csrf))
     }
 
+    /// A new session: its id and CSRF token. One made `by_proxy` is unclaimed until its
+    /// cookie comes back, and replaces the account's other unclaimed one.
     async fn open_session(
         &self,
         pool: &PgPool,
         account: &str,
         given_name: Option<&str>,
         origin: &str,
+        by_proxy: bool,
     ) -> Result<(String, String), Refusal> {
         let id = random_token();
         let csrf = random_token();
-        sessions::create(
-            pool,
-            &NewSession {
-                id_sha256: &digest(&id),
-                account,
-                csrf: &csrf,
-                origin,
-                given_name,
-                lifetime: self.lifetime,
-            },
-        )
-        .await?;
+        let session = NewSession {
+            id_sha256: &digest(&id),
+            account,
+            csrf: &csrf,
+            origin,
+            given_name,
+            lifetime: self.lifetime,
+        };
+        if by_proxy {
+            sessions::create_unclaimed(pool, &session).await?;
+        } else {
+            sessions::create(pool, &session).await?;
+        }
         Ok((id, csrf))
     }
 
@@ -98,9 +94,10 @@ impl Access {
         if form_csrf.is_empty() || !same_secret(&cookie, form_csrf) {
             return Err(Refusal::BadCsrf);
         }
-        self.throttle.address(client.ip)?;
-        self.throttle.account(name).await?;
+        self.throttle.sign_in(client.ip)?;
         let from = client.ip.to_string();
+        // The bootstrap token first: it is too long to guess, so it needs no account budget,
+        // and an admin who holds it gets in while guesses keep an account's budget empty.
         let bootstrap = operators::by_token(pool, &credentials::token_digest(password))
             .await?
             .is_some_and(|(account, _)| account == BOOTSTRAP);
@@ -108,13 +105,18 @@ impl Access {
             let given = (name != BOOTSTRAP).then_some(name);
             (BOOTSTRAP.to_string(), given)
         } else {
+            self.throttle.account(pool, name).await?;
             let found = operators::credentials(pool, name).await?;
-            let stored = found
-                .as_ref()
-                .map_or_else(|| decoy_hash().to_string(), |(_, hash)| hash.clone());
+            let stored = found.as_ref().map(|(_, hash)| hash.clone());
+            let decoy = self.decoy.clone();
             let password = password.to_string();
-            let matches = tokio::task::spawn_blocking(move || {
-                credentials::verify_password(&password, &stored)
+            let matches = tokio::task::spawn_blocking(move || match stored {
+                Some(stored) => credentials::verify_password(&password, &stored),
+                None => {
+                    // A wrong name takes as long as a wrong password.
+                    credentials::verify_password(&password, decoy.hash());
+                    false
+                }
             })
             .await
             .unwrap_or(false);
@@ -124,7 +126,9 @@ impl Access {
             }
             (name.to_string(), None)
         };
-        let (id, _) = self.open_session(pool, &account, given_name, &from).await?;
+        let (id, _) = self
+            .open_session(pool, &account, given_name, &from, false)
+            .await?;
         tracing::info!(%account, given_name = ?given_name, %from, "an operator signed in to the console");
         Ok(id)
     }
