@@ -324,6 +324,7 @@ async fn console(
             recipients_max: settings.jobs.automation_action.auto_replies.recipients_max,
         },
         gates: None,
+        erasing: crate::console::privacy::Erasing::from_settings(settings),
     })
 }
 

@@ -21,6 +21,9 @@
 //!   mail's story;
 //! - `sign_in.rs`: the operator session;
 //! - `accounts.rs`: `/accounts`, the operator accounts, which an admin manages;
+//! - `personal.rs`: who sees customers' personal data ([`masking`] hides it from the rest),
+//!   and a viewer's audited reveal; `privacy.rs`: `/privacy`, an admin's erasure of one
+//!   person's data;
 //! - `forwarded.rs`: which proxies' forwarded headers count; `throttle.rs`: how fast
 //!   credentials may be tried.
 
@@ -41,6 +44,7 @@ mod outbox;
 mod overview;
 pub mod page;
 mod personal;
+pub mod privacy;
 mod sign_in;
 pub mod throttle;
 pub mod views;
@@ -87,6 +91,8 @@ pub struct Console {
     pub edits: edit::EditSettings,
     /// The consumer jobs' pauses as this replica obeys them.
     pub gates: Option<Arc<crate::jobs::ConsumerGates>>,
+    /// What an admin's erasure of a person's data needs (`/privacy`).
+    pub erasing: Option<privacy::Erasing>,
 }
 
 /// The operator actions, each a form's target and, under `/api/`, a script's.
@@ -109,6 +115,7 @@ fn operator_actions() -> Router<Arc<Console>> {
         .route("/dead-letters/{id}/edited", post(edit::body_edit_submit))
         .route("/reveal", post(personal::reveal))
         .route("/accounts/{name}/personal-data", post(personal::set_right))
+        .route("/privacy/erase", post(privacy::erase))
 }
 
 /// The console's routes, pages and API.
@@ -126,6 +133,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/mail", get(mail::search_page))
         .route("/mail/{id}", get(mail::story_page))
         .route("/accounts", get(accounts::page))
+        .route("/privacy", get(privacy::page))
         .route("/outbound/{id}", get(edit::mail_page))
         .route("/outbound/{id}/edit", get(edit::edit_page))
         .route("/dead-letters/{id}/edit", get(edit::body_edit_page))

@@ -22,6 +22,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("outbox.html", include_str!("templates/outbox.html")),
     ("sign_in.html", include_str!("templates/sign_in.html")),
     ("accounts.html", include_str!("templates/accounts.html")),
+    ("privacy.html", include_str!("templates/privacy.html")),
     (
         "outbox_confirm.html",
         include_str!("templates/outbox_confirm.html"),
