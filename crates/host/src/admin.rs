@@ -1,7 +1,8 @@
 //! The admin HTTP server: `/healthz` (the process is alive), `/readyz` (the database and
 //! the broker are reachable), `/status`, `/metrics` (both behind `admin.scrape_token` when it
 //! is set) and the operator's [`console`](crate::console), on `admin.listen`. Every response
-//! carries the console's security headers.
+//! carries the console's security headers. Every request, these endpoints' too, must name
+//! this server in `Host` ([`crate::allowed_hosts`], against DNS rebinding).
 //!
 //! The server is bounded ([`Limits`]): a client has `admin.header_timeout` to send a
 //! request's headers (a slow client cannot hold a connection open by trickling them), a
@@ -24,6 +25,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::allowed_hosts::AllowedHosts;
 use crate::console::Console;
 use crate::console::page::secure;
 use crate::metrics::PrometheusReader;
@@ -115,6 +117,8 @@ pub struct AdminState {
     console: Option<Arc<Console>>,
     /// The schema found at start, shown on `/readyz` beside the checks.
     schema: Option<worker_store::schema::SchemaVersion>,
+    /// The host names a request may name (`admin.allowed_hosts`); loopback only until set.
+    allowed_hosts: AllowedHosts,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -133,7 +137,20 @@ impl AdminState {
             status: None,
             console: None,
             schema: None,
+            allowed_hosts: AllowedHosts::new(
+                SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                &[],
+                "admin.allowed_hosts",
+            ),
         }
+    }
+
+    /// Answers requests for `admin.listen`, loopback and the names `admin.allowed_hosts`
+    /// lists; refuses the others (421).
+    pub fn with_allowed_hosts(mut self, admin: &crate::settings::AdminSettings) -> Self {
+        self.allowed_hosts =
+            AllowedHosts::new(admin.listen, &admin.allowed_hosts, "admin.allowed_hosts");
+        self
     }
 
     /// Shows the schema's version (highest migration, the release that applied it) on
@@ -164,6 +181,7 @@ impl AdminState {
 
 pub fn router(state: AdminState) -> Router {
     let console = state.console.clone();
+    let allowed_hosts = state.allowed_hosts.clone();
     let scraped = Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(status))
@@ -180,7 +198,12 @@ pub fn router(state: AdminState) -> Router {
         Some(console) => endpoints.merge(crate::console::routes(console)),
         None => endpoints,
     };
-    router.layer(axum::middleware::map_response(secure))
+    router
+        .layer(axum::middleware::from_fn_with_state(
+            allowed_hosts,
+            crate::allowed_hosts::guard,
+        ))
+        .layer(axum::middleware::map_response(secure))
 }
 
 /// `/metrics` and `/status` only with the scrape token, when one is set.

@@ -7,6 +7,7 @@
 //! binary is a file of [`commands`]; [`exit`] holds the exit codes.
 
 pub mod admin;
+pub mod allowed_hosts;
 pub mod alerts;
 pub mod cli;
 pub mod commands;

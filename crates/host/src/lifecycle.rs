@@ -266,6 +266,7 @@ async fn serve_admin(
         settings.admin.listen,
         admin::Limits::of(&settings.admin),
         AdminState::new(watched.readiness)
+            .with_allowed_hosts(&settings.admin)
             .with_schema(watched.schema)
             .with_metrics(observability.prometheus.clone())
             .with_status(board)

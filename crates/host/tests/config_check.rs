@@ -66,6 +66,13 @@ fn each_broken_file_exits_64_and_names_the_key() {
             "database.password_file",
         ),
         ("broken toml", "[database\n".to_string(), "worker-host.toml"),
+        (
+            "an allowed host that is a URL",
+            format!(
+                "{SECRETS}[admin]\nallowed_hosts = [\"ok.example.net\", \"https://console.example.net\"]\n"
+            ),
+            "admin.allowed_hosts[1]",
+        ),
     ];
     for (case, text, key) in cases {
         let (code, stdout, stderr) = config_check(text);

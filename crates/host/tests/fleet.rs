@@ -128,3 +128,40 @@ async fn an_installation_streaming_an_endless_answer_is_failing_and_read_only_to
     );
     Ok(())
 }
+
+/// The fleet view answers only requests that name it (`allowed_hosts`, against DNS
+/// rebinding): another `Host` is refused on every path with 421; loopback and a listed name
+/// are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_another_host_is_refused_by_the_fleet_view() -> anyhow::Result<()> {
+    let (silent, _held) = support::fleet::silent_listener().await?;
+    let view = FleetView::start(&format!(
+        "allowed_hosts = [\"fleet.example.net\"]\n\n[[installations]]\nname = \"quiet\"\nurl = \"http://{silent}\"\ntoken = \"a-viewer-token\"\nenvironment = \"staging\"\n"
+    ))
+    .await?;
+    let client = reqwest::Client::new();
+    let get_as = |path: &str, host: &str| {
+        client
+            .get(view.url(path))
+            .header(reqwest::header::HOST, host)
+            .send()
+    };
+    for path in ["/", "/api/fleet", "/console.css", "/healthz"] {
+        let refused = get_as(path, "evil.example").await?;
+        assert_eq!(refused.status().as_u16(), 421, "{path}");
+        let body = refused.text().await?;
+        assert!(
+            body.contains("evil.example") && body.contains("allowed_hosts"),
+            "{path}: {body}"
+        );
+        for ours in [
+            format!("127.0.0.1:{}", view.port),
+            "localhost".to_string(),
+            "fleet.example.net".to_string(),
+        ] {
+            let answer = get_as(path, &ours).await?;
+            assert_eq!(answer.status().as_u16(), 200, "{path} with Host {ours}");
+        }
+    }
+    Ok(())
+}

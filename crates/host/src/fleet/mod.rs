@@ -18,6 +18,7 @@ use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+use crate::allowed_hosts::AllowedHosts;
 use crate::console::Views;
 use crate::console::page::secure;
 use crate::exit::Fatal;
@@ -64,10 +65,15 @@ pub async fn run(settings: FleetSettings) -> Result<(), Fatal> {
         fleet.clone(),
         shutdown.clone(),
     ));
-    let app = router(View {
-        fleet,
-        views: Arc::new(views),
-    });
+    let allowed_hosts =
+        AllowedHosts::new(settings.listen, &settings.allowed_hosts, "allowed_hosts");
+    let app = router(
+        View {
+            fleet,
+            views: Arc::new(views),
+        },
+        allowed_hosts,
+    );
     let stop = shutdown.clone();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -80,13 +86,19 @@ pub async fn run(settings: FleetSettings) -> Result<(), Fatal> {
     served.map_err(|e| Fatal::software(format!("the fleet view stopped: {e}")))
 }
 
-fn router(view: View) -> Router {
+/// The page, its JSON twin, its stylesheet and `/healthz`, each only for a request that names
+/// this view in `Host` (`allowed_hosts`, against DNS rebinding).
+fn router(view: View, allowed_hosts: AllowedHosts) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/api/fleet", get(api))
         .route("/console.css", get(crate::console::page::stylesheet))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(view)
+        .layer(axum::middleware::from_fn_with_state(
+            allowed_hosts,
+            crate::allowed_hosts::guard,
+        ))
         .layer(axum::middleware::map_response(secure))
         // The handlers only read memory; the bound is for a client that never finishes.
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(

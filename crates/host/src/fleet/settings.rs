@@ -34,6 +34,10 @@ pub struct FleetSettings {
     /// How long one installation may take to answer before it counts as unreachable.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// The host names the view answers to besides loopback and `listen`'s address (as
+    /// `admin.allowed_hosts`): the name an authenticating proxy on this machine passes on.
+    /// Any other `Host` is refused with 421 (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
     pub installations: Vec<InstallationSettings>,
 }
 
@@ -43,6 +47,7 @@ impl Default for FleetSettings {
             listen: SocketAddr::from(([127, 0, 0, 1], 9190)),
             refresh: Duration::from_secs(10),
             timeout: Duration::from_secs(3),
+            allowed_hosts: Vec::new(),
             installations: Vec::new(),
         }
     }
@@ -166,6 +171,11 @@ impl FleetSettings {
                     humantime::format_duration(self.timeout)
                 ),
             );
+        }
+        for (i, name) in self.allowed_hosts.iter().enumerate() {
+            if let Err(problem) = crate::allowed_hosts::AllowedHost::parse(name) {
+                fail(format!("allowed_hosts[{i}]"), problem);
+            }
         }
         if self.installations.is_empty() {
             fail(

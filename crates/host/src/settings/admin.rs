@@ -31,6 +31,13 @@ pub struct AdminSettings {
     /// How long a console session lasts at most, however busy.
     #[serde(with = "humantime_serde")]
     pub session_lifetime: Duration,
+    /// The host names the admin port answers to besides loopback (`localhost`, `127.0.0.1`,
+    /// `[::1]`) and `listen`'s address, which it always answers to: `console.example.net`
+    /// (any port) or `console.example.net:8443` (that port only). A request naming any other
+    /// host in `Host` is refused with 421, so that a page on another site cannot reach the
+    /// console by pointing its own name at this address (DNS rebinding). Behind a reverse
+    /// proxy that passes the browser's `Host` on, list the proxy's public name.
+    pub allowed_hosts: Vec<String>,
     /// Lets anyone read the console's pages and API without signing in. Allowed only while
     /// `listen` is a loopback address, and never for a request that came through a proxy
     /// (one with forwarded headers): those need a session all the same.
@@ -126,6 +133,7 @@ impl Default for AdminSettings {
             operator_token_file: None,
             session_idle: Duration::from_secs(8 * 3600),
             session_lifetime: Duration::from_secs(24 * 3600),
+            allowed_hosts: Vec::new(),
             open_reading: false,
             trusted_proxies: Vec::new(),
             auth_proxy: None,

@@ -266,6 +266,11 @@ impl Settings {
                 );
             }
         }
+        for (i, name) in admin.allowed_hosts.iter().enumerate() {
+            if let Err(problem) = crate::allowed_hosts::AllowedHost::parse(name) {
+                fail(&format!("admin.allowed_hosts[{i}]"), problem);
+            }
+        }
         if admin.open_reading && !admin.listen.ip().is_loopback() {
             fail(
                 "admin.open_reading",
