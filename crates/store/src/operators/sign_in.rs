@@ -119,11 +119,17 @@ pub async fn take_sign_in_turn(
 ) -> Result<Option<Duration>, Failure> {
     let period = budget.period.as_secs_f64();
     let window = period * f64::from(budget.burst.max(1));
-    // Full budgets need no row: a row whose time has passed says nothing a missing one does not.
-    sqlx::query("DELETE FROM operator_sign_in_budget WHERE full_at < now()")
-        .execute(pool)
-        .await
-        .map_err(classify)?;
+    // Full budgets need no row: a row whose time has passed says nothing a missing one does
+    // not. Rows another sign-in holds are left for a later sweep, so that sweeps at once
+    // neither wait for each other nor deadlock.
+    sqlx::query(
+        "DELETE FROM operator_sign_in_budget WHERE account IN \
+         (SELECT account FROM operator_sign_in_budget WHERE full_at < now() \
+          FOR UPDATE SKIP LOCKED)",
+    )
+    .execute(pool)
+    .await
+    .map_err(classify)?;
     let taken: Option<(DateTime<Utc>,)> = sqlx::query_as(
         "INSERT INTO operator_sign_in_budget AS b (account, full_at) \
          VALUES ($1, now() + make_interval(secs => $2)) \
