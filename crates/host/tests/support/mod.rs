@@ -12,6 +12,7 @@ pub mod edit;
 pub mod fleet;
 pub mod history;
 pub mod pause;
+pub mod progress;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
