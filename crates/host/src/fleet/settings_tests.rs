@@ -212,3 +212,15 @@ fn a_token_over_plain_http_to_loopback_is_taken() {
         assert!(load(&text).is_ok(), "{url}");
     }
 }
+
+#[test]
+fn an_allowed_host_that_is_a_url_is_refused_naming_it() {
+    let text = format!(
+        "allowed_hosts = [\"fleet.example.net\", \"https://fleet.example.net\"]\n{}",
+        GOOD.trim_start()
+            .trim_start_matches("listen = \"127.0.0.1:9190\"\n")
+    );
+    let errors = load_with_env(&text, &[("STAGING_TOKEN", "t")]).unwrap_err();
+    assert_eq!(keys(&errors), vec!["allowed_hosts[1]"], "{errors:?}");
+    assert!(errors[0].to_string().contains("not a URL"), "{errors:?}");
+}
