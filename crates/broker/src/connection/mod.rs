@@ -24,6 +24,7 @@
 //! `supervisor` ([`Supervisor`], the loop that keeps a connection up).
 
 mod connect;
+mod drain;
 mod error;
 mod session;
 mod settings;

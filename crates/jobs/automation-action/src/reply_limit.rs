@@ -139,6 +139,40 @@ pub fn counted_recipients(email: &RenderedEmail) -> Vec<String> {
     recipients(email)
 }
 
+/// The copy's recipient rows, as the automation's own mails have them (the reply limit counts
+/// them, a search by recipient finds them): `$2`, the addresses as the reply limit counts
+/// them, for the automation the original answered for. That is the original's execution's, or,
+/// for a copy of a copy (which has no execution), the original's own recipient rows'.
+const EDITED_COPY: &str = "INSERT INTO outbound_email_recipients \
+         (outbound_email_id, automation_id, address, created_at) \
+     SELECT $1, a.automation_id, unnest($2::text[]), now() \
+     FROM (SELECT coalesce( \
+               (SELECT x.automation_id FROM outbound_emails e \
+                JOIN action_executions x ON x.id = e.action_execution_id WHERE e.id = $3), \
+               (SELECT r.automation_id FROM outbound_email_recipients r \
+                WHERE r.outbound_email_id = $3 LIMIT 1)) AS automation_id) a \
+     WHERE a.automation_id IS NOT NULL \
+     ON CONFLICT DO NOTHING";
+
+/// In the caller's transaction, once an operator's edited copy `copy` of mail `original` is
+/// written: its recipient rows (`recipients`, as [`counted_recipients`] gives them), so that
+/// the reply limit counts the copy and a search by recipient finds it.
+pub async fn record_edited_copy(
+    conn: &mut PgConnection,
+    copy: Uuid,
+    original: Uuid,
+    recipients: &[String],
+) -> Result<(), Failure> {
+    sqlx::query(EDITED_COPY)
+        .bind(copy)
+        .bind(recipients)
+        .bind(original)
+        .execute(conn)
+        .await
+        .map_err(classify)?;
+    Ok(())
+}
+
 /// How many mails `automation_id` queued to each of `addresses` within `window`
 /// ([`SENT_WITHIN`]): the addresses with any, in one statement.
 pub async fn sent_to(

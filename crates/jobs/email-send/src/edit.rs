@@ -216,24 +216,9 @@ impl CommandRoute {
     }
 }
 
-/// The copy's recipient rows, as the automation's own mails have them (the reply limit counts
-/// them, a search by recipient finds them): `$2`, the addresses as the reply limit counts
-/// them, for the automation the original answered for. That is the original's execution's, or,
-/// for a copy of a copy (which has no execution), the original's own recipient rows'.
-const COPY_RECIPIENTS: &str = "INSERT INTO outbound_email_recipients \
-         (outbound_email_id, automation_id, address, created_at) \
-     SELECT $1, a.automation_id, unnest($2::text[]), now() \
-     FROM (SELECT coalesce( \
-               (SELECT x.automation_id FROM outbound_emails e \
-                JOIN action_executions x ON x.id = e.action_execution_id WHERE e.id = $3), \
-               (SELECT r.automation_id FROM outbound_email_recipients r \
-                WHERE r.outbound_email_id = $3 LIMIT 1)) AS automation_id) a \
-     WHERE a.automation_id IS NOT NULL \
-     ON CONFLICT DO NOTHING";
-
 /// In the caller's transaction, after [`lock_for_edit`]: writes the copy `new_id` of the
-/// locked `original` with `edit` and its recipient rows (`recipients`, bare and lower-case, as
-/// the reply limit counts them), marks the original superseded by it (only if no other edit
+/// locked `original` with `edit` (its recipient rows are the reply limit's to write:
+/// `job_automation_action::reply_limit::record_edited_copy`), marks the original superseded by it (only if no other edit
 /// did: `WHERE superseded_by IS NULL`) and puts the copy's send command in the outbox. `false`
 /// when another edit superseded it first (nothing is written then; the caller rolls back).
 pub async fn supersede(
@@ -241,7 +226,6 @@ pub async fn supersede(
     original: &OutboundMail,
     new_id: Uuid,
     edit: &MailEdit,
-    recipients: &[String],
     actor: &str,
     route: &CommandRoute,
 ) -> Result<bool, Failure> {
@@ -284,13 +268,6 @@ pub async fn supersede(
     .execute(&mut *tx)
     .await
     .map_err(classify)?;
-    sqlx::query(COPY_RECIPIENTS)
-        .bind(new_id)
-        .bind(recipients)
-        .bind(original.id)
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?;
     let command = EmailSendCommand {
         outbound_email_id: new_id,
     };

@@ -13,6 +13,7 @@
 //! - the original is never sent after the edit: its dead letters leave `dead` here, and the
 //!   sender's claim refuses a superseded row (ServicePulse#2424).
 
+use job_automation_action::reply_limit;
 use job_email_send::edit::{self as mail, CommandRoute, MailEdit, OutboundMail, Refused};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
@@ -133,14 +134,11 @@ pub async fn edit_mail(
     if changed.is_empty() {
         return Err(EditError::Unchanged);
     }
-    let recipients =
-        job_automation_action::reply_limit::counted_recipients(&as_rendered(&original, edit));
     if !mail::supersede(
         &mut tx,
         &original,
         copy,
         edit,
-        &recipients,
         &actor.label(),
         &settings.route,
     )
@@ -153,6 +151,8 @@ pub async fn edit_mail(
             actor: None,
         }));
     }
+    let recipients = reply_limit::counted_recipients(&as_rendered(&original, edit));
+    reply_limit::record_edited_copy(&mut tx, copy, original.id, &recipients).await?;
     let dead = edited::dead_of_message(&mut tx, &id.to_string()).await?;
     let target = json!({
         "outbound_email_id": id,
