@@ -5,8 +5,9 @@
 //! name in `Host`; so every request whose `Host` is not a name this server is reached by is
 //! answered `421 Misdirected Request`, before any other check or handler runs.
 //!
-//! The names always answered to: the loopback names (`localhost`, `127.0.0.1`, `[::1]`) and
-//! the listen address, on any port (an SSH tunnel forwards another port); besides them, the
+//! The names always answered to: any address (`10.0.0.5:9180`, `[::1]`: a rebinding page's
+//! browser sends the page's name, never an address), the loopback name `localhost` and the
+//! listen address, on any port (an SSH tunnel forwards another port); besides them, the
 //! names the settings list (`admin.allowed_hosts`, the fleet view's `allowed_hosts`): the
 //! public name a reverse proxy passes on, a name an operator's browser uses. A listed name
 //! with a port (`console.example.net:8443`) counts on that port only. `/healthz` and
@@ -104,6 +105,14 @@ fn split(value: &str) -> Option<(String, Option<u16>)> {
     (!host.is_empty()).then_some((host, port))
 }
 
+/// `10.0.0.5` or `[fd00::5]`, as [`split`] leaves a host.
+fn is_address(host: &str) -> bool {
+    match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(inner) => inner.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host.parse::<std::net::Ipv4Addr>().is_ok(),
+    }
+}
+
 /// The names one server answers to.
 #[derive(Debug, Clone)]
 pub struct AllowedHosts {
@@ -135,9 +144,14 @@ impl AllowedHosts {
         }
     }
 
-    /// Whether a request with this `Host` value is one for this server.
+    /// Whether a request with this `Host` value is one for this server: a listed name, or an
+    /// address. An address is never what a rebinding page sends (its browser sends the page's
+    /// own name), and a scraper or probe that connects by address (Prometheus on `10.0.0.5:9180`
+    /// while `listen` is `0.0.0.0`) must keep working without a list of every address.
     pub fn allows(&self, host: &str) -> bool {
-        split(host).is_some_and(|(host, port)| self.names.iter().any(|n| n.matches(&host, port)))
+        split(host).is_some_and(|(host, port)| {
+            is_address(&host) || self.names.iter().any(|n| n.matches(&host, port))
+        })
     }
 
     /// `None` when `request` names this server (its `Host`, and the authority of an
@@ -159,7 +173,7 @@ impl AllowedHosts {
             .take(QUOTED_MAX_CHARS)
             .collect();
         let body = format!(
-            "421 Misdirected Request: this server does not answer to the host name `{quoted}`. It answers to loopback (localhost, 127.0.0.1, [::1]), its listen address and the names in {setting}; a page whose name resolves here is refused (DNS rebinding). Behind a reverse proxy, list the name it passes on in {setting}.\n",
+            "421 Misdirected Request: this server does not answer to the host name `{quoted}`. It answers to any IP address, to localhost and to the names in {setting}; a page whose name resolves here is refused (DNS rebinding). Behind a reverse proxy, list the name it passes on in {setting}.\n",
             setting = self.setting
         );
         tracing::debug!(host = %quoted, "a request for another host name was refused");
@@ -222,8 +236,19 @@ mod tests {
         ] {
             assert!(!hosts.allows(host), "{host}");
         }
+    }
+
+    #[test]
+    fn an_address_is_answered_since_no_rebinding_page_sends_one() {
         let every = allowed("0.0.0.0:9180", &[]);
-        assert!(!every.allows("0.0.0.0:9180"), "every address is no name");
+        for host in ["10.0.0.5:9180", "192.168.1.20", "[fd00::5]:9180"] {
+            assert!(every.allows(host), "{host}");
+        }
+        assert!(
+            !every.allows("wh-1:9180"),
+            "a name is answered only when listed"
+        );
+        assert!(!every.allows("10.0.0.5.nip.io:9180"));
     }
 
     #[test]
