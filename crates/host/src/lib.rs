@@ -7,8 +7,8 @@
 //! binary is a file of [`commands`]; [`exit`] holds the exit codes.
 
 pub mod admin;
-pub mod allowed_hosts;
 pub mod alerts;
+pub mod allowed_hosts;
 pub mod cli;
 pub mod commands;
 pub mod connections;
