@@ -20,9 +20,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, Locator};
+use fantoccini::Locator;
 use support::SERIAL;
-use support::browser::{element, screenshot_dir, text_of};
+use support::browser::{element, screenshot_dir, sign_in, text_of};
 use support::fleet::{FleetView, Installation, VIEWER_PASSWORD, silent_listener};
 use worker_testkit::Browser;
 
@@ -41,23 +41,6 @@ fn entry(name: &str, url: &str, token: &str, environment: &str) -> String {
 
 fn row(name: &str, cell: &str) -> String {
     format!("tr[data-installation='{name}'] {cell}")
-}
-
-/// Signs in through the form at `base` as the installation's viewer account.
-async fn sign_in(client: &Client, base: &str) {
-    client.goto(&format!("{base}/sign-in")).await.unwrap();
-    element(client, "#name")
-        .await
-        .send_keys("fleet")
-        .await
-        .unwrap();
-    element(client, "#password")
-        .await
-        .send_keys(VIEWER_PASSWORD)
-        .await
-        .unwrap();
-    element(client, "#submit").await.click().await.unwrap();
-    text_of(client, "#operator", "fleet").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,7 +252,7 @@ async fn a_production_installations_console_shows_its_band_on_every_page() -> an
     // Before signing in, too.
     client.goto(&format!("{base}/sign-in")).await?;
     text_of(client, "#environment", "production").await;
-    sign_in(client, &base).await;
+    sign_in(client, &base, "fleet", VIEWER_PASSWORD).await;
     for path in [
         "/",
         "/dead-letters",

@@ -10,7 +10,7 @@ mod support;
 
 use fantoccini::{Client, Locator};
 use support::SERIAL;
-use support::browser::{element, text_of};
+use support::browser::{element, sign_in, sign_out, text_of};
 use support::console::{Setup, World};
 use support::edit::failed_mail;
 use worker_testkit::Browser;
@@ -18,27 +18,6 @@ use worker_testkit::Browser;
 const SHOW_LOG: &str = "CONSOLE_PERSONAL_SHOW_LOG";
 const PASSWORD: &str = "a-long-enough-password";
 const HIDDEN: &str = "[hidden: personal data]";
-
-async fn sign_in(client: &Client, base: &str, name: &str) {
-    client.goto(&format!("{base}/sign-in")).await.unwrap();
-    element(client, "#name")
-        .await
-        .send_keys(name)
-        .await
-        .unwrap();
-    element(client, "#password")
-        .await
-        .send_keys(PASSWORD)
-        .await
-        .unwrap();
-    element(client, "#submit").await.click().await.unwrap();
-    text_of(client, "#operator", name).await;
-}
-
-async fn sign_out(client: &Client) {
-    element(client, "#sign-out").await.click().await.unwrap();
-    element(client, "#sign-in").await;
-}
 
 async fn source(client: &Client) -> String {
     client.source().await.unwrap()
@@ -62,7 +41,7 @@ async fn a_viewer_sees_masks_an_operator_sees_the_data_and_a_reveal_is_audited()
     let mail = format!("{base}/outbound/{}", failed.mail);
     let masked = format!("{}***@localhost", &local[..1]);
 
-    sign_in(client, &base, "vera").await;
+    sign_in(client, &base, "vera", PASSWORD).await;
     client.goto(&dead_letter).await.unwrap();
     text_of(client, "#personal-data", "masked").await;
     text_of(client, "#body", HIDDEN).await;
@@ -76,7 +55,7 @@ async fn a_viewer_sees_masks_an_operator_sees_the_data_and_a_reveal_is_audited()
     );
     sign_out(client).await;
 
-    sign_in(client, &base, "olga").await;
+    sign_in(client, &base, "olga", PASSWORD).await;
     client.goto(&dead_letter).await.unwrap();
     text_of(client, "#body", "email_message_id").await;
     client.goto(&mail).await.unwrap();
@@ -94,7 +73,7 @@ async fn a_viewer_sees_masks_an_operator_sees_the_data_and_a_reveal_is_audited()
     text_of(client, "#account-rita .personal-data", "may reveal").await;
     sign_out(client).await;
 
-    sign_in(client, &base, "rita").await;
+    sign_in(client, &base, "rita", PASSWORD).await;
     client.goto(&mail).await.unwrap();
     text_of(client, "#mail-to", &masked).await;
     element(client, "#reveal").await.click().await.unwrap();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, Locator};
 use reqwest::StatusCode;
 use support::SERIAL;
-use support::browser::{element, text_of};
+use support::browser::{element, sign_in, text_of};
 use support::console::{Setup, World, http};
 use worker_testkit::Browser;
 
@@ -51,24 +51,6 @@ async fn url_contains(client: &Client, wanted: &str) -> String {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// Signs in through the form at `base` as account `name` with `password`; waits for the
-/// signed-in page.
-async fn sign_in(client: &Client, base: &str, name: &str, password: &str) {
-    client.goto(&format!("{base}/sign-in")).await.unwrap();
-    element(client, "#name")
-        .await
-        .send_keys(name)
-        .await
-        .unwrap();
-    element(client, "#password")
-        .await
-        .send_keys(password)
-        .await
-        .unwrap();
-    element(client, "#submit").await.click().await.unwrap();
-    text_of(client, "#operator", name).await;
 }
 
 /// Asserts that the page at the browser's address shows none of [`ACTION_BUTTONS`].

@@ -41,6 +41,30 @@ pub async fn text_of(client: &Client, css: &str, wanted: &str) -> String {
     }
 }
 
+/// Signs in through the form at `base` as account `name` with `password`; waits for the
+/// signed-in page.
+pub async fn sign_in(client: &Client, base: &str, name: &str, password: &str) {
+    client.goto(&format!("{base}/sign-in")).await.unwrap();
+    element(client, "#name")
+        .await
+        .send_keys(name)
+        .await
+        .unwrap();
+    element(client, "#password")
+        .await
+        .send_keys(password)
+        .await
+        .unwrap();
+    element(client, "#submit").await.click().await.unwrap();
+    text_of(client, "#operator", name).await;
+}
+
+/// Signs out with the page's button; waits for the link to sign in again.
+pub async fn sign_out(client: &Client) {
+    element(client, "#sign-out").await.click().await.unwrap();
+    element(client, "#sign-in").await;
+}
+
 /// Where a browser test's screenshots go: `WH_CONSOLE_SCREENSHOTS` (relative to the
 /// repository; `docs/console` writes the README's pictures), else a folder that is removed
 /// when the second value is dropped.
