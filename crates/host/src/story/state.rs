@@ -1,5 +1,6 @@
 //! A mail's end state, in words an operator understands.
 
+use job_email_send::story::OutboundRecord;
 use job_inbound_email_poller::story::StoredMail;
 use serde::Serialize;
 
@@ -102,6 +103,13 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
     }
     let mail = parts.outbound.last()?;
     let error = mail.last_error.as_deref().unwrap_or("");
+    // A refusal for good has its own words below; a reply whose tries ran out is still
+    // `queued` in its row, and only its dead letter tells.
+    if !matches!(mail.status.as_str(), "failed" | "unknown")
+        && let Some(state) = given_up(parts, mail)
+    {
+        return Some(state);
+    }
     Some(match mail.status.as_str() {
         "failed" => EndState::Failed {
             detail: format!(
@@ -117,8 +125,8 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
         },
         _ if mail.attempts > 0 && !error.is_empty() => EndState::Waiting {
             detail: format!(
-                "try {} of the reply to {} was refused for now ({error}); it waits in a retry tier to be tried again",
-                mail.attempts,
+                "{} of the reply to {} was refused for now ({error}); it waits in a retry tier to be tried again",
+                tries_and_deliveries(parts, mail),
                 mail.to_addresses.join(", ")
             ),
         },
@@ -129,6 +137,61 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
             ),
         },
     })
+}
+
+/// The end of a reply whose send command was dead-lettered (its tries given up, or refused):
+/// the newest of its dead letters decides, by when it died and then by its id, never by the
+/// order rows of one millisecond come back. `None` while it has none, or when an operator
+/// replayed the newest (the mail is on its way again).
+fn given_up(parts: &Parts, mail: &OutboundRecord) -> Option<EndState> {
+    let key = mail.id.to_string();
+    let dead = parts
+        .dead_letters
+        .iter()
+        .filter(|d| d.message_id.as_deref() == Some(key.as_str()))
+        .max_by_key(|d| (d.died_at, d.id))?;
+    let to = mail.to_addresses.join(", ");
+    let error = dead.error.as_deref().unwrap_or("(no error kept)");
+    let deliveries = dead
+        .attempts
+        .map(|n| format!(" after {n} deliver{}", if n == 1 { "y" } else { "ies" }))
+        .unwrap_or_default();
+    let tries = plural(mail.attempts, "try", "tries");
+    match dead.status.as_str() {
+        "replayed" | "edited" => None,
+        "purged" => Some(EndState::Failed {
+            detail: format!(
+                "the reply to {to} was given up ({}){deliveries} and {tries}: {error}; an operator purged dead letter {}",
+                dead.reason, dead.id
+            ),
+        }),
+        _ => Some(EndState::Failed {
+            detail: format!(
+                "the reply to {to} was given up ({}){deliveries} and {tries}: {error}; dead letter {} waits for an operator",
+                dead.reason, dead.id
+            ),
+        }),
+    }
+}
+
+/// `try 15 (delivery 5)`: the in-process tries a reply took in all, and the delivery the
+/// newest was part of, each named, since a dead letter counts deliveries.
+fn tries_and_deliveries(parts: &Parts, mail: &OutboundRecord) -> String {
+    let key = mail.id.to_string();
+    let delivery = parts
+        .attempts
+        .iter()
+        .filter(|a| a.message_id.as_deref() == Some(key.as_str()))
+        .map(|a| a.attempt)
+        .max();
+    match delivery {
+        Some(n) => format!("try {} (delivery {n})", mail.attempts),
+        None => format!("try {}", mail.attempts),
+    }
+}
+
+fn plural(n: i32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn from_executions(parts: &Parts) -> Option<EndState> {
@@ -230,3 +293,7 @@ fn from_verdicts(mail: &StoredMail, parts: &Parts) -> EndState {
         detail,
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

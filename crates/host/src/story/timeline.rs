@@ -170,11 +170,24 @@ pub fn timeline(mail: &StoredMail, parts: &Parts) -> Vec<Step> {
             ));
         }
     }
-    steps.sort_by_key(|s| s.at);
+    // Steps of one millisecond in the order they happen: a try, then what its delivery
+    // became, then an operator's replay; not the order their rows came back in.
+    steps.sort_by_key(|s| (s.at, within_a_millisecond(s.kind)));
     let mut previous: Option<DateTime<Utc>> = None;
     for s in &mut steps {
         s.gap_ms = previous.map(|p| (s.at - p).num_milliseconds());
         previous = Some(s.at);
     }
     steps
+}
+
+/// Where a step of `kind` goes among steps of the same time.
+fn within_a_millisecond(kind: &str) -> u8 {
+    match kind {
+        "try" => 1,
+        "parked" | "sent" => 2,
+        "dead-lettered" => 3,
+        "replayed" => 4,
+        _ => 0,
+    }
 }
