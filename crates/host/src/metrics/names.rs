@@ -40,7 +40,7 @@ pub const DEPRECATED: &[Deprecation] = &[
 /// `duplicate`, `skipped`, `parked`, `dead-lettered`, `requeued`, `abandoned`) and, for parked
 /// and dead letters, `class` and `reason` (`malformed`, `rejected`, `gave-up`); for skips,
 /// `reason` is why nothing was done (`no-match`, `loop-guard`, `recipient-cap`,
-/// `reply-limit`).
+/// `reply-limit`, `expired`: a reply past `jobs.email_send.max_age` or its own limit).
 pub const MESSAGES: &str = "worker_messages_total";
 /// Counter: in-process tries that failed and were tried again, by `worker_job` and `class`.
 pub const RETRIED_TRIES: &str = "worker_retried_tries_total";

@@ -27,6 +27,7 @@
 //! ## The row
 //!
 //! ```text
+//! queued ──past its limit at the claim──▶ expired (never sent)
 //! queued ──claim──▶ sending ──accepted──────────────────────────▶ sent
 //!   ▲                  │ ├──4xx, timeout or broken before the "."──▶ queued (attempts + 1)
 //!   │                  │ ├──5xx, bad address, client refusal──────▶ failed
@@ -35,6 +36,18 @@
 //!   │                     older than the stale age, a later try takes it over
 //!   └── unknown and failed are claimed again only by a later delivery of the command
 //! ```
+//!
+//! ## Stale replies are not sent
+//!
+//! A reply past its limit when its turn comes (the claim, step 1) is recorded `expired` and
+//! never sent: the row's own `expires_at` (an automation's `max_age`), else `created_at` plus
+//! `jobs.email_send.max_age` (unset: no limit). The limit counts from `created_at`, when the
+//! reply was queued, not from when the mail it answers arrived: every outbound mail has one
+//! (a mail no inbound one caused too), the inbound pipeline takes seconds, and the waits this
+//! guards against (an outage, parked tiers, a replay of dead letters) all come after it. The
+//! message is acked as [`Handled::Skipped`](worker_core::Handled::Skipped) with reason
+//! [`EXPIRED`]: a success, nothing dead-lettered, counted by the runner with its reason. The
+//! limit it passed is kept in `expires_at`, for the mail's story.
 //!
 //! ## Exactly one mail, but for one window
 //!
@@ -128,6 +141,10 @@ pub const JOB: worker_core::JobSpec = worker_core::catalog::JobSpec::consumer(JO
 
 /// The processed-message scope of the guard.
 pub const GUARD_SCOPE: &str = "email.send";
+
+/// The skip reason of a reply recorded `expired` (past `jobs.email_send.max_age` or its own
+/// `expires_at`): counted in `worker_messages_total{outcome="skipped", reason="expired"}`.
+pub const EXPIRED: &str = "expired";
 
 /// The longest `last_error` or `smtp_response` kept on a row, in bytes.
 pub const LAST_ERROR_MAX: usize = 2048;

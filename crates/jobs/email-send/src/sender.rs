@@ -19,7 +19,7 @@ use crate::message::{build, response_text};
 use crate::settings::EmailSendSettings;
 use crate::smtp::SmtpPool;
 use crate::store::{Claim, EmailStore};
-use crate::{CLAIM_MARGIN, DEFAULT_RECORD_BUDGET, JOB_NAME};
+use crate::{CLAIM_MARGIN, DEFAULT_RECORD_BUDGET, EXPIRED, JOB_NAME};
 
 /// The outbound email consumer. Input: an [`EmailSendCommand`].
 #[derive(Clone)]
@@ -29,6 +29,7 @@ pub struct EmailSender {
     default_from: Mailbox,
     send_timeout: Duration,
     claim_stale_after: Option<Duration>,
+    max_age: Option<Duration>,
     unknown_outcomes: Arc<AtomicU64>,
     on_unknown: Option<Arc<dyn Fn() + Send + Sync>>,
 }
@@ -93,6 +94,7 @@ impl EmailSender {
             default_from,
             send_timeout,
             claim_stale_after: None,
+            max_age: None,
             unknown_outcomes: Arc::new(AtomicU64::new(0)),
             on_unknown: None,
         })
@@ -107,11 +109,21 @@ impl EmailSender {
         settings: &EmailSendSettings,
         oauth: &TokenSources,
     ) -> Result<Self, SmtpConfigError> {
-        let sender = Self::signing_in_with(pool, smtp, default_from, settings.send.timeout, oauth)?;
+        let sender = Self::signing_in_with(pool, smtp, default_from, settings.send.timeout, oauth)?
+            .with_max_age(settings.max_age);
         Ok(match settings.claim_stale_after {
             Some(age) => sender.with_claim_stale_after(age),
             None => sender,
         })
+    }
+
+    /// The age past which a reply is recorded `expired` instead of sent, counted from when it
+    /// was queued (`jobs.email_send.max_age`); a row's own `expires_at` wins. `None` (the
+    /// default): no limit.
+    #[must_use]
+    pub fn with_max_age(mut self, max_age: Option<Duration>) -> Self {
+        self.max_age = max_age;
+        self
     }
 
     /// How long recording a try's outcome is retried on database errors (default
@@ -165,7 +177,11 @@ impl EmailSender {
 
     /// Claim, send with no database connection held, record.
     async fn run(&self, id: Uuid) -> Result<Handled, Failure> {
-        let (email, claimed_at) = match self.store.claim(id, self.claim_stale_after()).await? {
+        let claim = self
+            .store
+            .claim(id, self.claim_stale_after(), self.max_age)
+            .await?;
+        let (email, claimed_at) = match claim {
             Claim::Duplicate(why) => {
                 tracing::info!("duplicate command: {why}");
                 return Ok(Handled::Duplicate);
@@ -173,6 +189,15 @@ impl EmailSender {
             Claim::Superseded(by) => {
                 tracing::info!(superseded_by = %by, "not sent: an operator edited this mail and sent the copy in its place");
                 return Ok(Handled::Duplicate);
+            }
+            Claim::Expired { age, limit } => {
+                let limit = limit.map(|l| humantime::format_duration(l).to_string());
+                tracing::info!(
+                    age = %humantime::format_duration(age),
+                    limit = limit.as_deref().unwrap_or_default(),
+                    "not sent: the reply was past its age limit when its turn came; recorded `expired`"
+                );
+                return Ok(Handled::Skipped(EXPIRED));
             }
             Claim::Busy { owner, since } => {
                 let owner = owner.map(|o| o.to_string()).unwrap_or_default();

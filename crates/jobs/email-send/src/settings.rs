@@ -38,6 +38,11 @@ pub struct EmailSendSettings {
     /// or a live try's claim is taken over.
     #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub claim_stale_after: Option<Duration>,
+    /// A reply older than this when its turn comes (counted from the row's `created_at`) is
+    /// recorded `expired` and not sent; a row's own `expires_at` (an automation's `max_age`)
+    /// wins over it. Unset: no limit.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<Duration>,
 }
 
 impl Default for EmailSendSettings {
@@ -49,6 +54,7 @@ impl Default for EmailSendSettings {
             },
             queue: QueueSettings::default(),
             claim_stale_after: None,
+            max_age: None,
         }
     }
 }
@@ -70,6 +76,9 @@ impl Section for EmailSendSettings {
                     ),
                 );
             }
+        }
+        if let Some(age) = self.max_age {
+            problems.nonzero("max_age", age);
         }
         problems.into_vec()
     }
@@ -106,5 +115,19 @@ mod tests {
         };
         let keys: Vec<_> = short.validate().into_iter().map(|e| e.key).collect();
         assert_eq!(keys, ["claim_stale_after"]);
+    }
+
+    #[test]
+    fn a_max_age_of_zero_is_refused_by_name() {
+        let zero = EmailSendSettings {
+            max_age: Some(Duration::ZERO),
+            ..EmailSendSettings::default()
+        };
+        let keys: Vec<_> = zero.validate().into_iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["max_age"]);
+        let day: EmailSendSettings =
+            serde_json::from_str(r#"{"max_age": "1day"}"#).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(day.max_age, Some(Duration::from_secs(86_400)));
+        assert!(day.validate().is_empty());
     }
 }

@@ -15,26 +15,41 @@ use worker_store::{ProcessedMessages, classify as classify_db};
 use crate::{GUARD_SCOPE, JOB_NAME, LAST_ERROR_MAX};
 
 /// The claim, one statement: the row locked, with the guard's mark read alongside, and
-/// claimed when it is ours to send (neither marked, sent nor superseded, and not under a fresh
-/// claim of another try: [`ClaimRow::decide`] reads the same facts). The mail's columns come
-/// back with the claim, so the claim costs one round trip and commits on its own.
+/// claimed when it is ours to send (neither marked, sent, expired nor superseded, and not under
+/// a fresh claim of another try: [`ClaimRow::decide`] reads the same facts). A row past its
+/// limit (`expires_at`, else `created_at` + `$6`, the job's `max_age`; no limit when both are
+/// null) is recorded `expired` instead of claimed, with the limit it passed kept in
+/// `expires_at`. The mail's columns come back with the claim, so the claim costs one round
+/// trip and commits on its own.
 static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH found AS ( \
              SELECT id, status, claimed_by, claimed_at, superseded_by, \
                     coalesce(claimed_at < now() - make_interval(secs => $2), true) AS stale, \
+                    coalesce(coalesce(expires_at, created_at + make_interval(secs => $6)) \
+                        < now(), false) AS expired, \
+                    extract(epoch FROM now() - created_at)::float8 AS age_secs, \
+                    extract(epoch FROM coalesce(expires_at - created_at, \
+                        make_interval(secs => $6)))::float8 AS limit_secs, \
                     {marked} AS marked \
              FROM outbound_emails WHERE id = $1 FOR UPDATE), \
          claimed AS ( \
-             UPDATE outbound_emails AS o SET status = 'sending', claimed_by = $5, \
-                 claimed_at = now(), updated_at = now() \
+             UPDATE outbound_emails AS o SET \
+                 status = CASE WHEN f.expired THEN 'expired' ELSE 'sending' END, \
+                 claimed_by = CASE WHEN f.expired THEN NULL ELSE $5 END, \
+                 claimed_at = CASE WHEN f.expired THEN NULL ELSE now() END, \
+                 expires_at = CASE WHEN f.expired \
+                     THEN coalesce(o.expires_at, o.created_at + make_interval(secs => $6)) \
+                     ELSE o.expires_at END, \
+                 updated_at = now() \
              FROM found AS f \
-             WHERE o.id = f.id AND NOT f.marked AND f.status <> 'sent' \
+             WHERE o.id = f.id AND NOT f.marked AND f.status NOT IN ('sent', 'expired') \
                AND f.superseded_by IS NULL AND (f.status <> 'sending' OR f.stale) \
              RETURNING o.claimed_at AS now_claimed_at, o.message_id, o.from_address, \
                  o.to_addresses, o.cc_addresses, o.subject, o.text_body, o.html_body, \
                  o.in_reply_to, o.reference_ids) \
-         SELECT f.status, f.claimed_by, f.claimed_at, f.superseded_by, f.stale, f.marked, c.* \
+         SELECT f.status, f.claimed_by, f.claimed_at, f.superseded_by, f.stale, f.marked, \
+                f.expired, f.age_secs, f.limit_secs, c.* \
          FROM found AS f LEFT JOIN claimed AS c ON true",
         marked = ProcessedMessages::marked_sql("$3", "$4")
     )
@@ -92,6 +107,12 @@ struct ClaimRow {
     superseded_by: Option<Uuid>,
     stale: bool,
     marked: bool,
+    /// Past its limit: recorded `expired` by the statement when it was claimable.
+    expired: bool,
+    /// Seconds since the row was queued.
+    age_secs: f64,
+    /// The row's limit in seconds, when it has one.
+    limit_secs: Option<f64>,
     /// Set when the statement claimed the row.
     now_claimed_at: Option<DateTime<Utc>>,
     #[sqlx(flatten)]
@@ -139,6 +160,9 @@ impl ClaimRow {
         if self.status == "sent" {
             return Ok(Claim::Duplicate("the email was sent already"));
         }
+        if self.status == "expired" {
+            return Ok(Claim::Duplicate("the email expired already"));
+        }
         if let Some(by) = self.superseded_by {
             return Ok(Claim::Superseded(by));
         }
@@ -146,6 +170,12 @@ impl ClaimRow {
             return Ok(Claim::Busy {
                 owner: self.claimed_by,
                 since: self.claimed_at,
+            });
+        }
+        if self.expired {
+            return Ok(Claim::Expired {
+                age: seconds(self.age_secs),
+                limit: self.limit_secs.map(seconds),
             });
         }
         let took_over = (self.status == "sending").then_some((self.claimed_by, self.claimed_at));
@@ -170,6 +200,12 @@ pub(crate) enum Claim {
     /// An operator edited it: the copy named here went out in its place, and this one is
     /// never sent (a replay of its dead letter, a late redelivery: ServicePulse#2424).
     Superseded(Uuid),
+    /// Past its limit when its turn came: recorded `expired`, never to be sent. `age` is how
+    /// long ago it was queued, `limit` the age it passed.
+    Expired {
+        age: Duration,
+        limit: Option<Duration>,
+    },
     /// Another try holds a fresh claim.
     Busy {
         owner: Option<Uuid>,
@@ -186,13 +222,19 @@ pub(crate) enum Claim {
 impl EmailStore {
     /// The first short transaction, one statement: reads the row and the guard, and claims
     /// the row when it is ours to send.
-    pub(crate) async fn claim(&self, id: Uuid, stale_after: Duration) -> Result<Claim, Failure> {
+    pub(crate) async fn claim(
+        &self,
+        id: Uuid,
+        stale_after: Duration,
+        max_age: Option<Duration>,
+    ) -> Result<Claim, Failure> {
         let found: Option<ClaimRow> = sqlx::query_as(CLAIM_SQL.as_str())
             .bind(id)
             .bind(stale_after.as_secs_f64())
             .bind(GUARD_SCOPE)
             .bind(id.to_string())
             .bind(self.instance)
+            .bind(max_age.map(|age| age.as_secs_f64()))
             .fetch_optional(&self.pool)
             .await
             .map_err(classify_db)?;
@@ -320,6 +362,11 @@ impl EmailStore {
             .await
             .map_err(|failure| failure.context(what))
     }
+}
+
+/// Whole seconds, never negative (a clock that stepped back makes no negative age).
+fn seconds(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs.max(0.0).round()).unwrap_or(Duration::MAX)
 }
 
 #[cfg(test)]

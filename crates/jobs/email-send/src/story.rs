@@ -17,7 +17,7 @@ pub struct OutboundRecord {
     pub to_addresses: Vec<String>,
     pub cc_addresses: Vec<String>,
     pub subject: String,
-    /// `queued`, `sending`, `sent`, `failed` or `unknown`.
+    /// `queued`, `sending`, `sent`, `failed`, `unknown` or `expired`.
     pub status: String,
     pub attempts: i32,
     pub last_error: Option<String>,
