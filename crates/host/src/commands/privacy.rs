@@ -47,13 +47,19 @@ pub enum PrivacyAction {
 }
 
 /// The key of the keyed hash that names an address in the audit trail and makes its
-/// pseudonym: derived from the database's password (`database.password` or its `_file`),
-/// which every replica and command already holds and no console user sees. Rotating that
-/// password changes the key: erasures after it get other hashes and pseudonyms.
+/// pseudonym: derived from `admin.privacy_key` (or its `_file`), else from the database's
+/// password, which every replica and command already holds and no console user sees.
+/// Rotating that password changes a key derived from it: erasures after it get other hashes
+/// and pseudonyms, which is why `config check` suggests the key of its own.
 pub fn hash_key(settings: &Settings) -> Result<HashKey, Fatal> {
-    let secret = settings.database.password.as_ref().ok_or_else(|| {
-        Fatal::usage("privacy needs database.password (or database.password_file): its keyed hash is derived from it")
-    })?;
+    let secret = settings
+        .admin
+        .privacy_key
+        .as_ref()
+        .or(settings.database.password.as_ref())
+        .ok_or_else(|| {
+            Fatal::usage("privacy needs admin.privacy_key (or admin.privacy_key_file), or database.password: its keyed hash is derived from it")
+        })?;
     Ok(HashKey::derived_from(secret.expose().as_bytes()))
 }
 
@@ -192,5 +198,36 @@ fn print_erasure(erasure: &Erasure) {
             ""
         };
         println!("  {:<28} {:>6}{note}", table.table, table.rows);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use worker_core::Secret;
+    use worker_store::privacy::Address;
+
+    use super::*;
+
+    fn settings(database_password: &str, privacy_key: Option<&str>) -> Settings {
+        let mut settings = Settings::default();
+        settings.database.password = Some(Secret::new(database_password));
+        settings.admin.privacy_key = privacy_key.map(Secret::new);
+        settings
+    }
+
+    #[test]
+    fn the_privacy_key_keeps_an_addresss_hash_across_a_database_password_rotation() {
+        let ann = Address::parse("ann@example.com").unwrap();
+        let hash = |s: &Settings| hash_key(s).unwrap().hash(&ann);
+        let own = "a-privacy-key-of-its-own";
+        assert_eq!(
+            hash(&settings("before-rotation", Some(own))),
+            hash(&settings("after-rotation", Some(own)))
+        );
+        assert_ne!(
+            hash(&settings("before-rotation", None)),
+            hash(&settings("after-rotation", None)),
+            "without a key of its own, the hash follows the database password"
+        );
     }
 }

@@ -53,6 +53,11 @@ pub struct AdminSettings {
     /// account's API token. Unset: both are open, as Prometheus on loopback expects.
     pub scrape_token: Option<Secret>,
     pub scrape_token_file: Option<PathBuf>,
+    /// The key of the keyed hash (HMAC-SHA256) that names an address in a privacy export's or
+    /// erasure's audit entry and makes its pseudonym. Unset: derived from the database
+    /// password, which changes with it.
+    pub privacy_key: Option<Secret>,
+    pub privacy_key_file: Option<PathBuf>,
     /// The argon2id parameters `worker-host operators` hashes new passwords with (a stored
     /// hash keeps its own).
     pub password_hashing: PasswordHashing,
@@ -139,6 +144,8 @@ impl Default for AdminSettings {
             auth_proxy: None,
             scrape_token: None,
             scrape_token_file: None,
+            privacy_key: None,
+            privacy_key_file: None,
             password_hashing: PasswordHashing::default(),
             console_connections: 4,
             bulk_rate: 50,

@@ -249,7 +249,7 @@ pub(crate) fn from_figment(
 fn is_secret_key(key: &str) -> bool {
     matches!(
         key.rsplit('.').next(),
-        Some("password" | "operator_token" | "scrape_token" | "token")
+        Some("password" | "operator_token" | "scrape_token" | "privacy_key" | "token")
     )
 }
 

@@ -80,6 +80,14 @@ impl Settings {
             false,
             errors,
         );
+        resolve_named(
+            file,
+            "admin.privacy_key",
+            &mut self.admin.privacy_key,
+            &self.admin.privacy_key_file,
+            false,
+            errors,
+        );
     }
 }
 

@@ -452,6 +452,28 @@ fn the_operator_token_comes_from_its_file_too() {
 }
 
 #[test]
+fn the_privacy_key_comes_from_its_file_and_a_short_one_is_refused_unshown() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("privacy-key");
+    std::fs::write(&file, "a-privacy-key-of-its-own\n").unwrap();
+    let text = format!(
+        "{SECRETS}[admin]\nprivacy_key_file = {:?}\n",
+        file.display().to_string()
+    );
+    let settings = load_text(&text).unwrap();
+    assert_eq!(
+        settings.admin.privacy_key.unwrap().expose(),
+        "a-privacy-key-of-its-own"
+    );
+    let why = problem_at(
+        "[admin]\nprivacy_key = \"short-Key\"\n",
+        "admin.privacy_key",
+    );
+    assert!(why.contains("at least 16"), "{why}");
+    assert!(!why.contains("short-Key"), "{why}");
+}
+
+#[test]
 fn broken_toml_names_the_file() {
     let errors = load_text("[database\npassword = 1").unwrap_err();
     assert!(

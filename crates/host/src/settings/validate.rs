@@ -253,6 +253,7 @@ impl Settings {
         for (key, token) in [
             ("admin.operator_token", &admin.operator_token),
             ("admin.scrape_token", &admin.scrape_token),
+            ("admin.privacy_key", &admin.privacy_key),
         ] {
             if token
                 .as_ref()
@@ -367,6 +368,11 @@ impl Settings {
                 "smtp.pool_size = {} is capped at {limit}: Microsoft 365 allows {limit} SMTP connections per mailbox at once",
                 self.smtp.pool_size
             ));
+        }
+        if self.admin.privacy_key.is_none() {
+            notes.push(
+                "admin.privacy_key is unset: privacy exports and erasures name an address by a keyed hash derived from database.password, which changes when that password is rotated; set admin.privacy_key_file to keep it".to_string(),
+            );
         }
         notes
     }
