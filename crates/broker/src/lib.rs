@@ -59,6 +59,8 @@
 //!   `multiple` ack.
 //! * [`message`]: [`Properties`], [`Headers`] and [`Delivery`], this crate's own types for a
 //!   message, converted to and from lapin's only here: no other crate needs lapin.
+//! * [`parked`]: what waits in a queue's retry tiers, counted, and sent back to its work
+//!   queue now ([`parked::send_parked_now`]: confirmed before the tier's ack, attempt kept).
 //! * [`section`]: [`ConsumerSection`], what a consumer job's settings section gives the host
 //!   (its queue's defaults, its `queue`, the runner's settings), and [`validate_runner`].
 //! * [`connection`]: [`ConnectionSettings`] (`[broker.connection]`, password redacted),
@@ -135,6 +137,7 @@ pub mod address;
 pub mod connection;
 pub mod consumer;
 pub mod message;
+pub mod parked;
 pub mod publisher;
 pub mod section;
 pub mod topology;

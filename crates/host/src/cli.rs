@@ -53,6 +53,11 @@ pub enum Command {
         #[command(subcommand)]
         action: ReplicasAction,
     },
+    /// The consumer queues: send what waits in a queue's retry tiers now.
+    Queues {
+        #[command(subcommand)]
+        action: crate::commands::queues::QueuesAction,
+    },
     /// Search, replay and purge the dead-letter archive.
     Dlq {
         #[command(subcommand)]

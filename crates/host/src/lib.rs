@@ -23,6 +23,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod notify;
 pub mod observe;
+pub mod parked;
 pub mod sampler;
 pub mod scheduler;
 pub mod schema;

@@ -151,6 +151,9 @@ pub enum EntryKind {
     PrivacyExport,
     /// A viewer revealed the personal data of one console page (its target names the page).
     Reveal,
+    /// What waited in a queue's retry tiers moved back to its work queue now; the target
+    /// names the queue and the operator's reason.
+    SendNow,
 }
 
 impl EntryKind {
@@ -172,6 +175,7 @@ impl EntryKind {
             Self::PrivacyErase => "privacy-erase",
             Self::PrivacyExport => "privacy-export",
             Self::Reveal => "reveal",
+            Self::SendNow => "send-now",
         }
     }
 
@@ -190,7 +194,7 @@ impl EntryKind {
     }
 }
 
-const ALL_KINDS: [EntryKind; 16] = [
+const ALL_KINDS: [EntryKind; 17] = [
     EntryKind::Replay,
     EntryKind::Purge,
     EntryKind::OutboxRetry,
@@ -207,6 +211,7 @@ const ALL_KINDS: [EntryKind; 16] = [
     EntryKind::PrivacyErase,
     EntryKind::PrivacyExport,
     EntryKind::Reveal,
+    EntryKind::SendNow,
 ];
 
 /// How the console and the command line show a stored kind: [`EntryKind::shown`], or the
@@ -463,12 +468,14 @@ mod tests {
         let later = include_str!("../../../migrations/20261207000300_mail_edits.sql");
         let privacy = include_str!("../../../migrations/20261210000600_audit_redaction.sql");
         let sight = include_str!("../../../migrations/20261210000500_personal_data_sight.sql");
+        let send_now = include_str!("../../../migrations/20261211000200_send_parked_now.sql");
         for kind in all {
             let word = format!("'{}'", kind.as_str());
             assert!(
                 migration.contains(&word)
                     || later.contains(&format!("ARRAY[{word}]"))
                     || sight.contains(&format!("ARRAY[{word}]"))
+                    || send_now.contains(&format!("ARRAY[{word}]"))
                     || privacy.contains("ARRAY['privacy-erase', 'privacy-export']")
                         && word.starts_with("'privacy-"),
                 "{kind:?} is in the CHECK"

@@ -14,6 +14,7 @@ pub mod migrate;
 pub mod operators;
 pub mod outbox;
 pub mod privacy;
+pub mod queues;
 pub mod replicas;
 pub mod status;
 pub mod topology;
@@ -73,6 +74,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::MailAuth { action } => mail_auth::run(&settings, action).await,
             Command::Operators { action } => operators::run(&settings, action).await,
             Command::Privacy { action } => privacy::run(&settings, action).await,
+            Command::Queues { action } => queues::run(&settings, action).await,
             Command::Upgrade {
                 action: UpgradeAction::Check(args),
             } => upgrade::check(&settings, &args).await,

@@ -1,0 +1,166 @@
+//! `worker-host queues send-now` with the real binary on a real broker and database (issue
+//! 39): the dry run counts what waits in the retry tiers and moves nothing; the confirmed run
+//! moves at most the planned count back to the work queue, each message keeping its attempt
+//! count; both are audit entries with who and why.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use lapin::BasicProperties;
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicPublishOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use support::{Installation, host_command};
+
+fn send_now(config: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let output = host_command(config)
+        .args(["queues", "send-now", "--queue", "email.send"])
+        .args(args)
+        .env_remove("WORKER_HOST_ACTOR")
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
+}
+
+/// Parks one message in `tier` as the consumer does: through the default exchange, its next
+/// attempt in `x-attempt`.
+async fn park(channel: &lapin::Channel, tier: &str, id: &str, attempt: i64) -> anyhow::Result<()> {
+    let mut headers = FieldTable::default();
+    headers.insert("x-attempt".into(), AMQPValue::LongLongInt(attempt));
+    let properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(id.into())
+        .with_headers(headers);
+    let confirm = channel
+        .basic_publish(
+            "".into(),
+            tier.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            id.as_bytes(),
+            properties,
+        )
+        .await?
+        .await?;
+    assert!(confirm.take_message().is_none(), "{tier} exists");
+    Ok(())
+}
+
+async fn ready(channel: &lapin::Channel, queue: &str) -> u32 {
+    worker_testkit::amqp::counts(channel, queue)
+        .await
+        .unwrap()
+        .0
+}
+
+#[tokio::test]
+async fn send_now_dry_runs_then_moves_the_planned_count_with_attempts_kept_and_audited()
+-> anyhow::Result<()> {
+    let installation = Installation::new("send-now-test").await?;
+    installation.declare_topology();
+    let connection = worker_testkit::amqp::connect(&installation.vhost).await?;
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(Default::default()).await?;
+    // Tiers long enough that nothing expires into the work queue during the test.
+    for id in ["a", "b", "c"] {
+        park(&channel, "email.send.retry.2m", id, 4).await?;
+    }
+    park(&channel, "email.send.retry.10m", "d", 5).await?;
+
+    let (code, out) = send_now(
+        &installation.config,
+        &["--actor", "alice", "--reason", "relay fixed"],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("4 wait in the retry tiers"), "{out}");
+    assert!(out.contains("--planned 4"), "{out}");
+    assert_eq!(
+        ready(&channel, "email.send").await,
+        0,
+        "the dry run moved nothing"
+    );
+    assert_eq!(ready(&channel, "email.send.retry.2m").await, 3);
+
+    let (code, out) = send_now(
+        &installation.config,
+        &[
+            "--planned",
+            "2",
+            "--actor",
+            "alice",
+            "--reason",
+            "relay fixed",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("moved 2 of 4"), "{out}");
+    assert_eq!(ready(&channel, "email.send").await, 2, "the cap held");
+    assert_eq!(ready(&channel, "email.send.retry.2m").await, 1);
+    assert_eq!(ready(&channel, "email.send.retry.10m").await, 1);
+    for _ in 0..2 {
+        let got = channel
+            .basic_get("email.send".into(), BasicGetOptions { no_ack: false })
+            .await?
+            .expect("a moved message");
+        let attempt = got
+            .delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("x-attempt").cloned());
+        assert_eq!(attempt, Some(AMQPValue::LongLongInt(4)), "attempt kept");
+        channel
+            .basic_ack(got.delivery.delivery_tag, BasicAckOptions::default())
+            .await?;
+    }
+
+    type Row = (
+        String,
+        bool,
+        Option<String>,
+        serde_json::Value,
+        Option<i64>,
+        i64,
+        i64,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT action, dry_run, actor, filter, planned, matched, succeeded \
+         FROM dead_letter_actions ORDER BY id",
+    )
+    .fetch_all(&installation.db.pool)
+    .await?;
+    let target = serde_json::json!({"queue": "email.send", "reason": "relay fixed"});
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "send-now".into(),
+                true,
+                Some("alice".into()),
+                target.clone(),
+                None,
+                4,
+                0
+            ),
+            (
+                "send-now".into(),
+                false,
+                Some("alice".into()),
+                target,
+                Some(2),
+                2,
+                2
+            ),
+        ]
+    );
+    Ok(())
+}
