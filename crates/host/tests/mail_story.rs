@@ -244,3 +244,64 @@ async fn every_end_state_is_named_in_words_by_the_cli_and_the_console() -> anyho
     host.stop_cleanly().await;
     Ok(())
 }
+
+/// A reply past `jobs.email_send.max_age` when its turn comes (here: the relay answers 451 for
+/// longer than the limit) ends `expired`, in words, in `mail find|show --json`, and is counted
+/// as a skip with reason `expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_past_max_age_ends_expired_in_words() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::create_empty().await?;
+    let vhost = TestVhost::create().await?;
+    let id = short_id();
+    let account = format!("stale-{id}");
+    let to = format!("{account}@localhost");
+    let late = format!("eve-{id}@localhost");
+    let _refused = SmtpFailSwitch::set(&late, "451 4.3.0 try again later")?;
+    let host = Host::launch("MAIL_STORY_SHOW_LOG", |dir, port| {
+        let automations = write_automation(dir)?;
+        let mut settings = base_settings("mail-story-stale", &automations, &db, &vhost, port);
+        settings.push_str(&mail_account_settings(&account));
+        settings.push_str(
+            r#"
+[jobs.email_send]
+max_attempts = 10
+max_age = "2s"
+
+[jobs.email_send.queue]
+retry_tiers = ["3s"]
+"#,
+        );
+        Ok(settings)
+    })
+    .await?;
+
+    send_mail(&late, &to, "ping, slowly", "story.test").await?;
+    let expired = found_in_state(&host, &late, "expired").await;
+    let detail = expired["end"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("old when its turn came, past jobs.email_send.max_age (2 seconds)"),
+        "{expired:#}"
+    );
+    let story = show(&host, expired["id"].as_str().unwrap()).await;
+    assert_eq!(story["end"]["state"], "expired", "{story:#}");
+    assert_eq!(story["outbound"][0]["status"], "expired", "{story:#}");
+    let metrics = host.metrics().await?;
+    assert_eq!(
+        metrics.sum(
+            "worker_messages_total",
+            &[("outcome", "skipped"), ("reason", "expired")]
+        ),
+        1.0,
+        "{}",
+        metrics.0
+    );
+    assert_eq!(
+        metrics.sum("worker_messages_total", &[("outcome", "dead-lettered")]),
+        0.0,
+        "{}",
+        metrics.0
+    );
+    host.stop_cleanly().await;
+    Ok(())
+}

@@ -7,10 +7,12 @@
 //!
 //! - `parts.rs`: what was recorded past the mail itself;
 //! - `read.rs`: gathering those parts from the tables' owners;
-//! - `state.rs`: the end state (answered, skipped and why, failed, waiting, in progress);
+//! - `state.rs`: the end state (answered, skipped and why, failed, expired, waiting, in
+//!   progress); `expired.rs`: the words for a reply past its age limit;
 //! - `timeline.rs`: the steps in time order, with their gaps;
 //! - `search.rs`: the search by sender, recipient, Message-ID, subject and time.
 
+mod expired;
 mod parts;
 mod read;
 mod search;

@@ -213,6 +213,7 @@ mod tests {
             created_at: at,
             updated_at: at,
             sent_at: None,
+            expires_at: None,
             supersedes: supersedes.map(Uuid::from_u128),
             superseded_by: None,
         }

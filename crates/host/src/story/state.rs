@@ -4,6 +4,7 @@ use job_email_send::story::OutboundRecord;
 use job_inbound_email_poller::story::StoredMail;
 use serde::Serialize;
 
+use super::expired::expired_detail;
 use super::parts::Parts;
 
 /// Where a mail's handling ended, or stands.
@@ -19,6 +20,8 @@ pub enum EndState {
     Skipped { reason: String, detail: String },
     /// A step failed for good; its dead letter waits for an operator.
     Failed { detail: String },
+    /// The reply was past its age limit when its turn came, and was not sent.
+    Expired { detail: String },
     /// A step failed and waits to be tried again (a retry tier, a backoff).
     Waiting { detail: String },
     /// Still on its way.
@@ -26,13 +29,14 @@ pub enum EndState {
 }
 
 impl EndState {
-    /// `answered`, `done`, `skipped`, `failed`, `waiting` or `in-progress`.
+    /// `answered`, `done`, `skipped`, `failed`, `expired`, `waiting` or `in-progress`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Answered { .. } => "answered",
             Self::Done { .. } => "done",
             Self::Skipped { .. } => "skipped",
             Self::Failed { .. } => "failed",
+            Self::Expired { .. } => "expired",
             Self::Waiting { .. } => "waiting",
             Self::InProgress { .. } => "in-progress",
         }
@@ -47,6 +51,7 @@ impl EndState {
                 format!("Not answered ({}): {detail}", skip_words(reason))
             }
             Self::Failed { detail } => format!("Failed: {detail}"),
+            Self::Expired { detail } => format!("Not sent: {detail}"),
             Self::Waiting { detail } => format!("Waiting: {detail}"),
             Self::InProgress { detail } => format!("In progress: {detail}"),
         }
@@ -105,7 +110,7 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
     let error = mail.last_error.as_deref().unwrap_or("");
     // A refusal for good has its own words below; a reply whose tries ran out is still
     // `queued` in its row, and only its dead letter tells.
-    if !matches!(mail.status.as_str(), "failed" | "unknown")
+    if !matches!(mail.status.as_str(), "failed" | "unknown" | "expired")
         && let Some(state) = given_up(parts, mail)
     {
         return Some(state);
@@ -116,6 +121,9 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
                 "the SMTP server refused the reply to {} for good: {error}; its dead letter waits for an operator",
                 mail.to_addresses.join(", ")
             ),
+        },
+        "expired" => EndState::Expired {
+            detail: expired_detail(mail),
         },
         "unknown" => EndState::Failed {
             detail: format!(

@@ -29,6 +29,7 @@ fn queued_reply(at: DateTime<Utc>) -> OutboundRecord {
         created_at: at,
         updated_at: at,
         sent_at: None,
+        expires_at: None,
         supersedes: None,
         superseded_by: None,
     }

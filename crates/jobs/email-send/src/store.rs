@@ -19,7 +19,7 @@ use crate::{GUARD_SCOPE, JOB_NAME, LAST_ERROR_MAX};
 /// a fresh claim of another try: [`ClaimRow::decide`] reads the same facts). A row past its
 /// limit (`expires_at`, else `created_at` + `$6`, the job's `max_age`; no limit when both are
 /// null) is recorded `expired` instead of claimed, with the limit it passed kept in
-/// `expires_at`. The mail's columns come back with the claim, so the claim costs one round
+/// `expires_at` and named in `last_error` (`jobs.email_send.max_age`, or `its own limit`). The mail's columns come back with the claim, so the claim costs one round
 /// trip and commits on its own.
 static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -41,6 +41,9 @@ static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
                  expires_at = CASE WHEN f.expired \
                      THEN coalesce(o.expires_at, o.created_at + make_interval(secs => $6)) \
                      ELSE o.expires_at END, \
+                 last_error = CASE WHEN NOT f.expired THEN o.last_error \
+                     WHEN o.expires_at IS NULL THEN 'jobs.email_send.max_age' \
+                     ELSE 'its own limit' END, \
                  updated_at = now() \
              FROM found AS f \
              WHERE o.id = f.id AND NOT f.marked AND f.status NOT IN ('sent', 'expired') \

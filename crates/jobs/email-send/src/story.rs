@@ -26,6 +26,9 @@ pub struct OutboundRecord {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub sent_at: Option<DateTime<Utc>>,
+    /// The age limit: the row's own, or, once `expired`, the one it passed (`last_error`
+    /// then names which).
+    pub expires_at: Option<DateTime<Utc>>,
     /// The mail an operator edited into this one.
     pub supersedes: Option<Uuid>,
     /// The operator's edit that replaced this mail.
@@ -48,7 +51,7 @@ pub async fn outbound_of(
              SELECT e.* FROM outbound_emails e JOIN mails m ON e.id = m.superseded_by) \
          SELECT id, action_execution_id, message_id, to_addresses, cc_addresses, subject, \
                 status, attempts, last_error, smtp_response, created_at, updated_at, sent_at, \
-                supersedes, superseded_by \
+                expires_at, supersedes, superseded_by \
          FROM mails ORDER BY created_at, id",
     )
     .bind(execution_ids)

@@ -51,8 +51,11 @@ async fn a_reply_older_than_max_age_is_expired_and_never_reaches_the_server() ->
 
     let first = job.handle(&ctx(), &command(id)).await;
     assert_eq!(first.ok(), Some(Handled::Skipped("expired")));
-    let (status, attempts, _, response) = row(&db.pool, id).await;
-    assert_eq!((status.as_str(), attempts, response), ("expired", 0, None));
+    let (status, attempts, limit, response) = row(&db.pool, id).await;
+    assert_eq!(
+        (status.as_str(), attempts, limit.as_deref(), response),
+        ("expired", 0, Some("jobs.email_send.max_age"), None)
+    );
     assert!(
         expires_at_is_set(&db.pool, id).await,
         "the limit it passed is kept for its story"
@@ -116,7 +119,11 @@ async fn a_rows_own_expires_at_wins_over_the_jobs_max_age() -> anyhow::Result<()
 
     let strict = job.handle(&ctx(), &command(id)).await;
     assert_eq!(strict.ok(), Some(Handled::Skipped("expired")));
-    assert_eq!(row(&db.pool, id).await.0, "expired");
+    let (status, _, limit, _) = row(&db.pool, id).await;
+    assert_eq!(
+        (status.as_str(), limit.as_deref()),
+        ("expired", Some("its own limit"))
+    );
     let sent = job.handle(&ctx(), &command(lenient)).await;
     assert_eq!(sent.ok(), Some(Handled::Done));
     assert_eq!(sink.delivered("alice").len(), 1, "only the lenient one");
