@@ -19,7 +19,7 @@ use worker_core::Failure;
 use crate::connection::Session;
 use crate::message::{Delivery, PERSISTENT};
 use crate::publisher::{Outgoing, Publisher};
-use crate::topology::QueueTopology;
+use crate::topology::RetryTier;
 
 /// One retry tier and what waits in it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -62,16 +62,20 @@ fn broker(what: &str) -> impl Fn(lapin::Error) -> Failure + '_ {
     move |e| Failure::transient(format!("{what}: {e}"))
 }
 
-/// Counts what waits in each of `queue`'s retry tiers (passive declares, which move
+/// Counts what waits in each of `work_queue`'s retry tiers (passive declares, which move
 /// nothing). A tier queue that does not exist counts as `None`.
-pub async fn parked(session: &Session, queue: &QueueTopology) -> Result<Parked, Failure> {
-    let mut tiers = Vec::with_capacity(queue.tiers.len());
+pub async fn parked(
+    session: &Session,
+    work_queue: &str,
+    tiers_of_queue: &[RetryTier],
+) -> Result<Parked, Failure> {
+    let mut tiers = Vec::with_capacity(tiers_of_queue.len());
     let options = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
     };
     let mut channel = None;
-    for tier in &queue.tiers {
+    for tier in tiers_of_queue {
         // A missing queue fails its passive declare and closes the channel: the next tier
         // gets a channel of its own.
         let open = match channel.take() {
@@ -106,7 +110,7 @@ pub async fn parked(session: &Session, queue: &QueueTopology) -> Result<Parked, 
         let _ = open.close(200, "tiers counted".into()).await;
     }
     Ok(Parked {
-        queue: queue.name.clone(),
+        queue: work_queue.to_owned(),
         tiers,
     })
 }
@@ -128,14 +132,14 @@ fn moved_copy(queue: &str, delivery: &Delivery) -> Outgoing {
     }
 }
 
-/// Moves at most `cap` messages from `queue`'s retry tiers (shortest delay first) to the
-/// work queue, each acked on its tier only once `publisher` had it confirmed. A failed
+/// Moves at most `cap` messages from `tiers` (shortest delay first) to `work_queue`, each acked on its tier only once `publisher` had it confirmed. A failed
 /// publish puts the message back in its tier and stops the move, with why, in
 /// [`SentNow::stopped`]. Messages a tier's expiry moves meanwhile simply are not found.
 pub async fn send_parked_now(
     session: &Session,
     publisher: &Publisher,
-    queue: &QueueTopology,
+    work_queue: &str,
+    tiers: &[RetryTier],
     cap: u64,
 ) -> Result<SentNow, Failure> {
     let mut sent = SentNow::default();
@@ -147,7 +151,7 @@ pub async fn send_parked_now(
         .create_channel()
         .await
         .map_err(broker("moving parked messages (no channel opened)"))?;
-    'tiers: for tier in &queue.tiers {
+    'tiers: for tier in tiers {
         let Ok(name) = ShortString::try_new(tier.queue.as_str()) else {
             continue;
         };
@@ -166,7 +170,7 @@ pub async fn send_parked_now(
             };
             let tag = got.delivery.delivery_tag;
             let delivery = Delivery::from(got.delivery);
-            if let Err(e) = publisher.publish(&moved_copy(&queue.name, &delivery)).await {
+            if let Err(e) = publisher.publish(&moved_copy(work_queue, &delivery)).await {
                 // Back to its tier, where it waits as before.
                 let _ = channel
                     .basic_nack(
@@ -177,7 +181,7 @@ pub async fn send_parked_now(
                         },
                     )
                     .await;
-                sent.stopped = Some(format!("publishing to {}: {e}", queue.name));
+                sent.stopped = Some(format!("publishing to {work_queue}: {e}"));
                 break 'tiers;
             }
             if let Err(e) = channel.basic_ack(tag, BasicAckOptions::default()).await {

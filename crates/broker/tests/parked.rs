@@ -47,12 +47,12 @@ async fn parked_messages_are_counted_per_tier_and_counting_moves_nothing() -> an
     park(&session, &queue, 0, &["a", "b", "c"]).await?;
     park(&session, &queue, 1, &["d"]).await?;
 
-    let first = parked(&session, &queue).await?;
+    let first = parked(&session, QUEUE, &queue.tiers).await?;
     let waiting: Vec<_> = first.tiers.iter().map(|t| t.waiting).collect();
     assert_eq!(waiting, [Some(3), Some(1)]);
     assert_eq!(first.total(), 4);
     assert_eq!(
-        parked(&session, &queue).await?,
+        parked(&session, QUEUE, &queue.tiers).await?,
         first,
         "counting moved nothing"
     );
@@ -69,7 +69,7 @@ async fn send_now_moves_at_most_the_cap_back_to_the_work_queue_with_its_attempt_
     park(&session, &queue, 1, &["c", "d"]).await?;
     let publisher = Publisher::new(session.clone().fixed(), PublisherSettings::default());
 
-    let sent = send_parked_now(&session, &publisher, &queue, 3).await?;
+    let sent = send_parked_now(&session, &publisher, QUEUE, &queue.tiers, 3).await?;
     assert_eq!(sent.moved, 3, "{sent:?}");
     assert_eq!(sent.stopped, None);
     assert_eq!(
@@ -80,7 +80,7 @@ async fn send_now_moves_at_most_the_cap_back_to_the_work_queue_with_its_attempt_
         ]
     );
 
-    let left = parked(&session, &queue).await?;
+    let left = parked(&session, QUEUE, &queue.tiers).await?;
     assert_eq!(left.total(), 1, "the cap held: one stays parked");
     let channel = session.connection().create_channel().await?;
     let moved = get_all(&channel, QUEUE, 3, Duration::from_secs(5)).await?;

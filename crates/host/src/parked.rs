@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
 use worker_broker::parked::{self, ParkedTier};
-use worker_broker::{Publisher, QueueTopology, Session};
+use worker_broker::{Publisher, RetryTier, Session};
 use worker_core::Failure;
 use worker_store::audit::{self, Actor, EntryKind, NewEntry};
 
@@ -44,21 +44,22 @@ pub struct Report {
     pub stopped: Option<String>,
 }
 
-/// Counts what waits in `queue`'s tiers and, unless it is a dry run, moves at most the
+/// Counts what waits in `tiers`, the retry tiers of `work_queue`, and, unless it is a dry run, moves at most the
 /// planned count (all of it when none was planned) back to the work queue; audited either way.
 pub async fn send_now(
     pool: &PgPool,
     session: &Session,
     publisher: &Publisher,
-    queue: &QueueTopology,
+    work_queue: &str,
+    tiers: &[RetryTier],
     request: &Request,
 ) -> Result<Report, Failure> {
-    let found = parked::parked(session, queue).await?;
+    let found = parked::parked(session, work_queue, tiers).await?;
     let waiting = found.total();
     let reason = worker_store::pauses::clean_reason(request.reason.as_deref());
     let target = match &reason {
-        Some(reason) => json!({ "queue": queue.name, "reason": reason }),
-        None => json!({ "queue": queue.name }),
+        Some(reason) => json!({ "queue": work_queue, "reason": reason }),
+        None => json!({ "queue": work_queue }),
     };
     let mut entry = NewEntry::new(EntryKind::SendNow, &request.actor, target);
     entry.dry_run = request.dry_run;
@@ -68,7 +69,7 @@ pub async fn send_now(
     let mut report = Report {
         action_id,
         dry_run: request.dry_run,
-        queue: queue.name.clone(),
+        queue: work_queue.to_owned(),
         tiers: found.tiers,
         waiting,
         moved: 0,
@@ -81,7 +82,7 @@ pub async fn send_now(
         return Ok(report);
     }
     let cap = request.planned.unwrap_or(waiting);
-    let sent = parked::send_parked_now(session, publisher, queue, cap).await;
+    let sent = parked::send_parked_now(session, publisher, work_queue, tiers, cap).await;
     let (moved, stopped) = match sent {
         Ok(sent) => (sent.moved, sent.stopped),
         Err(failure) => (0, Some(failure.to_string())),

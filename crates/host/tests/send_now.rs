@@ -164,3 +164,132 @@ async fn send_now_dry_runs_then_moves_the_planned_count_with_attempts_kept_and_a
     );
     Ok(())
 }
+
+/// The queue page's button through its `/api/` twin: the dry run answers the count and moves
+/// nothing; the run with that count moves at most it, and both are in the audit trail with
+/// the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_api_dry_runs_then_sends_the_confirmed_count() -> anyhow::Result<()> {
+    use support::console::{Operator, TOKEN, World, http};
+    let world = World::with_token("SEND_NOW_LOG").await?;
+    let host = &world.host;
+    let connection = worker_testkit::amqp::connect(&world.vhost).await?;
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(Default::default()).await?;
+    for id in ["a", "b", "c"] {
+        park(&channel, "email.send.retry.2m", id, 4).await?;
+    }
+    let http = http();
+    // The console knows the queue's tiers once its sampler has read them.
+    host.wait_for("the queue's tiers sampled", || async {
+        let page = http
+            .get(host.url("/api/queues/email.send"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await?;
+        Ok(page.status().is_success().then_some(()))
+    })
+    .await;
+
+    let post = |path: &'static str, form: Vec<(&'static str, &'static str)>| {
+        let http = http.clone();
+        let url = host.url(path);
+        async move {
+            let answer = http.post(url).bearer_auth(TOKEN).form(&form).send().await?;
+            assert!(answer.status().is_success(), "{path}: {}", answer.status());
+            anyhow::Ok(answer.json::<serde_json::Value>().await?)
+        }
+    };
+    let dry = post(
+        "/api/queues/email.send/send-now",
+        vec![("reason", "relay fixed")],
+    )
+    .await?;
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    assert_eq!(dry["waiting"], 3, "{dry}");
+    assert_eq!(dry["moved"], 0, "{dry}");
+    assert_eq!(
+        ready(&channel, "email.send.retry.2m").await,
+        3,
+        "moved nothing"
+    );
+
+    let refused = http
+        .post(host.url("/api/queues/email.send/send-now/run"))
+        .bearer_auth(TOKEN)
+        .form(&[("reason", "relay fixed")])
+        .send()
+        .await?;
+    assert_eq!(refused.status(), 400, "a run needs the confirmed count");
+
+    let run = post(
+        "/api/queues/email.send/send-now/run",
+        vec![("planned", "2"), ("reason", "relay fixed")],
+    )
+    .await?;
+    assert_eq!(run["moved"], 2, "{run}");
+    assert_eq!(run["beyond_planned"], 1, "{run}");
+    assert_eq!(
+        ready(&channel, "email.send.retry.2m").await,
+        1,
+        "the cap held"
+    );
+
+    // The page: the button, the confirm page with the count, then the action's page.
+    let operator = Operator::sign_in(&host.url(""), TOKEN, "alice").await?;
+    let page = operator.get("/queues/email.send").await?.text().await?;
+    assert!(page.contains("/queues/email.send/send-now"), "{page}");
+    let confirm = operator
+        .post("/queues/email.send/send-now", &[("reason", "relay fixed")])
+        .await?
+        .text()
+        .await?;
+    assert!(confirm.contains(r#"name="planned" value="1""#), "{confirm}");
+    let sent = operator
+        .post(
+            "/queues/email.send/send-now/run",
+            &[("planned", "1"), ("reason", "relay fixed")],
+        )
+        .await?;
+    assert_eq!(sent.status(), 303);
+    assert_eq!(ready(&channel, "email.send.retry.2m").await, 0);
+
+    type ApiRow = (
+        String,
+        bool,
+        serde_json::Value,
+        Option<i64>,
+        i64,
+        Option<String>,
+    );
+    let rows: Vec<ApiRow> = sqlx::query_as(
+        "SELECT action, dry_run, filter, planned, succeeded, via \
+             FROM dead_letter_actions WHERE action = 'send-now' ORDER BY id LIMIT 2",
+    )
+    .fetch_all(&world.db.pool)
+    .await?;
+    let target = serde_json::json!({"queue": "email.send", "reason": "relay fixed"});
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "send-now".into(),
+                true,
+                target.clone(),
+                None,
+                0,
+                Some("api".into())
+            ),
+            (
+                "send-now".into(),
+                false,
+                target,
+                Some(2),
+                2,
+                Some("api".into())
+            ),
+        ]
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
+}

@@ -77,6 +77,12 @@ impl Publisher {
         }
     }
 
+    /// The connection it publishes on, waited for as a publish waits: for work beside its
+    /// publishes on the same connection (moving parked messages, say).
+    pub async fn current_session(&self) -> Result<Session, PublishError> {
+        self.session().await
+    }
+
     /// Publishes one message and waits for its confirm.
     pub async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
         let mut results = self.publish_many(std::slice::from_ref(message)).await;

@@ -79,7 +79,15 @@ pub async fn run(settings: &Settings, action: QueuesAction) -> Result<(), Fatal>
     .map_err(Fatal::unavailable)?;
     let publisher =
         worker_broker::Publisher::new(session.clone().fixed(), settings.broker.publisher.clone());
-    let result = parked::send_now(&pool, &session, &publisher, &queue, &request).await;
+    let result = parked::send_now(
+        &pool,
+        &session,
+        &publisher,
+        &queue.name,
+        &queue.tiers,
+        &request,
+    )
+    .await;
     let _ = tokio::time::timeout(Duration::from_secs(5), session.close("send-now done")).await;
     pool.close().await;
     let report = result.map_err(Fatal::from_failure)?;

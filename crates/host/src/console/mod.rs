@@ -17,6 +17,7 @@
 //! - `history.rs`: the history's charts (overview, a job, `/queues/{name}`) and their JSON;
 //!   `chart.rs` draws them as SVG;
 //! - `outbox.rs`: pending and failed rows, retry;
+//! - `send_now.rs`: a queue's parked messages sent now (a dry run, then the confirmed count);
 //! - `mail.rs`: `/mail`, a search for mails with their end states, and `/mail/{id}`, one
 //!   mail's story;
 //! - `sign_in.rs`: the operator session;
@@ -45,6 +46,7 @@ mod overview;
 pub mod page;
 mod personal;
 pub mod privacy;
+mod send_now;
 mod sign_in;
 pub mod throttle;
 pub mod views;
@@ -116,6 +118,8 @@ fn operator_actions() -> Router<Arc<Console>> {
         .route("/reveal", post(personal::reveal))
         .route("/accounts/{name}/personal-data", post(personal::set_right))
         .route("/privacy/erase", post(privacy::erase))
+        .route("/queues/{name}/send-now", post(send_now::plan))
+        .route("/queues/{name}/send-now/run", post(send_now::run))
 }
 
 /// The console's routes, pages and API.

@@ -33,6 +33,10 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("history.html", include_str!("templates/history.html")),
     ("queue.html", include_str!("templates/queue.html")),
     (
+        "send_now_confirm.html",
+        include_str!("templates/send_now_confirm.html"),
+    ),
+    (
         "outbound_mail.html",
         include_str!("templates/outbound_mail.html"),
     ),
