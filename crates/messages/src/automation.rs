@@ -8,6 +8,7 @@
 //! `Re: {{ subject }}`) and nothing else.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +58,15 @@ pub struct SendEmailAction {
     /// mail threads as a reply. On by default.
     #[serde(default = "yes")]
     pub reply_headers: bool,
+    /// A reply older than this when its turn to be sent comes is recorded `expired` and not
+    /// sent (`"2h"`, `"1day"`); written on the mail as its `expires_at` when it is queued, it
+    /// wins over `jobs.email_send.max_age`. Unset: the job's setting.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_age: Option<Duration>,
 }
 
 /// `type = "webhook"`: an HTTP POST of the event as JSON (its own URL and headers are never
@@ -222,6 +232,23 @@ mod tests {
         assert_eq!(
             serde_json::from_value::<Vec<AutomationAction>>(back).unwrap(),
             actions
+        );
+    }
+
+    #[test]
+    fn a_send_emails_max_age_reads_as_a_duration_and_round_trips() {
+        let json = serde_json::json!(
+            {"type": "send_email", "to": ["{{ from }}"], "subject": "Re", "text": "pong", "max_age": "1day"}
+        );
+        let action: AutomationAction = serde_json::from_value(json).unwrap();
+        let AutomationAction::SendEmail(email) = &action else {
+            panic!("{action:?}")
+        };
+        assert_eq!(email.max_age, Some(Duration::from_secs(86_400)));
+        let back = serde_json::to_value(&action).unwrap();
+        assert_eq!(
+            serde_json::from_value::<AutomationAction>(back).unwrap(),
+            action
         );
     }
 

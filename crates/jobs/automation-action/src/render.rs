@@ -301,6 +301,7 @@ mod tests {
             text: Some("Hello {{ from_name or from }},\nwe got \"{{ subject }}\".".into()),
             html: Some("<p>We got <b>{{ subject }}</b></p>".into()),
             reply_headers: true,
+            max_age: None,
         }
     }
 

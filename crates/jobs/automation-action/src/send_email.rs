@@ -18,7 +18,8 @@ use worker_store::outbox::{self, OutboxMessage};
 use worker_store::{ProcessedMessages, Tx, classify};
 
 /// The mail's statement: the guard's mark (`$1`, `$2`) and, if it is new, the
-/// `outbound_emails` row (`$3`..`$13`), its recipients (`$14`, `$15`), its command in the
+/// `outbound_emails` row (`$3`..`$13`, and `$25`: the action's `max_age` in seconds, which
+/// makes its `expires_at`; null: none, the job's setting applies), its recipients (`$14`, `$15`), its command in the
 /// outbox (`$16`..`$23`) and the execution (`$24`) `succeeded`. Returns whether the mark was
 /// new.
 static QUEUE_EMAIL_SQL: LazyLock<String> = LazyLock::new(|| {
@@ -27,8 +28,9 @@ static QUEUE_EMAIL_SQL: LazyLock<String> = LazyLock::new(|| {
          email AS ( \
              INSERT INTO outbound_emails (id, action_execution_id, message_id, from_address, \
                  to_addresses, cc_addresses, subject, text_body, html_body, in_reply_to, \
-                 reference_ids) \
-             SELECT $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 WHERE EXISTS (SELECT FROM mark) \
+                 reference_ids, expires_at) \
+             SELECT $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+                 now() + make_interval(secs => $25) WHERE EXISTS (SELECT FROM mark) \
              ON CONFLICT (id) DO NOTHING), \
          recipients AS ( \
              INSERT INTO outbound_email_recipients (outbound_email_id, automation_id, address, created_at) \
@@ -106,6 +108,7 @@ impl SendEmail {
             return skip(tx, id, SkipKind::LoopGuard, &reason).await;
         }
         let mut email = render_email(action, &execution.event.data)?;
+        let max_age = action.max_age;
         // The action's own sender is the host's too, for this mail.
         let sender = email.from.as_deref().map(loops::bare_address);
         if let Some(reason) =
@@ -124,7 +127,7 @@ impl SendEmail {
         {
             return skip(tx, id, SkipKind::ReplyLimit, &reason).await;
         }
-        if !self.queue_email(tx, id, execution, &email).await? {
+        if !self.queue_email(tx, id, execution, &email, max_age).await? {
             return Ok(duplicate());
         }
         tracing::info!(action = execution.action.kind(), "action done");
@@ -139,6 +142,7 @@ impl SendEmail {
         execution_id: Uuid,
         execution: &Execution,
         email: &RenderedEmail,
+        max_age: Option<std::time::Duration>,
     ) -> Result<bool, Failure> {
         let email_id = outbound_email_id(execution_id);
         let command = EmailSendCommand {
@@ -173,6 +177,7 @@ impl SendEmail {
             .bind(message.stored_headers())
             .bind(&message.body)
             .bind(execution_id)
+            .bind(max_age.map(|age| age.as_secs_f64()))
             .fetch_one(&mut *tx)
             .await
             .map_err(classify)?;

@@ -193,6 +193,44 @@ async fn send_email_renders_the_reply_and_queues_it_with_the_mark() -> anyhow::R
     Ok(())
 }
 
+/// (seconds from `created_at` to `expires_at`) of the mail the execution queued.
+async fn expires_after(pool: &PgPool, execution_id: Uuid) -> Option<f64> {
+    sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - created_at)::float8 FROM outbound_emails \
+         WHERE id = $1",
+    )
+    .bind(outbound_email_id(execution_id))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_reply_actions_max_age_becomes_its_mails_expires_at_and_none_leaves_it_unset()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let mut action = reply_action();
+    action["max_age"] = json!("2h");
+    let limited = execution(&db.pool, &ping_event(), action).await;
+    let plain = execution(&db.pool, &ping_event(), reply_action()).await;
+    for command in [&limited, &plain] {
+        let body = serde_json::to_vec(command)?;
+        assert_eq!(
+            execute_once(&executor(&db.pool), &ctx(), &body).await?,
+            Handled::Done
+        );
+    }
+    assert_eq!(
+        expires_after(&db.pool, limited.action_execution_id).await,
+        Some(7_200.0)
+    );
+    assert_eq!(
+        expires_after(&db.pool, plain.action_execution_id).await,
+        None
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_guard_drops_a_duplicate_command() -> anyhow::Result<()> {
     let db = TestDb::create().await?;

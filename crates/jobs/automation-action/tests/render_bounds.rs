@@ -35,6 +35,7 @@ fn a_loop_over_a_large_field_stops_at_the_output_limit_while_rendering() {
         text: Some("{% for i in range(100000) %}{{ text }}{% endfor %}".into()),
         html: None,
         reply_headers: false,
+        max_age: None,
     };
     let (before, _) = rss_kib();
     let _ = std::fs::write("/proc/self/clear_refs", "5");

@@ -291,6 +291,9 @@ fn check_send_email(email: &SendEmailAction) -> Result<(), String> {
     if email.text.is_none() && email.html.is_none() {
         return Err("give a `text` or an `html` body (or both)".into());
     }
+    if email.max_age.is_some_and(|age| age.is_zero()) {
+        return Err("`max_age` is 0: give a duration longer than zero (like `1day`), or leave it out for the job's `jobs.email_send.max_age`".into());
+    }
     let env = minijinja::Environment::new();
     let fields = email
         .to

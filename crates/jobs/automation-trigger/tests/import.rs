@@ -163,6 +163,24 @@ actions = []
 }
 
 #[test]
+fn a_reply_actions_max_age_is_read_and_zero_is_refused_by_name() {
+    let with = |age: &str| {
+        DEMO.replace(
+            "text = \"pong\"\n",
+            &format!("text = \"pong\"\nmax_age = \"{age}\"\n"),
+        )
+    };
+    let fine = parse(&with("1day"), Format::Toml, "f.toml");
+    assert!(fine.is_ok(), "{:?}", fine.err().map(|e| e.to_string()));
+    let err = parse(&with("0s"), Format::Toml, "f.toml").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("actions[0] (send_email): `max_age` is 0"),
+        "{err}"
+    );
+}
+
+#[test]
 fn parse_errors_name_the_field() {
     let err = parse(
         r#"{"automations": [{"name": "x", "event_type": "e", "actions": [{"type": "sms"}]}]}"#,

@@ -19,7 +19,8 @@ use crate::{GUARD_SCOPE, JOB_NAME, LAST_ERROR_MAX};
 /// a fresh claim of another try: [`ClaimRow::decide`] reads the same facts). A row past its
 /// limit (`expires_at`, else `created_at` + `$6`, the job's `max_age`; no limit when both are
 /// null) is recorded `expired` instead of claimed, with the limit it passed kept in
-/// `expires_at` and named in `last_error` (`jobs.email_send.max_age`, or `its own limit`). The mail's columns come back with the claim, so the claim costs one round
+/// `expires_at` and named in `last_error` (`jobs.email_send.max_age`, or `the max_age of its automation`: a
+/// row's own `expires_at` is written from its automation's `max_age`). The mail's columns come back with the claim, so the claim costs one round
 /// trip and commits on its own.
 static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -43,7 +44,7 @@ static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
                      ELSE o.expires_at END, \
                  last_error = CASE WHEN NOT f.expired THEN o.last_error \
                      WHEN o.expires_at IS NULL THEN 'jobs.email_send.max_age' \
-                     ELSE 'its own limit' END, \
+                     ELSE 'the max_age of its automation' END, \
                  updated_at = now() \
              FROM found AS f \
              WHERE o.id = f.id AND NOT f.marked AND f.status NOT IN ('sent', 'expired') \

@@ -122,7 +122,7 @@ async fn a_rows_own_expires_at_wins_over_the_jobs_max_age() -> anyhow::Result<()
     let (status, _, limit, _) = row(&db.pool, id).await;
     assert_eq!(
         (status.as_str(), limit.as_deref()),
-        ("expired", Some("its own limit"))
+        ("expired", Some("the max_age of its automation"))
     );
     let sent = job.handle(&ctx(), &command(lenient)).await;
     assert_eq!(sent.ok(), Some(Handled::Done));
