@@ -114,3 +114,36 @@ async fn send_now_moves_at_most_the_cap_back_to_the_work_queue_with_its_attempt_
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_refused_publish_leaves_the_message_in_its_tier_and_stops() -> anyhow::Result<()> {
+    let (vhost, session, queue) = parked_vhost().await?;
+    park(&session, &queue, 0, &["a", "b"]).await?;
+    // The move publishes through the default exchange: refused, nothing may leave a tier.
+    vhost
+        .api(
+            reqwest::Method::PUT,
+            "permissions/{vhost}/guest",
+            Some(serde_json::json!({"configure": ".*", "write": "^commands$", "read": ".*"})),
+        )
+        .await?;
+    let mover = Session::new(worker_testkit::amqp::connect(&vhost).await?);
+    let publisher = Publisher::new(mover.clone().fixed(), PublisherSettings::default());
+
+    let sent = send_parked_now(&mover, &publisher, QUEUE, &queue.tiers, 10).await?;
+    assert_eq!(sent.moved, 0, "{sent:?}");
+    assert!(sent.stopped.is_some(), "{sent:?}");
+    // The nacked message is back in its tier once the broker settled the nack.
+    let channel = session.connection().create_channel().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while worker_testkit::amqp::counts(&channel, &queue.tiers[0].queue)
+        .await?
+        .0
+        < 2
+    {
+        assert!(tokio::time::Instant::now() < deadline, "a message was lost");
+        tokio::time::sleep(ms(25)).await;
+    }
+    assert_eq!(worker_testkit::amqp::counts(&channel, QUEUE).await?.0, 0);
+    Ok(())
+}
