@@ -293,3 +293,58 @@ async fn the_console_api_dry_runs_then_sends_the_confirmed_count() -> anyhow::Re
     world.host.stop_cleanly().await;
     Ok(())
 }
+
+/// The story the issue tells: the relay refuses a reply for a while, so it is parked in a
+/// long tier; once the relay takes mail again, send-now delivers it at once instead of after
+/// the tier's ten minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_parked_while_the_relay_refused_it_is_delivered_once_sent_now() -> anyhow::Result<()>
+{
+    use support::console::{Setup, TOKEN, World, http};
+    let setup = Setup {
+        sections: "[jobs.email_send.queue]\nretry_tiers = [\"10m\"]\n".into(),
+        ..Setup::with_token()
+    };
+    let world = World::start("SEND_NOW_LOG", setup).await?;
+    let host = &world.host;
+    let local = format!("parked-{}", uuid::Uuid::new_v4().simple());
+    let address = format!("{local}@localhost");
+    world
+        .sink
+        .fail_recipient(&address, "451 4.3.0 try again later")?;
+    support::publish_pings(&world.vhost, &address, 1).await?;
+    let connection = worker_testkit::amqp::connect(&world.vhost).await?;
+    let channel = connection.create_channel().await?;
+    host.wait_for("the reply parked in the 10m tier", || async {
+        Ok((ready(&channel, "email.send.retry.10m").await == 1).then_some(()))
+    })
+    .await;
+    world.sink.accept_recipient(&address)?;
+
+    let http = http();
+    for (path, form) in [
+        (
+            "/api/queues/email.send/send-now",
+            vec![("reason", "relay back")],
+        ),
+        (
+            "/api/queues/email.send/send-now/run",
+            vec![("planned", "1"), ("reason", "relay back")],
+        ),
+    ] {
+        let answer = http
+            .post(host.url(path))
+            .bearer_auth(TOKEN)
+            .form(&form)
+            .send()
+            .await?;
+        assert!(answer.status().is_success(), "{path}: {}", answer.status());
+    }
+    host.wait_for("the reply delivered", || async {
+        Ok((!world.sink.delivered(&local).is_empty()).then_some(()))
+    })
+    .await;
+    assert_eq!(ready(&channel, "email.send.retry.10m").await, 0);
+    world.host.stop_cleanly().await;
+    Ok(())
+}
