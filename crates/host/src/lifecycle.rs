@@ -315,6 +315,7 @@ async fn console(
         archive_retention: settings.jobs.dead_letter_archive.job.archiver.retention,
         story_retention: crate::commands::mail::retention(settings),
         bulk_rate: admin.bulk_rate,
+        email_max_age: settings.jobs.email_send.max_age,
         password_hashing: admin.password_hashing,
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),

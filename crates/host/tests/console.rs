@@ -733,3 +733,32 @@ async fn open_reading_off_loopback_is_refused_at_start() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replays_plan_says_how_many_replies_would_expire() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let world = World::with_token("CONSOLE_SHOW_LOG").await?;
+    world.dead_letters(2).await?;
+    // One of the two refused replies is past its own age limit (an automation's max_age).
+    sqlx::query(
+        "UPDATE outbound_emails SET expires_at = now() - interval '1 minute' \
+         WHERE id = (SELECT min(id::text)::uuid FROM outbound_emails)",
+    )
+    .execute(&world.db.pool)
+    .await?;
+    let operator = Operator::sign_in(&world.host.url(""), TOKEN, "alice").await?;
+    let plan = operator
+        .post("/dead-letters/replay", &[("queue", "email.send")])
+        .await?;
+    assert_eq!(plan.status(), StatusCode::OK);
+    let plan = plan.text().await?;
+    assert!(plan.contains("id=\"planned\">2<"), "{plan}");
+    assert!(
+        plan.contains(
+            "id=\"would-expire\"><strong>1</strong> of them is a reply past its age limit"
+        ),
+        "{plan}"
+    );
+    world.host.stop_cleanly().await;
+    Ok(())
+}

@@ -222,3 +222,69 @@ async fn outbox_retry_all_failed_has_a_recorded_dry_run_and_keeps_to_the_planned
     );
     Ok(())
 }
+
+/// An email.send dead letter of the reply `id`, as the archive keeps it.
+async fn dead_reply(db: &TestDb, key: &str, id: uuid::Uuid) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO dead_letters (dedup_key, source, queue, message_id, reason, attempts, \
+             last_error, error_fingerprint, error_normalized, died_at, body) \
+         VALUES ($1, 'runner', 'email.send', $2, 'gave-up', 5, 'timeout', 'abcdef012345', \
+             'timeout', now(), $3)",
+    )
+    .bind(key)
+    .bind(id.to_string())
+    .bind(format!("{{\"outbound_email_id\": \"{id}\"}}").into_bytes())
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_replays_dry_run_says_how_many_replies_would_expire() -> anyhow::Result<()> {
+    let Installation {
+        db,
+        vhost: _vhost,
+        config,
+        dir: _dir,
+    } = Installation::new("expiry-test").await?;
+    let mut settings = std::fs::read_to_string(&config)?;
+    settings.push_str("\n[jobs.email_send]\nmax_age = \"1day\"\n");
+    std::fs::write(&config, settings)?;
+    // Two replies that gave up: one queued two days ago, one an hour ago.
+    for (key, age) in [("stale", "2 days"), ("fresh", "1 hour")] {
+        let id = uuid::Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO outbound_emails (id, message_id, to_addresses, subject, text_body, \
+                 created_at) \
+             VALUES ($1, $2, ARRAY['ann@example.com'], 'Re: ping', 'pong', \
+                 now() - $3::interval)",
+        )
+        .bind(id)
+        .bind(format!("{id}@worker-host"))
+        .bind(age)
+        .execute(&db.pool)
+        .await?;
+        dead_reply(&db, key, id).await?;
+    }
+
+    let (code, out) = dlq(
+        &config,
+        &["dlq", "replay", "--all", "--dry-run", "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(report["matched"], 2, "{out}");
+    assert_eq!(report["would_expire"], 1, "{out}");
+    let (code, out) = dlq(&config, &["dlq", "replay", "--all", "--dry-run"], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("1 of them are replies past their age limit"),
+        "{out}"
+    );
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE status = 'dead'")
+        .fetch_one(&db.pool)
+        .await?;
+    assert_eq!(dead, 2, "a dry run replays nothing");
+    Ok(())
+}

@@ -137,6 +137,23 @@ pub(crate) fn parse_since(text: &str) -> Result<DateTime<Utc>, String> {
     archive::parse_time(text, Utc::now())
 }
 
+/// How many of a dry run's dead letters are replies the email-send job would now record
+/// `expired` instead of sending (of the listed items: all of them unless the list was cut).
+async fn would_expire(
+    settings: &Settings,
+    pool: &sqlx::PgPool,
+    report: &archive::ReplayReport,
+) -> Result<u64, Fatal> {
+    let ids: Vec<String> = report
+        .items
+        .iter()
+        .filter_map(|item| item.message_id.clone())
+        .collect();
+    job_email_send::expiry::would_expire(pool, &ids, settings.jobs.email_send.max_age)
+        .await
+        .map_err(Fatal::from_failure)
+}
+
 fn print_json(value: &impl serde::Serialize) {
     println!(
         "{}",
@@ -301,8 +318,17 @@ async fn dispatch(
             })
             .await?
             .map_err(Fatal::from_failure)?;
+            let expiring = if report.dry_run {
+                Some(would_expire(settings, pool, &report).await?)
+            } else {
+                None
+            };
             if json {
-                print_json(&report);
+                let mut value = serde_json::to_value(&report).unwrap_or_default();
+                if let (Some(count), Some(object)) = (expiring, value.as_object_mut()) {
+                    object.insert("would_expire".into(), count.into());
+                }
+                print_json(&value);
             } else {
                 let verb = if report.dry_run {
                     "would replay"
@@ -335,6 +361,16 @@ async fn dispatch(
                             .as_deref()
                             .map(|e| format!("  {}", visible(e)))
                             .unwrap_or_default()
+                    );
+                }
+                if let Some(count) = expiring.filter(|&n| n > 0) {
+                    println!(
+                        "{}{count} of them are replies past their age limit (jobs.email_send.max_age or their automation's max_age): replayed now, they are recorded `expired` and not sent",
+                        if report.items_truncated {
+                            "at least "
+                        } else {
+                            ""
+                        }
                     );
                 }
                 if let Some(why) = &report.stopped {

@@ -153,6 +153,8 @@ struct Plan {
     action_id: i64,
     /// The first few, for the operator to recognise them.
     items: Vec<archive::ReplayItem>,
+    /// Of a replay's, the replies past their age limit: recorded `expired`, not sent.
+    would_expire: u64,
     filter: FilterForm,
     id: Option<i64>,
     all: bool,
@@ -173,11 +175,21 @@ async fn plan(
         super::edit::refuse_replay_of_edited(&console, filter.id).await?;
     }
     let run = archive::Run::new(actor.clone()).dry(true);
+    let mut would_expire = 0;
     let (action_id, matched, items) = match kind {
         Kind::Replay => {
             let report = archive::replay_run(&console.pool, &console.publisher, &filter, &run)
                 .await
                 .map_err(|e| Problem::failed("The dry run", e))?;
+            let ids: Vec<String> = report
+                .items
+                .iter()
+                .filter_map(|item| item.message_id.clone())
+                .collect();
+            would_expire =
+                job_email_send::expiry::would_expire(&console.pool, &ids, console.email_max_age)
+                    .await
+                    .map_err(|e| Problem::failed("Counting the replies that would expire", e))?;
             let items = report.items.into_iter().take(PREVIEW_ITEMS).collect();
             (report.action_id, report.matched, items)
         }
@@ -193,6 +205,7 @@ async fn plan(
         matched,
         action_id,
         items,
+        would_expire,
         filter: form.filter.cleaned(),
         id: filter.id,
         all: !filter.narrows(),

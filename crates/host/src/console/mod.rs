@@ -85,6 +85,8 @@ pub struct Console {
     pub story_retention: crate::story::Retention,
     /// The rate a bulk action offers first.
     pub bulk_rate: u32,
+    /// `jobs.email_send.max_age`: a replay's plan counts the replies it would expire.
+    pub email_max_age: Option<Duration>,
     /// How passwords an admin sets here are hashed.
     pub password_hashing: crate::settings::PasswordHashing,
     pub tracker: TaskTracker,

@@ -47,7 +47,8 @@
 //! guards against (an outage, parked tiers, a replay of dead letters) all come after it. The
 //! message is acked as [`Handled::Skipped`](worker_core::Handled::Skipped) with reason
 //! [`EXPIRED`]: a success, nothing dead-lettered, counted by the runner with its reason. The
-//! limit it passed is kept in `expires_at`, for the mail's story.
+//! limit it passed is kept in `expires_at`, for the mail's story. A replay's dry run counts
+//! the dead letters that would expire ([`expiry::would_expire`]).
 //!
 //! ## Exactly one mail, but for one window
 //!
@@ -118,6 +119,7 @@ mod auth;
 mod config;
 pub mod edit;
 mod error;
+pub mod expiry;
 mod message;
 mod sender;
 pub mod settings;
