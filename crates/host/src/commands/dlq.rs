@@ -2,14 +2,13 @@
 //! purge, as a readable table or as JSON. What a dead letter carries (its queue, error and
 //! body come from outside) is printed through [`visible`], never raw to the terminal.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use job_dead_letter_archive as archive;
 use worker_core::text::{visible, visible_json};
 
 use super::actor::{ActorArgs, actor};
+use super::broker;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
@@ -313,7 +312,8 @@ async fn dispatch(
                 .dry(dry_run)
                 .rate(rate)
                 .planned(planned);
-            let report = with_publisher(settings, |publisher| async move {
+            let report = broker::with_session(settings, "dlq done", |session| async move {
+                let publisher = broker::publisher_on(settings, &session);
                 archive::replay_run(pool, &publisher, &query, &run).await
             })
             .await?
@@ -437,25 +437,6 @@ async fn dispatch(
         }
     }
     Ok(())
-}
-
-/// Runs `work` with a confirmed publisher on a connection of its own.
-async fn with_publisher<F, Fut, T>(settings: &Settings, work: F) -> Result<T, Fatal>
-where
-    F: FnOnce(worker_broker::Publisher) -> Fut,
-    Fut: std::future::Future<Output = T>,
-{
-    let session = connections::connect_broker(
-        &connections::broker_connection(settings).map_err(Fatal::usage)?,
-        settings.broker.connect_attempts,
-    )
-    .await
-    .map_err(Fatal::unavailable)?;
-    let publisher =
-        worker_broker::Publisher::new(session.clone().fixed(), settings.broker.publisher.clone());
-    let result = work(publisher).await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), session.close("dlq done")).await;
-    Ok(result)
 }
 
 #[cfg(test)]

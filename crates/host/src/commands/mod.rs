@@ -3,6 +3,7 @@
 
 pub mod actor;
 pub mod automations;
+pub mod broker;
 pub mod config;
 pub mod dlq;
 pub mod fleet;

@@ -4,8 +4,6 @@
 //! the broker's dead queues into the archive ([`archive_dead_queues`], the archiver's own
 //! step), so that a dead letter still in a queue is erased with the rest.
 
-use std::time::Duration;
-
 use clap::Subcommand;
 use worker_core::text::visible;
 use worker_store::privacy::erase::Erasure;
@@ -121,21 +119,15 @@ pub async fn archive_dead_queues(settings: &Settings, pool: &sqlx::PgPool) -> Re
     let topology = settings
         .topology()
         .map_err(crate::topology::topology_failure)?;
-    let session = connections::connect_broker(
-        &connections::broker_connection(settings).map_err(Fatal::usage)?,
-        settings.broker.connect_attempts,
-    )
-    .await
-    .map_err(Fatal::unavailable)?;
     let archiver = Archiver::new(
         pool.clone(),
         settings.jobs.dead_letter_archive.job.archiver.clone(),
     );
-    let archived = drain(&archiver, &session, &dead_queues(&topology))
-        .await
-        .map_err(|e| Fatal::unavailable(format!("archiving the dead queues: {e}")));
-    let _ = tokio::time::timeout(Duration::from_secs(5), session.close("privacy done")).await;
-    archived
+    super::broker::with_session(settings, "privacy done", |session| async move {
+        drain(&archiver, &session, &dead_queues(&topology)).await
+    })
+    .await?
+    .map_err(|e| Fatal::unavailable(format!("archiving the dead queues: {e}")))
 }
 
 fn print_json(value: &impl serde::Serialize) {

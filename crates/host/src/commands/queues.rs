@@ -3,12 +3,11 @@
 //! Without `--planned` it is a dry run: the count per tier, nothing moved, recorded. With
 //! `--planned N` (the count the dry run showed) at most N move, recorded with who and why.
 
-use std::time::Duration;
-
 use clap::Subcommand;
 use worker_core::text::{visible, visible_json};
 
 use super::actor::{ActorArgs, actor};
+use super::broker;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::parked::{self, Request};
@@ -71,26 +70,22 @@ pub async fn run(settings: &Settings, action: QueuesAction) -> Result<(), Fatal>
     let pool = worker_store::connect(&connections::pool_options(&settings.database))
         .await
         .map_err(Fatal::unavailable)?;
-    let session = connections::connect_broker(
-        &connections::broker_connection(settings).map_err(Fatal::usage)?,
-        settings.broker.connect_attempts,
-    )
-    .await
-    .map_err(Fatal::unavailable)?;
-    let publisher =
-        worker_broker::Publisher::new(session.clone().fixed(), settings.broker.publisher.clone());
-    let result = parked::send_now(
-        &pool,
-        &session,
-        &publisher,
-        &queue.name,
-        &queue.tiers,
-        &request,
-    )
+    let (pool_ref, queue_ref, request_ref) = (&pool, &queue, &request);
+    let result = broker::with_session(settings, "send-now done", |session| async move {
+        let publisher = broker::publisher_on(settings, &session);
+        parked::send_now(
+            pool_ref,
+            &session,
+            &publisher,
+            &queue_ref.name,
+            &queue_ref.tiers,
+            request_ref,
+        )
+        .await
+    })
     .await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), session.close("send-now done")).await;
     pool.close().await;
-    let report = result.map_err(Fatal::from_failure)?;
+    let report = result?.map_err(Fatal::from_failure)?;
     if json {
         println!(
             "{}",

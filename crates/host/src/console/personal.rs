@@ -38,31 +38,32 @@ impl Sight {
         may_reveal: false,
     };
 
-    /// `data` as this caller may see it.
-    pub fn shown<T: Serialize>(&self, data: &T) -> Result<serde_json::Value, Problem> {
-        let value = serde_json::to_value(data).map_err(|e| {
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "This answer could not be prepared",
-                e.to_string(),
-            )
-        })?;
-        Ok(if self.masked {
-            masking::masked(value)
-        } else {
-            value
-        })
+    /// `data` masked, for a caller who may not see it; `None` for one who may, whose answer is
+    /// `data` itself (no round trip through JSON on an operator's every page).
+    fn masked_copy<T: Serialize>(&self, data: &T) -> Result<Option<serde_json::Value>, Problem> {
+        if !self.masked {
+            return Ok(None);
+        }
+        serde_json::to_value(data)
+            .map(|value| Some(masking::masked(value)))
+            .map_err(|e| {
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "This answer could not be prepared",
+                    e.to_string(),
+                )
+            })
     }
 
     /// `data` as an API answer this caller may see, marked when masked.
-    pub fn answer<T: Serialize>(&self, data: &T) -> PageResult {
-        let shown = self.shown(data).map_err(Problem::json)?;
+    fn answer<T: Serialize>(&self, data: &T) -> PageResult {
+        let Some(shown) = self.masked_copy(data).map_err(Problem::json)? else {
+            return Ok(Json(data).into_response());
+        };
         let mut response = Json(shown).into_response();
-        if self.masked {
-            response
-                .headers_mut()
-                .insert(MASKED_HEADER, HeaderValue::from_static("masked"));
-        }
+        response
+            .headers_mut()
+            .insert(MASKED_HEADER, HeaderValue::from_static("masked"));
         Ok(response)
     }
 }
@@ -198,8 +199,11 @@ pub async fn for_page<T: Serialize>(
     data: &T,
 ) -> Result<(minijinja::Value, minijinja::Value), Problem> {
     let sight = sight(console, caller, uri.path()).await?;
-    let shown = sight.shown(data)?;
-    Ok((minijinja::Value::from_serialize(&shown), banner(sight, uri)))
+    let shown = match sight.masked_copy(data)? {
+        Some(masked) => minijinja::Value::from_serialize(&masked),
+        None => minijinja::Value::from_serialize(data),
+    };
+    Ok((shown, banner(sight, uri)))
 }
 
 /// An API answer's data as `caller` may see it.
