@@ -21,6 +21,10 @@ pub enum FailureClass {
     /// The input itself cannot be read (bad header, body that does not decode).
     /// Dead-lettered at once; never retried.
     Malformed,
+    /// A dependency the work needs is out of service (its circuit is open): the work was not
+    /// tried, so it is charged no try; it waits in its queue, or parked without a try, until
+    /// the dependency is back.
+    Unavailable,
 }
 
 impl FailureClass {
@@ -31,12 +35,13 @@ impl FailureClass {
             Self::Permanent => "permanent",
             Self::Throttled => "throttled",
             Self::Malformed => "malformed",
+            Self::Unavailable => "unavailable",
         }
     }
 
     /// Whether trying the same input again can succeed.
     pub const fn is_retryable(&self) -> bool {
-        matches!(self, Self::Transient | Self::Throttled)
+        matches!(self, Self::Transient | Self::Throttled | Self::Unavailable)
     }
 }
 
@@ -71,6 +76,16 @@ pub enum Failure {
     /// second try would most likely double the effect.
     #[error("outcome unknown: {detail}")]
     Unknown { detail: String },
+    /// `dependency` is out of service: its circuit is open, or this failure opened it. The
+    /// work was not done and is charged no try: the runner returns its message to its queue
+    /// (`retry_after` none: the consumer stops while the circuit is open) or parks it for
+    /// `retry_after` without counting an attempt. Never tried again in process.
+    #[error("{dependency} is unavailable: {detail}")]
+    Unavailable {
+        dependency: String,
+        detail: String,
+        retry_after: Option<Duration>,
+    },
 }
 
 impl Failure {
@@ -106,6 +121,20 @@ impl Failure {
         }
     }
 
+    /// `dependency` is out of service (see [`Failure::Unavailable`]): the message goes back to
+    /// its queue uncharged, or waits `retry_after` uncharged.
+    pub fn unavailable(
+        dependency: impl Into<String>,
+        detail: impl fmt::Display,
+        retry_after: Option<Duration>,
+    ) -> Self {
+        Self::Unavailable {
+            dependency: dependency.into(),
+            detail: detail.to_string(),
+            retry_after,
+        }
+    }
+
     /// A transient failure whose detail is `err` with its whole `source()` chain
     /// (see [`error_chain`]).
     pub fn transient_from(err: &(dyn Error + 'static)) -> Self {
@@ -120,6 +149,7 @@ impl Failure {
             Self::Transient { .. } | Self::Unknown { .. } => FailureClass::Transient,
             Self::Permanent { .. } => FailureClass::Permanent,
             Self::Throttled { .. } => FailureClass::Throttled,
+            Self::Unavailable { .. } => FailureClass::Unavailable,
         }
     }
 
@@ -131,7 +161,16 @@ impl Failure {
     /// Whether another try in the same process may follow: not for a permanent failure, nor
     /// for an unknown outcome (see [`Failure::Unknown`]).
     pub fn retries_in_process(&self) -> bool {
-        !matches!(self, Self::Permanent { .. } | Self::Unknown { .. })
+        !matches!(
+            self,
+            Self::Permanent { .. } | Self::Unknown { .. } | Self::Unavailable { .. }
+        )
+    }
+
+    /// Whether the work was not tried because a dependency is out of service (see
+    /// [`Failure::Unavailable`]): no attempt is charged for it.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
     }
 
     /// Whether the effect's outcome is unknown (see [`Failure::Unknown`]).
@@ -143,6 +182,7 @@ impl Failure {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Throttled { retry_after, .. } => Some(*retry_after),
+            Self::Unavailable { retry_after, .. } => *retry_after,
             Self::Transient { .. } | Self::Permanent { .. } | Self::Unknown { .. } => None,
         }
     }
@@ -153,7 +193,8 @@ impl Failure {
             Self::Transient { detail }
             | Self::Unknown { detail }
             | Self::Permanent { detail, .. }
-            | Self::Throttled { detail, .. } => detail,
+            | Self::Throttled { detail, .. }
+            | Self::Unavailable { detail, .. } => detail,
         }
     }
 
@@ -163,7 +204,9 @@ impl Failure {
         match self {
             Self::Permanent { reason, .. } => reason,
             Self::Unknown { .. } => "unknown-outcome",
-            Self::Transient { .. } | Self::Throttled { .. } => self.class().as_str(),
+            Self::Transient { .. } | Self::Throttled { .. } | Self::Unavailable { .. } => {
+                self.class().as_str()
+            }
         }
     }
 
@@ -174,7 +217,8 @@ impl Failure {
             Self::Transient { detail }
             | Self::Unknown { detail }
             | Self::Permanent { detail, .. }
-            | Self::Throttled { detail, .. } => detail,
+            | Self::Throttled { detail, .. }
+            | Self::Unavailable { detail, .. } => detail,
         };
         *detail = format!("{context}: {detail}");
         self
@@ -229,6 +273,7 @@ mod tests {
             FailureClass::Permanent,
             FailureClass::Throttled,
             FailureClass::Malformed,
+            FailureClass::Unavailable,
         ]
         .iter()
         .map(|c| (c.as_str(), c.to_string()))
@@ -240,6 +285,7 @@ mod tests {
                 ("permanent", "permanent".to_string()),
                 ("throttled", "throttled".to_string()),
                 ("malformed", "malformed".to_string()),
+                ("unavailable", "unavailable".to_string()),
             ]
         );
         assert!(FailureClass::Transient.is_retryable());

@@ -90,6 +90,7 @@
 pub mod backoff;
 pub mod busy;
 pub mod catalog;
+pub mod circuit;
 pub mod dedup;
 pub mod failure;
 pub mod job;

@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod alerts;
 pub mod allowed_hosts;
+pub mod circuits;
 pub mod cli;
 pub mod commands;
 pub mod connections;

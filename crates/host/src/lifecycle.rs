@@ -60,9 +60,21 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         tracing::warn!(error = %e, "could not read the paused jobs at start; the next reading applies them");
         Vec::new()
     });
-    let consumer_gates = Arc::new(jobs::ConsumerGates::new(&paused));
+    let circuits = worker_store::circuits::Circuits::new(
+        pool.clone(),
+        settings.circuits.clone(),
+        settings.replica_name(),
+    );
+    match worker_store::circuits::list(&pool).await {
+        Ok(open) => circuits.apply(open),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the open circuits at start; the next reading applies them")
+        }
+    }
+    let consumer_gates = Arc::new(jobs::ConsumerGates::new(&paused, &circuits.open_circuits()));
     tracker.spawn(jobs::watch_pauses(
         consumer_gates.clone(),
+        circuits.clone(),
         pool.clone(),
         settings.workers.pause_poll,
         shutdown.child_token(),
@@ -86,6 +98,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
             pool.clone(),
         ))),
         consumer_gates: Some(consumer_gates),
+        circuits: circuits.clone(),
         liveness: liveness.clone(),
     };
     let started = jobs::start_all(&jobs_context).map_err(Fatal::usage)?;

@@ -65,9 +65,10 @@ fn failure_of(outcome: &Outcome) -> Option<&'static str> {
     match outcome {
         Outcome::Succeeded | Outcome::Duplicate | Outcome::Skipped { .. } => None,
         Outcome::Parked { class, .. } => Some(history::reason::parked(*class)),
-        Outcome::DeadLettered { .. } | Outcome::Requeued | Outcome::Abandoned => {
-            Some(outcome.as_str())
-        }
+        Outcome::DeadLettered { .. }
+        | Outcome::Returned
+        | Outcome::Requeued
+        | Outcome::Abandoned => Some(outcome.as_str()),
     }
 }
 
@@ -152,6 +153,11 @@ impl ConsumerEvents for ConsumerObserver {
                 labels.push(KeyValue::new("reason", reason.as_str()));
                 labels.push(KeyValue::new("class", class.as_str()));
                 stats.record(&stats.dead_lettered, false, None);
+            }
+            Outcome::Returned => {
+                labels.push(KeyValue::new("outcome", "returned"));
+                labels.push(KeyValue::new("class", "unavailable"));
+                stats.record(&stats.requeued, false, None);
             }
             Outcome::Requeued | Outcome::Abandoned => {
                 labels.push(KeyValue::new("outcome", settled.outcome.as_str()));

@@ -154,6 +154,9 @@ pub enum EntryKind {
     /// What waited in a queue's retry tiers moved back to its work queue now; the target
     /// names the queue and the operator's reason.
     SendNow,
+    /// A dependency's open circuit closed by an operator; the target names the dependency
+    /// and the operator's reason.
+    CircuitClose,
 }
 
 impl EntryKind {
@@ -176,6 +179,7 @@ impl EntryKind {
             Self::PrivacyExport => "privacy-export",
             Self::Reveal => "reveal",
             Self::SendNow => "send-now",
+            Self::CircuitClose => "circuit-close",
         }
     }
 
@@ -194,7 +198,7 @@ impl EntryKind {
     }
 }
 
-const ALL_KINDS: [EntryKind; 17] = [
+const ALL_KINDS: [EntryKind; 18] = [
     EntryKind::Replay,
     EntryKind::Purge,
     EntryKind::OutboxRetry,
@@ -212,6 +216,7 @@ const ALL_KINDS: [EntryKind; 17] = [
     EntryKind::PrivacyExport,
     EntryKind::Reveal,
     EntryKind::SendNow,
+    EntryKind::CircuitClose,
 ];
 
 /// How the console and the command line show a stored kind: [`EntryKind::shown`], or the
@@ -469,6 +474,7 @@ mod tests {
         let privacy = include_str!("../../../migrations/20261210000600_audit_redaction.sql");
         let sight = include_str!("../../../migrations/20261210000500_personal_data_sight.sql");
         let send_now = include_str!("../../../migrations/20261211000200_send_parked_now.sql");
+        let circuits = include_str!("../../../migrations/20261211000300_dependency_circuits.sql");
         for kind in all {
             let word = format!("'{}'", kind.as_str());
             assert!(
@@ -476,6 +482,7 @@ mod tests {
                     || later.contains(&format!("ARRAY[{word}]"))
                     || sight.contains(&format!("ARRAY[{word}]"))
                     || send_now.contains(&format!("ARRAY[{word}]"))
+                    || circuits.contains(&format!("ARRAY[{word}]"))
                     || privacy.contains("ARRAY['privacy-erase', 'privacy-export']")
                         && word.starts_with("'privacy-"),
                 "{kind:?} is in the CHECK"

@@ -31,6 +31,7 @@ pub type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
 pub mod attempt_log;
 pub mod audit;
+pub mod circuits;
 pub mod dead_letters;
 pub mod history;
 pub mod migration_rules;

@@ -29,6 +29,8 @@ pub(crate) enum Fate {
         tier: usize,
         next_attempt: u32,
     },
+    /// Back to the end of its own queue, with its attempt as it was.
+    Return,
     Dead(DeadReason),
 }
 
@@ -91,7 +93,41 @@ impl Mover<'_> {
                 Some(tier) => self.park(tier, next_attempt, verdict).await,
                 None => self.dead_letter(DeadReason::GaveUp, &verdict).await,
             },
+            Fate::Return => self.put_back(&verdict).await,
             Fate::Dead(reason) => self.dead_letter(reason, &verdict).await,
+        }
+    }
+
+    /// Publishes a copy to the end of the queue, attempt unchanged, and acks the delivery once
+    /// it is confirmed. A copy that cannot be published returns the delivery itself, which
+    /// counts against the delivery limit, but only when the broker cannot take a publish.
+    async fn put_back(&self, verdict: &Verdict<'_>) -> Outcome {
+        let mut properties = copied_properties(self.delivery);
+        properties.headers.insert(
+            ATTEMPT_HEADER,
+            HeaderValue::I64(i64::from(verdict.attempt.max(1))),
+        );
+        if !properties.headers.contains_key(ORIGINAL_ROUTING_KEY_HEADER) {
+            properties.headers.insert(
+                ORIGINAL_ROUTING_KEY_HEADER,
+                HeaderValue::text(self.delivery.routing_key.as_str()),
+            );
+        }
+        let message = Outgoing {
+            exchange: String::new(),
+            routing_key: self.queue.name.clone(),
+            body: self.delivery.data.clone(),
+            properties,
+        };
+        match self.publisher.publish(&message).await {
+            Ok(()) => {
+                tracing::info!(queue = %self.queue.name, attempt = verdict.attempt, error = %verdict.why, "returned to its queue, charged no attempt");
+                Outcome::Returned
+            }
+            Err(err) => {
+                tracing::warn!(queue = %self.queue.name, error = %err, "returning a copy to the queue failed; returning the delivery itself");
+                Outcome::Requeued
+            }
         }
     }
 

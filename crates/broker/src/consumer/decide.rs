@@ -41,6 +41,9 @@ pub enum Outcome {
         reason: DeadReason,
         class: FailureClass,
     },
+    /// Put back at the end of its own queue, charged no attempt: a dependency it needs is
+    /// out of service ([`worker_core::Failure::Unavailable`]).
+    Returned,
     /// Returned to the queue: neither park nor dead letter could be published.
     Requeued,
     /// Returned to the queue: the handler was cancelled at the settle deadline.
@@ -60,6 +63,7 @@ impl Outcome {
                 DeadReason::Rejected => "dead-lettered:rejected",
                 DeadReason::GaveUp => "dead-lettered:gave-up",
             },
+            Self::Returned => "returned",
             Self::Requeued => "requeued",
             Self::Abandoned => "abandoned",
         }
@@ -80,6 +84,8 @@ pub enum Decision {
         reason: DeadReason,
         class: FailureClass,
     },
+    /// Back to the end of its own queue, charged no attempt.
+    Return,
     Requeue,
 }
 
@@ -107,6 +113,17 @@ pub fn decide(
         RetryOutcome::Failed { failure, .. } => failure,
     };
     let class = failure.class();
+    if failure.is_unavailable() {
+        // Not tried, so not charged: its attempt stays as it was.
+        return match failure.retry_after() {
+            Some(wait) if !queue.tiers.is_empty() => Decision::Park {
+                tier: tier_for_wait(queue, wait),
+                next_attempt: attempt,
+                class,
+            },
+            _ => Decision::Return,
+        };
+    }
     if failure.is_permanent() {
         return Decision::DeadLetter {
             reason: DeadReason::Rejected,
@@ -121,11 +138,7 @@ pub fn decide(
     }
     let next_attempt = attempt.saturating_add(1);
     let tier = match failure.retry_after() {
-        Some(wait) => queue
-            .tiers
-            .iter()
-            .position(|t| t.delay >= wait)
-            .unwrap_or(queue.tiers.len().saturating_sub(1)),
+        Some(wait) => tier_for_wait(queue, wait),
         None => tier_index_for_attempt(next_attempt, queue.tiers.len()).unwrap_or(0),
     };
     if queue.tiers.is_empty() {
@@ -139,6 +152,15 @@ pub fn decide(
         next_attempt,
         class,
     }
+}
+
+/// The first tier that waits at least `wait`, else the longest.
+fn tier_for_wait(queue: &QueueTopology, wait: std::time::Duration) -> usize {
+    queue
+        .tiers
+        .iter()
+        .position(|t| t.delay >= wait)
+        .unwrap_or(queue.tiers.len().saturating_sub(1))
 }
 
 #[cfg(test)]
@@ -189,6 +211,30 @@ mod tests {
             }
             .as_str(),
             "skipped"
+        );
+    }
+
+    #[test]
+    fn an_unavailable_dependency_charges_no_attempt() {
+        let q = queue();
+        let back = failed(Failure::unavailable("smtp-relay", "535 5.7.8", None));
+        assert_eq!(
+            decide(&back, 5, 5, &q),
+            Decision::Return,
+            "even at the last try"
+        );
+        let wait = failed(Failure::unavailable(
+            "webhook:hooks.example",
+            "connection refused",
+            Some(Duration::from_secs(30)),
+        ));
+        assert_eq!(
+            decide(&wait, 3, 5, &q),
+            Decision::Park {
+                tier: 1,
+                next_attempt: 3,
+                class: FailureClass::Unavailable
+            }
         );
     }
 

@@ -243,6 +243,7 @@ async fn pipeline<J: ConsumerJob>(
     let (fate, class) = match decision {
         Decision::Ack(outcome) => return (attempt, result.tries(), outcome),
         Decision::Requeue => return (attempt, result.tries(), Outcome::Abandoned),
+        Decision::Return => (Fate::Return, worker_core::FailureClass::Unavailable),
         Decision::DeadLetter { reason, class } => {
             tracing::warn!(reason = reason.as_str(), class = class.as_str(), error = %why, "dead-lettering");
             (Fate::Dead(reason), class)

@@ -79,7 +79,18 @@ fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError
         &settings.jobs.email_send,
         &ctx.oauth,
     )
-    .map_err(|e| job_error("email_send", e))?;
+    .map_err(|e| job_error("email_send", e))?
+    .with_circuits(ctx.circuits.clone());
+    let probe = sender.relay_probe();
+    ctx.tracker.spawn(crate::circuits::probe_while_open(
+        ctx.circuits.clone(),
+        job_email_send::relay::RELAY,
+        move || {
+            let probe = probe.clone();
+            async move { probe.probe().await }
+        },
+        ctx.shutdown.child_token(),
+    ));
     let unknown_outcomes = ctx
         .metrics
         .meter
@@ -98,8 +109,25 @@ fn inbound_email_poller(
         oauth: ctx.oauth.clone(),
         ..poller_config(&ctx.settings)
     };
+    let bounces = ctx
+        .metrics
+        .meter
+        .u64_counter(crate::metrics::names::BOUNCES)
+        .with_description(
+            "recipients of delivery reports, by class and whether the host sent the mail",
+        )
+        .build();
     let poller = job_inbound_email_poller::InboundEmailPoller::new(ctx.pool.clone(), config)
-        .map_err(|e| job_error("inbound_email_poller", e))?;
+        .map_err(|e| job_error("inbound_email_poller", e))?
+        .on_bounces(Arc::new(move |class, matched, rows| {
+            bounces.add(
+                rows,
+                &[
+                    opentelemetry::KeyValue::new("class", class.as_str()),
+                    opentelemetry::KeyValue::new("matched", matched.to_string()),
+                ],
+            );
+        }));
     let wake = Arc::new(Notify::new());
     let poller = poller.wake_on_backlog(wake.clone());
     // Held for as long as this replica idles: its session waits in `pg_sleep` between checks,

@@ -51,6 +51,9 @@ pub struct JobsContext {
     pub pauses: Option<Arc<dyn PauseCheck>>,
     /// Where consumer jobs learn whether an operator paused them; `None` consumes always.
     pub consumer_gates: Option<Arc<ConsumerGates>>,
+    /// The circuits of the dependencies (the relay, IMAP accounts, webhook hosts), shared by
+    /// every replica through the database.
+    pub circuits: worker_store::circuits::Circuits,
     /// Every unit of work in progress, for the watchdog ([`crate::watchdog`]).
     pub liveness: worker_core::liveness::Liveness,
 }

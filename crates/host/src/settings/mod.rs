@@ -72,6 +72,8 @@ pub struct Settings {
     /// Each job's own section, `[jobs.<job>]`, defined by the job's crate.
     pub jobs: JobsSettings,
     pub alerts: AlertSettings,
+    /// When a dependency's circuit opens and how it is probed (`worker_core::circuit`).
+    pub circuits: worker_core::circuit::CircuitSettings,
     /// Old keys the settings were read with, under their new names: said at every start.
     #[serde(skip)]
     pub deprecations: Vec<renames::Deprecation>,
@@ -93,6 +95,7 @@ impl Default for Settings {
             workers: WorkersSettings::default(),
             jobs: JobsSettings::default(),
             alerts: AlertSettings::default(),
+            circuits: worker_core::circuit::CircuitSettings::default(),
             deprecations: Vec::new(),
         }
     }

@@ -38,6 +38,9 @@ impl Settings {
                 "expected the name of this client installation, found an empty string".into(),
             );
         }
+        for problem in self.circuits.problems() {
+            fail("circuits", problem);
+        }
         if self.replica.as_deref().is_some_and(|r| r.trim().is_empty()) {
             fail(
                 "replica",

@@ -121,6 +121,7 @@ pub mod edit;
 mod error;
 pub mod expiry;
 mod message;
+pub mod relay;
 mod sender;
 pub mod settings;
 mod smtp;

@@ -14,8 +14,11 @@ use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
 use worker_messages::{EmailSendCommand, Message as _};
 
 use crate::config::{SmtpConfigError, SmtpSettings};
-use crate::error::classify;
+use worker_store::circuits::{Admission, Circuits};
+
+use crate::error::{SendError, classify};
 use crate::message::{build, response_text};
+use crate::relay::{RELAY, RelayProbe, fault_of};
 use crate::settings::EmailSendSettings;
 use crate::smtp::SmtpPool;
 use crate::store::{Claim, EmailStore};
@@ -32,6 +35,7 @@ pub struct EmailSender {
     max_age: Option<Duration>,
     unknown_outcomes: Arc<AtomicU64>,
     on_unknown: Option<Arc<dyn Fn() + Send + Sync>>,
+    circuits: Option<Circuits>,
 }
 
 impl fmt::Debug for EmailSender {
@@ -97,6 +101,7 @@ impl EmailSender {
             max_age: None,
             unknown_outcomes: Arc::new(AtomicU64::new(0)),
             on_unknown: None,
+            circuits: None,
         })
     }
 
@@ -120,6 +125,21 @@ impl EmailSender {
     /// The age past which a reply is recorded `expired` instead of sent, counted from when it
     /// was queued (`jobs.email_send.max_age`); a row's own `expires_at` wins. `None` (the
     /// default): no limit.
+    /// Sends only while the relay's circuit is closed, and counts the relay's own failures
+    /// toward opening it (see `relay.rs`).
+    #[must_use]
+    pub fn with_circuits(mut self, circuits: Circuits) -> Self {
+        self.circuits = Some(circuits);
+        self
+    }
+
+    /// The relay's probe, for the host to run while its circuit is open.
+    pub fn relay_probe(&self) -> RelayProbe {
+        RelayProbe {
+            pool: self.smtp.clone(),
+        }
+    }
+
     #[must_use]
     pub fn with_max_age(mut self, max_age: Option<Duration>) -> Self {
         self.max_age = max_age;
@@ -175,8 +195,39 @@ impl EmailSender {
         }
     }
 
+    /// Whether the relay may be called: a reply met while its circuit is open goes back to
+    /// its queue uncharged, before anything is claimed.
+    async fn admit(&self) -> Result<Admission, Failure> {
+        let Some(circuits) = &self.circuits else {
+            return Ok(Admission::Go);
+        };
+        match circuits.admit(RELAY).await {
+            Admission::Wait { reason, .. } => Err(Failure::unavailable(
+                RELAY,
+                format!("its circuit is open: {reason}"),
+                None,
+            )),
+            admission => Ok(admission),
+        }
+    }
+
+    /// The failure a failed send ends with: the relay's own, once it opened the circuit (or
+    /// found it open), charges the reply nothing.
+    async fn judge(&self, err: &SendError, admission: &Admission) -> Failure {
+        let failure = classify(err);
+        let (Some(circuits), Some(fault)) = (&self.circuits, fault_of(err)) else {
+            return failure;
+        };
+        let detail = failure.detail().to_string();
+        match circuits.failed(RELAY, fault, &detail, admission).await {
+            Some(_) => Failure::unavailable(RELAY, detail, None),
+            None => failure,
+        }
+    }
+
     /// Claim, send with no database connection held, record.
     async fn run(&self, id: Uuid) -> Result<Handled, Failure> {
+        let admission = self.admit().await?;
         let claim = self
             .store
             .claim(id, self.claim_stale_after(), self.max_age)
@@ -232,13 +283,16 @@ impl EmailSender {
         };
         match self.smtp.send(&message, self.send_timeout).await {
             Ok(response) => {
+                if let Some(circuits) = &self.circuits {
+                    circuits.succeeded(RELAY, &admission).await;
+                }
                 let answer = response_text(&response);
                 self.store.record_sent(id, claimed_at, &answer).await?;
                 tracing::info!(smtp_response = %answer, to = ?email.to_addresses, "email sent");
                 Ok(Handled::Done)
             }
             Err(err) => {
-                let failure = classify(&err);
+                let failure = self.judge(&err, &admission).await;
                 if failure.is_unknown() {
                     self.count_unknown();
                     tracing::error!(

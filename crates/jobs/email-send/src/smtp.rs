@@ -201,7 +201,7 @@ impl SmtpPool {
 
     /// Connects, greets, protects and logs in, all within the connect timeout.
     /// A new connection, and when the token it signed in with is renewed (if it used one).
-    async fn connect(
+    pub(crate) async fn connect(
         &self,
     ) -> Result<(AsyncSmtpConnection, Option<tokio::time::Instant>), SendError> {
         let server = &self.server;

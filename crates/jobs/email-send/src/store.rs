@@ -47,7 +47,7 @@ static CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
                      ELSE 'the max_age of its automation' END, \
                  updated_at = now() \
              FROM found AS f \
-             WHERE o.id = f.id AND NOT f.marked AND f.status NOT IN ('sent', 'expired') \
+             WHERE o.id = f.id AND NOT f.marked AND f.status NOT IN ('sent', 'expired', 'bounced') \
                AND f.superseded_by IS NULL AND (f.status <> 'sending' OR f.stale) \
              RETURNING o.claimed_at AS now_claimed_at, o.message_id, o.from_address, \
                  o.to_addresses, o.cc_addresses, o.subject, o.text_body, o.html_body, \
@@ -305,8 +305,8 @@ impl EmailStore {
     }
 
     /// Releases our claim after a failed try: `failed` for a permanent failure, `unknown`
-    /// for an unknown outcome, back to `queued` otherwise; counts the try and keeps the
-    /// error. Retried like the record; if it cannot be written the claim goes stale.
+    /// for an unknown outcome, back to `queued` otherwise; counts the try (not when the relay
+    /// was out of service) and keeps the error. Retried like the record; if it cannot be written the claim goes stale.
     pub(crate) async fn release(&self, id: Uuid, claimed_at: DateTime<Utc>, failure: &Failure) {
         let status = if failure.is_unknown() {
             "unknown"
@@ -324,7 +324,7 @@ impl EmailStore {
         let released = self
             .with_db_retries("releasing the claim", || async {
                 sqlx::query(
-                    "UPDATE outbound_emails SET status = $3, attempts = attempts + 1, \
+                    "UPDATE outbound_emails SET status = $3, attempts = attempts + $6, \
                          last_error = $4, claimed_by = NULL, claimed_at = NULL, updated_at = now() \
                      WHERE id = $1 AND status = 'sending' AND claimed_by = $2 AND claimed_at = $5",
                 )
@@ -333,6 +333,8 @@ impl EmailStore {
                 .bind(status)
                 .bind(truncate(&error, LAST_ERROR_MAX))
                 .bind(claimed_at)
+                // A reply its relay was out of service for was not tried.
+                .bind(i32::from(!failure.is_unavailable()))
                 .execute(&self.pool)
                 .await
                 .map_err(classify_db)

@@ -11,6 +11,7 @@ pub const fn parked(class: FailureClass) -> &'static str {
         FailureClass::Permanent => "parked:permanent",
         FailureClass::Throttled => "parked:throttled",
         FailureClass::Malformed => "parked:malformed",
+        FailureClass::Unavailable => "parked:unavailable",
     }
 }
 
@@ -21,6 +22,7 @@ pub const fn failed(class: FailureClass) -> &'static str {
         FailureClass::Permanent => "failed:permanent",
         FailureClass::Throttled => "failed:throttled",
         FailureClass::Malformed => "failed:malformed",
+        FailureClass::Unavailable => "failed:unavailable",
     }
 }
 
@@ -30,13 +32,16 @@ pub const KNOWN: &[&str] = &[
     "parked:permanent",
     "parked:throttled",
     "parked:malformed",
+    "parked:unavailable",
     "failed:transient",
     "failed:permanent",
     "failed:throttled",
     "failed:malformed",
+    "failed:unavailable",
     "dead-lettered:malformed",
     "dead-lettered:rejected",
     "dead-lettered:gave-up",
+    "returned",
     "requeued",
     "abandoned",
     "cancelled",
