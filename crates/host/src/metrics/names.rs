@@ -107,6 +107,12 @@ pub const STUCK_WORK: &str = "worker_stuck_work";
 /// Counter: outbound emails whose send outcome is unknown (no answer after the final "."
 /// of DATA, or a stale `sending` claim taken over): each may have gone out twice.
 pub const EMAIL_UNKNOWN_OUTCOMES: &str = "worker_email_unknown_outcomes_total";
+/// Counter: what the delivery reports the poller read said, a recipient at a time, by `class`
+/// (`permanent`: `5.x.x`, the mail will not arrive and is now `bounced`; `transient`: `4.x.x`
+/// or delayed, the remote side still tries; `other`: delivered, relayed or expanded) and
+/// `matched` (`true`: about a mail this host sent; `false`: about one it did not, backscatter
+/// or a mail since erased). A report read again is not counted again.
+pub const BOUNCES: &str = "worker_bounces_total";
 /// Gauge: the replicas that report to the shared database, by `state`: `live` (reported
 /// within `alerts.replica_silent_after`) or `silent` (stopped reporting without a clean stop).
 pub const REPLICAS: &str = "worker_replicas";

@@ -22,7 +22,7 @@ pub async fn would_expire(
     }
     let count: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM outbound_emails \
-         WHERE id::text = ANY($1) AND status NOT IN ('sent', 'expired') \
+         WHERE id::text = ANY($1) AND status NOT IN ('sent', 'expired', 'bounced') \
            AND superseded_by IS NULL \
            AND coalesce(expires_at, created_at + make_interval(secs => $2)) < now()",
     )

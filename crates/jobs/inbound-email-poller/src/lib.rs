@@ -111,6 +111,7 @@
 //! slow account's batch is cut short at every tick (nothing is lost: it resumes at the next).
 
 mod auth;
+pub mod bounce;
 pub mod config;
 mod fetch;
 pub mod idle;
@@ -181,7 +182,13 @@ pub struct InboundEmailPoller {
     /// Woken when a tick leaves mail waiting (an account past `max_messages_per_account`), so
     /// that the next tick follows at once instead of on the schedule.
     wake: Option<Arc<tokio::sync::Notify>>,
+    /// Told what each batch's delivery reports added ([`InboundEmailPoller::on_bounces`]).
+    on_bounces: Option<BounceObserver>,
 }
+
+/// Called with the rows a batch's delivery reports added: their class, whether they were tied
+/// to a mail the host sent, and how many.
+pub type BounceObserver = Arc<dyn Fn(bounce::Class, bool, u64) + Send + Sync>;
 
 impl fmt::Debug for InboundEmailPoller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -218,6 +225,7 @@ impl InboundEmailPoller {
             started_at: Utc::now(),
             watched: Mutex::new(HashSet::new()),
             wake: None,
+            on_bounces: None,
         })
     }
 
@@ -225,6 +233,13 @@ impl InboundEmailPoller {
     #[must_use]
     pub fn wake_on_backlog(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
         self.wake = Some(wake);
+        self
+    }
+
+    /// Calls `observe` with what each batch's delivery reports added (the host counts them).
+    #[must_use]
+    pub fn on_bounces(mut self, observe: BounceObserver) -> Self {
+        self.on_bounces = Some(observe);
         self
     }
 

@@ -274,7 +274,10 @@ impl InboundEmailPoller {
         .await;
         drop(rows);
         let written = match written {
-            Ok(written) => written,
+            Ok((written, recorded)) => {
+                self.observe_bounces(account, &recorded);
+                written
+            }
             Err(failure) if failure.is_permanent() && batch.len() > 1 => {
                 tracing::warn!(job = JOB_NAME, account = %account.name, messages = batch.len(), error = %failure, "the database refused a batch: writing it a message at a time");
                 for pending in batch {
@@ -336,9 +339,22 @@ impl InboundEmailPoller {
                 Disposition::GaveUp => counts.gave_up += 1,
                 Disposition::Duplicate => counts.duplicates += 1,
                 Disposition::Vanished => counts.vanished += 1,
+                Disposition::Report => counts.reports += 1,
             }
         }
         true
+    }
+
+    /// Counts what a batch's reports added, and logs the mails they made `bounced`.
+    fn observe_bounces(&self, account: &ImapAccount, recorded: &crate::bounce::record::Recorded) {
+        if let Some(observe) = &self.on_bounces {
+            for (class, matched, rows) in &recorded.counts {
+                observe(*class, *matched, *rows);
+            }
+        }
+        for outbound in &recorded.bounced {
+            tracing::info!(job = JOB_NAME, account = %account.name, outbound_email.id = %outbound, "a delivery report failed an outbound mail for good: it is now bounced");
+        }
     }
 
     /// Makes sure, once per process, that the account's poll state row is there before its

@@ -17,12 +17,16 @@ use crate::*;
 /// How one message went.
 #[derive(Clone, Copy)]
 pub(crate) enum Disposition {
-    Stored { parse_error: bool },
+    Stored {
+        parse_error: bool,
+    },
     TooLarge,
     TooComplex,
     GaveUp,
     Duplicate,
     Vanished,
+    /// A delivery status notification: recorded with what it reports, never announced.
+    Report,
 }
 
 impl Disposition {
@@ -35,6 +39,7 @@ impl Disposition {
             Self::GaveUp => "gave-up",
             Self::Duplicate => "duplicate",
             Self::Vanished => "vanished",
+            Self::Report => "delivery-report",
         }
     }
 }
@@ -268,6 +273,12 @@ impl InboundEmailPoller {
         };
         drop(raw);
         record_message_id(&parsed);
+        if let Some(report) = &parsed.report {
+            let reason = crate::bounce::skip_reason(report);
+            tracing::info!(job = JOB_NAME, account = name, uid, %reason, "a delivery report: recorded with what it reports, never announced");
+            let report = row(Some(reason), parsed, Some(hash), Disposition::Report);
+            return Ok(Prepared::Row(Box::new(report)));
+        }
         if let Some(error) = &parsed.parse_error {
             tracing::warn!(job = JOB_NAME, account = name, uid, %error, "a message did not parse; it is stored and announced with its parse error");
         }

@@ -9,6 +9,7 @@
 use chrono::{DateTime, Utc};
 use mail_parser::{Address, HeaderValue, Message, MessageParser};
 
+use crate::bounce::Report;
 use crate::limits::{MailLimits, Refused, prescan};
 
 /// The fields read from one mail, each already bounded and safe to store in PostgreSQL text.
@@ -45,6 +46,9 @@ pub struct ParsedEmail {
     pub x_autoreply: Option<String>,
     pub list_unsubscribe: Option<String>,
     pub list_post: Option<String>,
+    /// What the mail reports, when it is a delivery status notification (a bounce): such a
+    /// mail is recorded as a report, never announced ([`crate::bounce`]).
+    pub report: Option<Report>,
 }
 
 /// The longest header value kept, in characters (a Subject of a megabyte is not kept whole).
@@ -91,6 +95,11 @@ fn parse_unguarded(raw: &[u8], max_body_chars: usize) -> ParsedEmail {
             parsed.html_body = html;
             parsed.text_truncated = text_truncated;
             parsed.html_truncated = html_truncated;
+            parsed.report = crate::bounce::read::report_of(&message).map(|report| Report {
+                in_reply_to: parsed.in_reply_to.clone(),
+                references: parsed.references.clone(),
+                ..report
+            });
             let mut problems = Vec::new();
             if missing_every_required_field(&parsed) {
                 problems.push(

@@ -15,6 +15,8 @@ use worker_core::Failure;
 use worker_store::classify;
 use worker_store::outbox::{self, OutboxMessage};
 
+use crate::bounce;
+use crate::bounce::record::{Recorded, Reported};
 use crate::parse::ParsedEmail;
 
 /// What makes a mail the same mail: its Message-ID, or its content when it has none.
@@ -200,7 +202,39 @@ type Answer = (
 
 /// Writes the batch in one statement (see [`RECORD_BATCH`]). Fails, with nothing written,
 /// when the poll state no longer has the batch's UIDVALIDITY (reset underneath the tick).
-pub async fn record_batch(pool: &sqlx::PgPool, batch: &Batch<'_>) -> Result<Written, Failure> {
+/// A batch that holds delivery reports is written in a transaction with what they report
+/// ([`bounce::record`]), so that a report is never stored without its bounces; a batch
+/// without one costs its one statement, as before.
+pub async fn record_batch(
+    pool: &sqlx::PgPool,
+    batch: &Batch<'_>,
+) -> Result<(Written, Recorded), Failure> {
+    if !batch.rows.iter().any(|r| r.parsed.report.is_some()) {
+        return Ok((write_rows(pool, batch).await?, Recorded::default()));
+    }
+    let mut tx = pool.begin().await.map_err(classify)?;
+    let written = write_rows(&mut *tx, batch).await?;
+    // Only the reports stored now: one read again, or a duplicate, was recorded before.
+    let reported: Vec<Reported<'_>> = batch
+        .rows
+        .iter()
+        .filter(|r| matches!(written.get(&r.uid), Some(None)))
+        .filter_map(|r| {
+            r.parsed.report.as_ref().map(|report| Reported {
+                inbound_email_id: r.id,
+                report,
+            })
+        })
+        .collect();
+    let recorded = bounce::record::record_reports(&mut tx, &reported).await?;
+    tx.commit().await.map_err(classify)?;
+    Ok((written, recorded))
+}
+
+async fn write_rows<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    batch: &Batch<'_>,
+) -> Result<Written, Failure> {
     let rows = batch.rows;
     let list = |f: fn(&ParsedEmail) -> &Vec<String>| -> Vec<Value> {
         rows.iter()
@@ -287,7 +321,7 @@ pub async fn record_batch(pool: &sqlx::PgPool, batch: &Batch<'_>) -> Result<Writ
                 .map(|r| r.event.as_ref().map(|e| e.message.body.as_slice()))
                 .collect::<Vec<_>>(),
         )
-        .fetch_one(pool)
+        .fetch_one(executor)
         .await
         .map_err(classify)?;
     let (state_rows, _announced, uids, duplicates_of, dup_uidvalidities, dup_uids) = answer;

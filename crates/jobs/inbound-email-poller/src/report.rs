@@ -19,12 +19,14 @@ pub struct MessageCounts {
     pub duplicates: u64,
     /// Gone from the mailbox between the search and the fetch.
     pub vanished: u64,
+    /// Delivery status notifications, recorded with what they report and not announced.
+    pub reports: u64,
 }
 
 impl MessageCounts {
     /// Messages that got a row this tick.
     pub fn recorded(&self) -> u64 {
-        self.stored + self.too_large + self.too_complex + self.gave_up
+        self.stored + self.too_large + self.too_complex + self.gave_up + self.reports
     }
 }
 
@@ -69,6 +71,7 @@ impl PollReport {
                 t.gave_up += a.counts.gave_up;
                 t.duplicates += a.counts.duplicates;
                 t.vanished += a.counts.vanished;
+                t.reports += a.counts.reports;
                 t
             })
     }
@@ -81,14 +84,15 @@ impl PollReport {
             .map(|(name, f)| format!("{name} ({}: {f})", f.class()))
             .collect();
         let mut line = format!(
-            "{} accounts: stored {} ({} unparsed), skipped {} too large, {} too complex and {} failing, {} duplicates",
+            "{} accounts: stored {} ({} unparsed), skipped {} too large, {} too complex and {} failing, {} duplicates, {} delivery reports",
             self.accounts.len(),
             t.stored,
             t.parse_errors,
             t.too_large,
             t.too_complex,
             t.gave_up,
-            t.duplicates
+            t.duplicates,
+            t.reports
         );
         if !failed.is_empty() {
             line.push_str(&format!("; {} failed: {}", failed.len(), failed.join(", ")));

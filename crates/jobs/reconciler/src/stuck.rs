@@ -36,7 +36,7 @@ impl WorkKind {
     pub(crate) fn stuck_rows(&self) -> String {
         let (table, finished) = match self {
             Self::Execution => ("action_executions", "'succeeded', 'skipped', 'failed'"),
-            Self::Email => ("outbound_emails", "'sent', 'failed', 'expired'"),
+            Self::Email => ("outbound_emails", "'sent', 'failed', 'expired', 'bounced'"),
         };
         format!(
             "FROM {table} w \

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+pub mod bounces;
 pub mod hostile;
 pub mod idling;
 pub mod statements;
