@@ -305,3 +305,96 @@ retry_tiers = ["3s"]
     host.stop_cleanly().await;
     Ok(())
 }
+
+/// A reply Postfix accepts and then bounces itself (its `error` transport for `bounce.test`,
+/// 5.1.1): its real delivery status notification comes back to the host's sender address,
+/// which the poller reads, and the story of the mail it answered ends `bounced`, with the
+/// status and the reason in words, in `mail find|show --json`; the report is a mail of its own
+/// whose story says what it is; the bounce is counted by class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_postfix_bounces_ends_the_story_of_the_mail_it_answered_bounced()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::create_empty().await?;
+    let vhost = TestVhost::create().await?;
+    let id = short_id();
+    let account = format!("bounced-{id}");
+    let to = format!("{account}@localhost");
+    let customer = format!("ann-{id}@bounce.test");
+    let postfix =
+        std::env::var("WH_TEST_POSTFIX_STARTTLS").unwrap_or_else(|_| "127.0.0.1:10587".into());
+    let (relay, port) = postfix.rsplit_once(':').unwrap();
+    let host = Host::launch("MAIL_STORY_SHOW_LOG", |dir, admin_port| {
+        let automations = write_automation(dir)?;
+        let mut settings =
+            base_settings("mail-story-bounced", &automations, &db, &vhost, admin_port);
+        settings.push_str(&mail_account_settings(&account));
+        // The host sends through Postfix as the polled account, so Postfix's report on a
+        // reply comes back to the mailbox the poller reads.
+        settings.push_str(&format!(
+            r#"
+[smtp]
+host = {relay:?}
+port = {port}
+security = "starttls"
+username = {account:?}
+password = "secret"
+ca_file = {ca:?}
+from = {to:?}
+"#,
+            ca = worker_testkit::mail_ca().display().to_string(),
+        ));
+        Ok(settings)
+    })
+    .await?;
+
+    send_mail(&customer, &to, "ping, to bounce", "story.test").await?;
+    let bounced = found_in_state(&host, &customer, "bounced").await;
+    let detail = bounced["end"]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!(
+            "the reply to {customer} was accepted by the relay, then bounced for {customer}: \
+             5.1.1, the address does not exist"
+        )) && detail.contains("no such mailbox at bounce.test (test kit)"),
+        "{bounced:#}"
+    );
+    let story = show(&host, bounced["id"].as_str().unwrap()).await;
+    assert_eq!(story["end"]["state"], "bounced", "{story:#}");
+    assert_eq!(story["outbound"][0]["status"], "bounced", "{story:#}");
+    assert_eq!(story["bounces"][0]["status"], "5.1.1", "{story:#}");
+    assert_eq!(
+        story["bounces"][0]["recipient"],
+        customer.as_str(),
+        "{story:#}"
+    );
+    let kinds: Vec<&str> = story["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.last(), Some(&"bounced"), "{story:#}");
+
+    // The report itself: stored as what it is, never answered.
+    let report = found_in_state(&host, "MAILER-DAEMON@localhost", "skipped").await;
+    assert_eq!(report["end"]["reason"], "delivery-report", "{report:#}");
+    assert!(
+        report["end"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{customer}: 5.1.1")),
+        "{report:#}"
+    );
+    let metrics = host.metrics().await?;
+    assert_eq!(
+        metrics.sum(
+            "worker_bounces_total",
+            &[("class", "permanent"), ("matched", "true")]
+        ),
+        1.0,
+        "{}",
+        metrics.0
+    );
+    host.stop_cleanly().await;
+    Ok(())
+}

@@ -7,11 +7,13 @@
 //!
 //! - `parts.rs`: what was recorded past the mail itself;
 //! - `read.rs`: gathering those parts from the tables' owners;
-//! - `state.rs`: the end state (answered, skipped and why, failed, expired, waiting, in
-//!   progress); `expired.rs`: the words for a reply past its age limit;
+//! - `state.rs`: the end state (answered, skipped and why, failed, expired, bounced, waiting,
+//!   in progress); `expired.rs`: the words for a reply past its age limit; `bounced.rs`: what
+//!   delivery reports said, and RFC 3463's status codes in words;
 //! - `timeline.rs`: the steps in time order, with their gaps;
 //! - `search.rs`: the search by sender, recipient, Message-ID, subject and time.
 
+mod bounced;
 mod expired;
 mod parts;
 mod read;

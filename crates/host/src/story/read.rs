@@ -96,12 +96,23 @@ pub async fn read_parts_of(pool: &PgPool, mails: &[StoredMail]) -> Result<Vec<Pa
     let publications = worker_store::outbox::publications(pool, &hops).await?;
     let command_keys: Vec<String> = execution_keys.into_iter().chain(outbound_keys).collect();
     let dead_letters = worker_store::dead_letters::of_messages(pool, &command_keys).await?;
+    let outbound_ids: Vec<Uuid> = outbound.iter().map(|o| o.id).collect();
+    let bounces = job_inbound_email_poller::bounce::story::bounces_of(pool, &outbound_ids).await?;
+    let mail_ids: Vec<Uuid> = mails.iter().map(|m| m.id).collect();
+    let reported = job_inbound_email_poller::bounce::story::reported_by(pool, &mail_ids).await?;
     let mut verdicts = verdicts.into_iter();
     Ok(mails
         .iter()
         .map(|mail| {
             let Some(event_id) = mail.event_id else {
-                return Parts::default();
+                return Parts {
+                    reported: reported
+                        .iter()
+                        .filter(|b| b.inbound_email_id == mail.id)
+                        .cloned()
+                        .collect(),
+                    ..Parts::default()
+                };
             };
             let executions: Vec<_> = executions
                 .iter()
@@ -132,6 +143,12 @@ pub async fn read_parts_of(pool: &PgPool, mails: &[StoredMail]) -> Result<Vec<Pa
                     .filter(|d| d.message_id.as_ref().is_some_and(|m| keys.contains(m)))
                     .cloned()
                     .collect(),
+                bounces: bounces
+                    .iter()
+                    .filter(|b| outbound.iter().any(|o| b.outbound_email_id == Some(o.id)))
+                    .cloned()
+                    .collect(),
+                reported: Vec::new(),
                 executions,
                 outbound,
             }

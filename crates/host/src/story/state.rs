@@ -4,6 +4,7 @@ use job_email_send::story::OutboundRecord;
 use job_inbound_email_poller::story::StoredMail;
 use serde::Serialize;
 
+use super::bounced::{bounced_detail, noted, report_detail};
 use super::expired::expired_detail;
 use super::parts::Parts;
 
@@ -22,6 +23,8 @@ pub enum EndState {
     Failed { detail: String },
     /// The reply was past its age limit when its turn came, and was not sent.
     Expired { detail: String },
+    /// The relay accepted the reply, and a delivery report then said it failed for good.
+    Bounced { detail: String },
     /// A step failed and waits to be tried again (a retry tier, a backoff).
     Waiting { detail: String },
     /// Still on its way.
@@ -29,7 +32,8 @@ pub enum EndState {
 }
 
 impl EndState {
-    /// `answered`, `done`, `skipped`, `failed`, `expired`, `waiting` or `in-progress`.
+    /// `answered`, `done`, `skipped`, `failed`, `expired`, `bounced`, `waiting` or
+    /// `in-progress`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Answered { .. } => "answered",
@@ -37,6 +41,7 @@ impl EndState {
             Self::Skipped { .. } => "skipped",
             Self::Failed { .. } => "failed",
             Self::Expired { .. } => "expired",
+            Self::Bounced { .. } => "bounced",
             Self::Waiting { .. } => "waiting",
             Self::InProgress { .. } => "in-progress",
         }
@@ -52,6 +57,7 @@ impl EndState {
             }
             Self::Failed { detail } => format!("Failed: {detail}"),
             Self::Expired { detail } => format!("Not sent: {detail}"),
+            Self::Bounced { detail } => format!("Bounced: {detail}"),
             Self::Waiting { detail } => format!("Waiting: {detail}"),
             Self::InProgress { detail } => format!("In progress: {detail}"),
         }
@@ -59,6 +65,12 @@ impl EndState {
 
     /// Works out the end state of `mail` from its story's `parts`.
     pub fn of(mail: &StoredMail, parts: &Parts) -> Self {
+        if !parts.reported.is_empty() {
+            return Self::Skipped {
+                reason: "delivery-report".into(),
+                detail: report_detail(&parts.reported),
+            };
+        }
         if mail.status == "skipped" {
             return Self::Skipped {
                 reason: "not-announced".into(),
@@ -84,6 +96,9 @@ pub fn skip_words(reason: &str) -> &'static str {
         "loop-guard" => "the loop guard: automatic or list mail is not answered",
         "recipient-cap" => "too many recipients",
         "reply-limit" => "the reply limit: the address had its replies for the hour",
+        "delivery-report" => {
+            "a delivery report: recorded against the mail it reports on, never answered"
+        }
         _ => "skipped",
     }
 }
@@ -100,9 +115,10 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
         };
         return Some(EndState::Answered {
             detail: format!(
-                "a reply to {} was accepted{after}: {}",
+                "a reply to {} was accepted{after}: {}{}",
                 sent.to_addresses.join(", "),
-                sent.smtp_response.as_deref().unwrap_or("(no answer kept)")
+                sent.smtp_response.as_deref().unwrap_or("(no answer kept)"),
+                noted(sent, &parts.bounces)
             ),
         });
     }
@@ -110,8 +126,10 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
     let error = mail.last_error.as_deref().unwrap_or("");
     // A refusal for good has its own words below; a reply whose tries ran out is still
     // `queued` in its row, and only its dead letter tells.
-    if !matches!(mail.status.as_str(), "failed" | "unknown" | "expired")
-        && let Some(state) = given_up(parts, mail)
+    if !matches!(
+        mail.status.as_str(),
+        "failed" | "unknown" | "expired" | "bounced"
+    ) && let Some(state) = given_up(parts, mail)
     {
         return Some(state);
     }
@@ -124,6 +142,9 @@ fn from_outbound(parts: &Parts) -> Option<EndState> {
         },
         "expired" => EndState::Expired {
             detail: expired_detail(mail),
+        },
+        "bounced" => EndState::Bounced {
+            detail: bounced_detail(mail, &parts.bounces),
         },
         "unknown" => EndState::Failed {
             detail: format!(

@@ -11,7 +11,8 @@ use super::parts::Parts;
 pub struct Step {
     pub at: DateTime<Utc>,
     /// What kind of step: `received`, `published`, `matched`, `executed`, `queued`, `try`,
-    /// `parked`, `dead-lettered`, `replayed`, `sent`.
+    /// `parked`, `dead-lettered`, `replayed`, `sent`, `bounced` (a delivery report's failure)
+    /// or `report` (a delivery report's delay or success).
     pub kind: &'static str,
     pub text: String,
     /// The W3C trace id of the hop, where it was kept.
@@ -170,6 +171,21 @@ pub fn timeline(mail: &StoredMail, parts: &Parts) -> Vec<Step> {
             ));
         }
     }
+    for b in &parts.bounces {
+        let kind = if b.class == "permanent" {
+            "bounced"
+        } else {
+            "report"
+        };
+        steps.push(step(
+            b.recorded_at,
+            kind,
+            format!(
+                "A delivery report on the reply: {}",
+                super::bounced::said(b)
+            ),
+        ));
+    }
     // Steps of one millisecond in the order they happen: a try, then what its delivery
     // became, then an operator's replay; not the order their rows came back in.
     steps.sort_by_key(|s| (s.at, within_a_millisecond(s.kind)));
@@ -188,6 +204,7 @@ fn within_a_millisecond(kind: &str) -> u8 {
         "parked" | "sent" => 2,
         "dead-lettered" => 3,
         "replayed" => 4,
+        "bounced" | "report" => 5,
         _ => 0,
     }
 }
