@@ -209,12 +209,29 @@ async fn an_erased_address_is_found_nowhere_and_another_is_untouched() -> anyhow
     )
     .await?;
 
+    // What a delivery report said of each one's refused reply (as the poller records it).
+    for (who, failed) in [(&ann, &ann_failed), (&bob, &bob_failed)] {
+        sqlx::query(
+            "INSERT INTO outbound_bounces (inbound_email_id, outbound_email_id, recipient, \
+                                           action, status, class, diagnostic) \
+             SELECT i.id, $2::uuid, $1, 'failed', '5.1.1', 'permanent', \
+                    '550 5.1.1 <' || $1 || '>: no such user' \
+             FROM inbound_emails i WHERE i.from_address = $1 LIMIT 1",
+        )
+        .bind(who.as_str())
+        .bind(failed.as_str())
+        .execute(&db.pool)
+        .await?;
+    }
+
     let ann_before = scan(&db, &ann).await?;
     let bob_before = scan(&db, &bob).await?;
     for place in [
         "inbound_emails.from_address",
         "outbound_emails.to_addresses",
         "outbound_email_recipients.address",
+        "outbound_bounces.recipient",
+        "outbound_bounces.diagnostic",
         "action_executions.event",
         "dead_letter_actions.filter",
     ] {

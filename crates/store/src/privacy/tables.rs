@@ -134,6 +134,18 @@ pub const TABLES: &[Table] = &[
         read_only: false,
     },
     Table {
+        name: "outbound_bounces",
+        what: "what delivery reports said of each recipient of a sent mail",
+        columns: &[
+            col("recipient", Text, Address),
+            col("diagnostic", Text, Scrub),
+        ],
+        link: Some("(outbound_email_id::text = ANY($2) OR inbound_email_id::text = ANY($2))"),
+        only: None,
+        ids: &[],
+        read_only: false,
+    },
+    Table {
         name: "outbound_email_recipients",
         what: "each sent mail's recipients, which the reply limit counts",
         columns: &[col("address", Text, Address)],
