@@ -129,7 +129,9 @@ fn inbound_email_poller(
             );
         }));
     let wake = Arc::new(Notify::new());
-    let poller = poller.wake_on_backlog(wake.clone());
+    let poller = poller
+        .wake_on_backlog(wake.clone())
+        .with_circuits(ctx.circuits.clone());
     // Held for as long as this replica idles: its session waits in `pg_sleep` between checks,
     // and the server ends that wait at once when the session goes, so a long wait costs
     // nothing in takeover time. The longest (half a second) keeps each wait out of the

@@ -43,7 +43,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use worker_core::{Backoff, Failure, SingletonLease};
 
-use crate::auth::{self, Access, SignedIn};
+use worker_store::circuits::Circuits;
+
+use crate::auth::{Access, SignedIn};
+use crate::circuit::{self, CircuitOpen, NotConnected};
 use crate::imap::{ImapError, Session, Stage, classify_imap, timed};
 use crate::stats::PollerStats;
 use crate::{ImapAccount, PollerConfig};
@@ -144,6 +147,8 @@ enum Ended {
     Failed(ImapError),
     /// The session's token is about to expire: sign in again now, with a fresh one.
     Renew,
+    /// The account's circuit is open: wait for its probe, do not reconnect.
+    CircuitOpen(CircuitOpen),
 }
 
 /// What idles on the poller's behalf; made by
@@ -153,6 +158,8 @@ pub struct Idler {
     pub(crate) config: Arc<PollerConfig>,
     pub(crate) access: HashMap<String, Access>,
     pub(crate) stats: PollerStats,
+    /// Each account's circuit: a session is not opened while it is open.
+    pub(crate) circuits: Option<Circuits>,
 }
 
 impl Idler {
@@ -254,6 +261,19 @@ impl Idler {
                     );
                     return;
                 }
+                Ended::CircuitOpen(open) => {
+                    tracing::debug!(job = crate::JOB_NAME, account = %account.name, reason = %open.reason, probe_in = ?open.probe_in, "the account's circuit is open: IDLE waits for its probe");
+                    self.stats.set_idle(
+                        &account.name,
+                        &format!("waiting: its circuit is open ({})", open.reason),
+                    );
+                    let Some(circuits) = &self.circuits else {
+                        return;
+                    };
+                    if circuit::wait_for_probe(circuits.subscribe(), open.probe_in, cancel).await {
+                        return;
+                    }
+                }
                 Ended::Failed(err) => {
                     let wait = backoff.next_wait();
                     let failure: Failure = classify_imap(&err);
@@ -286,7 +306,8 @@ impl Idler {
         let (mut session, renew_at) = match connected {
             Ok(Some(signed_in)) => (signed_in.session, signed_in.renew_at),
             Ok(None) => return Ended::Unsupported,
-            Err(err) => return Ended::Failed(err),
+            Err(NotConnected::CircuitOpen(open)) => return Ended::CircuitOpen(open),
+            Err(NotConnected::Failed(err)) => return Ended::Failed(err),
         };
         // What arrived while nobody idled.
         wake.notify_one();
@@ -414,28 +435,21 @@ impl Idler {
 
     /// Connects and logs in, checks that the server offers IDLE, and opens the mailbox
     /// read-only; `None` when the server offers no IDLE.
-    async fn open(&self, account: &ImapAccount) -> Result<Option<SignedIn>, ImapError> {
+    async fn open(&self, account: &ImapAccount) -> Result<Option<SignedIn>, NotConnected> {
         let limit = self.config.connect_timeout;
-        let access = self
-            .access
-            .get(&account.name)
-            .ok_or_else(|| ImapError::Protocol {
+        let access = self.access.get(&account.name).ok_or_else(|| {
+            NotConnected::Failed(ImapError::Protocol {
                 stage: Stage::Connect,
                 detail: format!("no TLS client for account `{}`", account.name),
-            })?;
-        let mut signed_in = match tokio::time::timeout(limit, auth::connect(account, access)).await
-        {
-            Err(_) => {
-                return Err(ImapError::Timeout {
-                    stage: Stage::Connect,
-                    limit,
-                });
-            }
-            Ok(connected) => connected?,
-        };
+            })
+        })?;
+        let mut signed_in =
+            circuit::connect(self.circuits.as_ref(), account, access, limit).await?;
         let session = &mut signed_in.session;
         let command = self.config.message_timeout;
-        let capabilities = timed(Stage::Idle, command, session.capabilities()).await?;
+        let capabilities = timed(Stage::Idle, command, session.capabilities())
+            .await
+            .map_err(NotConnected::Failed)?;
         if !capabilities.has_str("IDLE") {
             let _ = timed(Stage::Logout, command, session.logout()).await;
             return Ok(None);
@@ -445,7 +459,8 @@ impl Idler {
             command,
             session.examine(crate::mailbox_name::encode(&account.mailbox)),
         )
-        .await?;
+        .await
+        .map_err(NotConnected::Failed)?;
         Ok(Some(signed_in))
     }
 }

@@ -112,6 +112,7 @@
 
 mod auth;
 pub mod bounce;
+pub mod circuit;
 pub mod config;
 mod fetch;
 pub mod idle;
@@ -142,6 +143,7 @@ use tracing::Instrument;
 use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 
 pub use auth::{Access, Login, try_sign_in};
+pub use circuit::CircuitOpen;
 pub use config::{ConfigError, IDLE_REFRESH_MAX, ImapAccount, PollerConfig, validate_accounts};
 pub use idle::{IDLE_LEASE, IdleConfig, Idler, RecheckWith};
 pub use ids::{event_id, inbound_email_id};
@@ -182,6 +184,8 @@ pub struct InboundEmailPoller {
     /// Woken when a tick leaves mail waiting (an account past `max_messages_per_account`), so
     /// that the next tick follows at once instead of on the schedule.
     wake: Option<Arc<tokio::sync::Notify>>,
+    /// Each account's circuit ([`InboundEmailPoller::with_circuits`]); none: always tried.
+    circuits: Option<worker_store::circuits::Circuits>,
     /// Told what each batch's delivery reports added ([`InboundEmailPoller::on_bounces`]).
     on_bounces: Option<BounceObserver>,
 }
@@ -225,6 +229,7 @@ impl InboundEmailPoller {
             started_at: Utc::now(),
             watched: Mutex::new(HashSet::new()),
             wake: None,
+            circuits: None,
             on_bounces: None,
         })
     }
@@ -258,6 +263,7 @@ impl InboundEmailPoller {
             config: self.config.clone(),
             access: self.access.clone(),
             stats: self.stats.clone(),
+            circuits: self.circuits.clone(),
         }
     }
 
@@ -326,6 +332,7 @@ impl InboundEmailPoller {
             failure: None,
             more_waiting: false,
             rescanned: false,
+            circuit_open: None,
         };
         {
             // Everything below is bounded by its own timeouts; the token ends it sooner.
@@ -359,17 +366,16 @@ impl InboundEmailPoller {
             ));
             return;
         };
-        let connected = match tokio::time::timeout(limit, auth::connect(account, access)).await {
-            Err(_) => Err(ImapError::Timeout {
-                stage: Stage::Connect,
-                limit,
-            }),
-            Ok(connected) => connected,
-        };
+        let connected = circuit::connect(self.circuits.as_ref(), account, access, limit).await;
         let mut session = match connected {
             Ok(signed_in) => signed_in.session,
-            Err(err) => {
+            Err(circuit::NotConnected::Failed(err)) => {
                 report.failure = Some(classify_imap(&err));
+                return;
+            }
+            Err(circuit::NotConnected::CircuitOpen(open)) => {
+                tracing::debug!(job = JOB_NAME, account = %account.name, reason = %open.reason, probe_in = ?open.probe_in, "the account's circuit is open: skipped this tick");
+                report.circuit_open = Some(open);
                 return;
             }
         };
@@ -403,7 +409,10 @@ impl TimerJob for InboundEmailPoller {
         }
         let summary = report.summary();
         let failed: Vec<&Failure> = report.failed().map(|(_, f)| f).collect();
-        if !report.accounts.is_empty() && failed.len() == report.accounts.len() {
+        // An account skipped for its open circuit was not tried: it neither fails the tick
+        // nor lets it pass.
+        let tried = report.tried();
+        if tried > 0 && failed.len() == tried {
             let all_permanent = failed.iter().all(|f| f.is_permanent());
             return Err(if all_permanent {
                 Failure::permanent("imap-accounts", summary)

@@ -1,5 +1,7 @@
 //! What one tick did, per account and in total: the tick's report.
 
+use std::time::Duration;
+
 use worker_core::Failure;
 
 /// What happened to the messages of one account in one tick.
@@ -41,6 +43,8 @@ pub struct AccountReport {
     pub more_waiting: bool,
     /// The UIDVALIDITY changed and the mailbox was started over.
     pub rescanned: bool,
+    /// Not polled: the account's circuit is open (see [`crate::circuit`]).
+    pub circuit_open: Option<crate::CircuitOpen>,
 }
 
 /// What one tick did, account by account.
@@ -57,6 +61,18 @@ impl PollReport {
         self.accounts
             .iter()
             .filter_map(|a| a.failure.as_ref().map(|f| (a.account.as_str(), f)))
+    }
+
+    /// The accounts skipped for their open circuit, with why.
+    pub fn skipped(&self) -> impl Iterator<Item = (&str, &crate::CircuitOpen)> {
+        self.accounts
+            .iter()
+            .filter_map(|a| a.circuit_open.as_ref().map(|c| (a.account.as_str(), c)))
+    }
+
+    /// How many accounts this tick tried (those not skipped for their open circuit).
+    pub fn tried(&self) -> usize {
+        self.accounts.len() - self.skipped().count()
     }
 
     /// The counts of all accounts together.
@@ -96,6 +112,21 @@ impl PollReport {
         );
         if !failed.is_empty() {
             line.push_str(&format!("; {} failed: {}", failed.len(), failed.join(", ")));
+        }
+        let skipped: Vec<String> = self
+            .skipped()
+            .map(|(name, open)| {
+                let whole_seconds = Duration::from_secs(open.probe_in.as_secs());
+                let probe_in = humantime::format_duration(whole_seconds);
+                format!("{name} (probed in {probe_in}: {})", open.reason)
+            })
+            .collect();
+        if !skipped.is_empty() {
+            line.push_str(&format!(
+                "; {} skipped, their circuit open: {}",
+                skipped.len(),
+                skipped.join(", ")
+            ));
         }
         line
     }

@@ -29,6 +29,10 @@ pub struct AccountStatus {
     pub idle: Option<String>,
     /// Changes the server reported while idling, each of which woke the poller.
     pub idle_news: u64,
+    /// Ticks that skipped it because its circuit was open (not counted in `polls`).
+    pub circuit_skips: u64,
+    /// Why its circuit is open, while a tick last found it so; cleared when it is polled.
+    pub circuit_open: Option<String>,
 }
 
 /// The shared, cheaply cloned per-account view the poller writes after each tick.
@@ -73,6 +77,13 @@ impl PollerStats {
             return;
         };
         let status = map.entry(report.account.clone()).or_default();
+        if let Some(open) = &report.circuit_open {
+            // Not tried: neither a poll nor a failure.
+            status.circuit_skips += 1;
+            status.circuit_open = Some(open.reason.clone());
+            return;
+        }
+        status.circuit_open = None;
         let now = Utc::now();
         status.polls += 1;
         status.stored += report.counts.stored;
