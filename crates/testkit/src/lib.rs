@@ -39,6 +39,7 @@ pub mod plan;
 mod proxy;
 mod rabbit_cluster;
 mod rabbit_node;
+pub mod sign_in_gate;
 mod smtp;
 mod template;
 mod tls;
@@ -50,6 +51,7 @@ pub use pg_cluster::PgCluster;
 pub use proxy::FaultProxy;
 pub use rabbit_cluster::RabbitCluster;
 pub use rabbit_node::RabbitNode;
+pub use sign_in_gate::SignInGate;
 pub use smtp::SmtpSink;
 pub use tls::{ServerCert, TestCa};
 

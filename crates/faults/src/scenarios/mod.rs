@@ -24,12 +24,15 @@ mod rabbit_cluster_node_stop;
 mod rabbit_kill9;
 mod rabbit_restart;
 mod rabbit_sigstop;
+mod relay_outage;
 mod replicas_kill;
 mod rolling_upgrade;
 mod sink_switch;
 mod smtp_4xx_then_accept;
 mod smtp_drop_after_dot;
+mod smtp_login_refused;
 mod smtp_no_greeting;
+mod smtp_relay_down;
 mod smtp_stall_after_data;
 mod timer_lease_kill;
 mod timer_overrun;
@@ -157,6 +160,8 @@ pub fn all() -> Vec<Scenario> {
         smtp_stall_after_data::scenario(),
         smtp_4xx_then_accept::scenario(),
         smtp_drop_after_dot::scenario(),
+        smtp_login_refused::scenario(),
+        smtp_relay_down::scenario(),
         imap_drop_fetch::scenario(),
         imap_restart::scenario(),
         imap_uidvalidity::scenario(),
