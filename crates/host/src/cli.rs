@@ -100,6 +100,12 @@ pub enum Command {
         #[command(subcommand)]
         action: JobsAction,
     },
+    /// The dependencies' open circuits (the SMTP relay, IMAP accounts, webhook hosts), and
+    /// closing one by hand on every replica.
+    Circuits {
+        #[command(subcommand)]
+        action: crate::commands::circuits::CircuitsAction,
+    },
     /// Manage the broker topology.
     Topology {
         #[command(subcommand)]

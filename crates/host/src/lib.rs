@@ -24,6 +24,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod notify;
 pub mod observe;
+pub mod open_circuits;
 pub mod parked;
 pub mod sampler;
 pub mod scheduler;

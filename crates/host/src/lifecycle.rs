@@ -108,6 +108,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         &liveness,
         &crate::metrics::jobs::Build::of(&settings),
     );
+    crate::metrics::circuits::register(&observability.metrics.meter, &circuits);
     let readiness = readiness(&settings, &supervisor, &started);
     let notifier = Notifier::from_env();
     tracker.spawn(notify::supervise(
@@ -145,6 +146,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
                 readings,
                 readiness,
                 schema,
+                circuits,
             },
             &observability,
             &tracker,
@@ -225,6 +227,8 @@ struct Watched {
     readiness: Readiness,
     /// The schema as found at start (after migrating), for `/readyz`.
     schema: Option<worker_store::schema::SchemaVersion>,
+    /// The dependencies' circuits, for `/status`.
+    circuits: worker_store::circuits::Circuits,
 }
 
 /// What readiness depends on: the database probe's last result and the broker link.
@@ -264,6 +268,7 @@ async fn serve_admin(
         database: Arc::new(DatabaseReading(started.health.clone())),
         environment: settings.admin.environment(),
         schema: watched.schema.clone(),
+        circuits: watched.circuits.clone(),
     };
     let mut console = console(
         settings,

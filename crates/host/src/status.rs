@@ -1,11 +1,12 @@
 //! The status board: every job of this host with what it has done since the host started
 //! (the records themselves are kept by the consumer's observer, [`crate::observe`], and the
-//! scheduler, [`crate::scheduler::stats`]), as `/status`, `worker-host status` and the
-//! console read it.
+//! scheduler, [`crate::scheduler::stats`]), and the open circuits, as `/status`,
+//! `worker-host status` and the console read it.
 
 use chrono::{DateTime, Utc};
 
 pub use crate::observe::{ConsumerSnapshot, ConsumerStats, LastResults};
+use crate::open_circuits::ShownCircuit;
 use crate::scheduler::TimerHandle;
 pub use crate::scheduler::{DurationSummary, TimerSnapshot, TimerStats};
 
@@ -25,6 +26,9 @@ pub struct StatusBoard {
     pub environment: Option<crate::environment::Environment>,
     /// The schema found at start (after migrating): the fleet view shows it beside the release.
     pub schema: Option<worker_store::schema::SchemaVersion>,
+    /// The dependencies' circuits as this replica sees them (kept in step with the shared
+    /// table on every notice and within `workers.pause_poll`).
+    pub circuits: worker_store::circuits::Circuits,
 }
 
 /// One job on the board.
@@ -95,6 +99,7 @@ impl StatusBoard {
             "database": self.database.read(),
             "jobs": jobs,
             "alerts": self.alerts.active(),
+            "circuits": ShownCircuit::all(&self.circuits.open_circuits(), Utc::now()),
         })
     }
 }

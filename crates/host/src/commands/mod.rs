@@ -4,6 +4,7 @@
 pub mod actor;
 pub mod automations;
 pub mod broker;
+pub mod circuits;
 pub mod config;
 pub mod dlq;
 pub mod fleet;
@@ -71,6 +72,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Automations { action } => automations::run(&settings, action).await,
             Command::Dlq { action } => dlq::run(&settings, action).await,
             Command::Jobs { action } => jobs::run(&settings, action).await,
+            Command::Circuits { action } => circuits::run(&settings, action).await,
             Command::Mail { action } => mail::run(&settings, action).await,
             Command::MailAuth { action } => mail_auth::run(&settings, action).await,
             Command::Operators { action } => operators::run(&settings, action).await,

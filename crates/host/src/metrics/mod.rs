@@ -4,6 +4,7 @@
 //! Every metric the host records is named in [`names`], so that the list an operator reads
 //! (README, dashboards, alert rules) is kept in one place.
 
+pub mod circuits;
 pub mod exposition;
 pub mod jobs;
 pub mod names;

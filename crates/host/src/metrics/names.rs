@@ -122,5 +122,11 @@ pub const OAUTH_TOKEN_REQUESTS: &str = "worker_oauth_token_requests_total";
 /// Gauge: 1 while a token source's last request failed, by `source` (the error is in the log
 /// and in `worker-host mail-auth test`); its IMAP accounts and SMTP then wait.
 pub const OAUTH_TOKEN_FAILING: &str = "worker_oauth_token_failing";
+/// Gauge: 1 while a dependency's circuit is open, 0 while it is closed, by `dependency`
+/// (`smtp-relay`, `imap:<account>`, `webhook:<host>`): every dependency this replica called or
+/// saw open. Read from the shared database, so every replica reports the same open circuits.
+pub const CIRCUIT_STATE: &str = "worker_circuit_state";
+/// Counter: times this replica's failures opened a dependency's circuit, by `dependency`.
+pub const CIRCUIT_OPENED: &str = "worker_circuit_opened_total";
 /// Gauge, always 1: this process's `version`, `revision`, `installation` and `replica`.
 pub const BUILD_INFO: &str = "worker_build_info";
