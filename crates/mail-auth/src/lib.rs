@@ -31,7 +31,7 @@ mod source;
 pub use error::TokenError;
 pub use settings::{
     AuthMethod, Flow, GOOGLE_SCOPE, GOOGLE_TOKEN_URL, MICROSOFT_APP_SCOPE,
-    MICROSOFT_DELEGATED_SCOPE, MICROSOFT_SMTP_CONNECTIONS, OAuthSettings, Provider,
+    MICROSOFT_DELEGATED_SCOPE, MICROSOFT_SMTP_CONNECTIONS, OAuthSettings, Provider, SendingLimits,
     check_token_url,
 };
 pub use source::{AccessToken, PERMANENT_PAUSE, TRANSIENT_PAUSE, TokenSource, TokenSources};

@@ -83,6 +83,35 @@ pub const GOOGLE_TOKEN_URL: &str = "https://oauth2.googleapis.com/token";
 /// Microsoft allows this many SMTP connections per mailbox at once.
 pub const MICROSOFT_SMTP_CONNECTIONS: u32 = 3;
 
+/// How much one mailbox may send, as its provider limits it; `[smtp.rate]` takes these for
+/// the keys it leaves unset. `None`: the provider sets no such limit (or none we know).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendingLimits {
+    pub messages_per_minute: Option<u32>,
+    pub messages_per_day: Option<u32>,
+    pub recipients_per_day: Option<u32>,
+}
+
+impl Provider {
+    /// The provider's published sending limits per mailbox: Microsoft 365 takes 30 messages
+    /// a minute and 10,000 recipients a day (Exchange Online limits); Google Workspace about
+    /// 2,000 messages a day (Gmail sending limits in Google Workspace).
+    pub const fn smtp_sending_limits(self) -> SendingLimits {
+        match self {
+            Self::Microsoft => SendingLimits {
+                messages_per_minute: Some(30),
+                messages_per_day: None,
+                recipients_per_day: Some(10_000),
+            },
+            Self::Google => SendingLimits {
+                messages_per_minute: None,
+                messages_per_day: Some(2_000),
+                recipients_per_day: None,
+            },
+        }
+    }
+}
+
 /// `[oauth.NAME]`: where a token comes from. Secrets come inline, from the environment, or
 /// from `client_secret_file` and `refresh_token_file` (the host reads those at load); none is
 /// ever printed.
@@ -164,6 +193,13 @@ impl OAuthSettings {
     /// The most SMTP connections the provider allows one mailbox, if it limits them.
     pub fn smtp_connection_limit(&self) -> Option<u32> {
         (self.provider == Some(Provider::Microsoft)).then_some(MICROSOFT_SMTP_CONNECTIONS)
+    }
+
+    /// The provider's sending limits per mailbox (none without a provider).
+    pub fn smtp_sending_limits(&self) -> SendingLimits {
+        self.provider
+            .map(Provider::smtp_sending_limits)
+            .unwrap_or_default()
     }
 }
 
@@ -333,6 +369,9 @@ mod tests {
         );
         assert!(keys(&settings).is_empty(), "{:?}", settings.validate());
         assert_eq!(settings.smtp_connection_limit(), Some(3));
+        let limits = settings.smtp_sending_limits();
+        assert_eq!(limits.messages_per_minute, Some(30));
+        assert_eq!(limits.recipients_per_day, Some(10_000));
     }
 
     #[test]
@@ -351,6 +390,7 @@ mod tests {
         assert_eq!(settings.resolved_scope().as_deref(), Some(GOOGLE_SCOPE));
         assert!(keys(&settings).is_empty(), "{:?}", settings.validate());
         assert_eq!(settings.smtp_connection_limit(), None);
+        assert_eq!(settings.smtp_sending_limits().messages_per_day, Some(2_000));
     }
 
     #[test]

@@ -89,6 +89,7 @@ pub struct TokenSource {
     scope: String,
     grant: Grant,
     smtp_limit: Option<u32>,
+    sending_limits: crate::SendingLimits,
     http: reqwest::Client,
     margin: Duration,
     state: Mutex<State>,
@@ -171,6 +172,7 @@ impl TokenSource {
             scope,
             grant,
             smtp_limit: settings.smtp_connection_limit(),
+            sending_limits: settings.smtp_sending_limits(),
             http,
             margin: settings.refresh_margin,
             state: Mutex::new(State::default()),
@@ -195,6 +197,11 @@ impl TokenSource {
     /// The most SMTP connections the provider allows one mailbox (Microsoft: 3).
     pub fn smtp_connection_limit(&self) -> Option<u32> {
         self.smtp_limit
+    }
+
+    /// How much one mailbox may send, as the provider limits it (see [`crate::SendingLimits`]).
+    pub fn smtp_sending_limits(&self) -> crate::SendingLimits {
+        self.sending_limits
     }
 
     /// Token requests made so far (for metrics and tests).

@@ -12,8 +12,9 @@ use worker_core::{Problems, Secret, Section, SettingError, TlsMode, error_chain}
 
 use crate::DEFAULT_POOL_SIZE;
 use crate::auth::Login;
+use crate::rate::{Limits, RateSettings};
 use crate::smtp::{Security, Server};
-use worker_mail_auth::{AuthMethod, TokenSources};
+use worker_mail_auth::{AuthMethod, SendingLimits, TokenSources};
 
 /// `[smtp]`: where and how to reach the SMTP server, as the settings give it and the sender
 /// uses it (the host resolves `password_file` into `password` at load).
@@ -46,6 +47,9 @@ pub struct SmtpSettings {
     /// Bounds connecting: TCP, the greeting, STARTTLS and AUTH together.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// `[smtp.rate]`: how much this account may send, all replicas together; unset keys take
+    /// the provider's preset.
+    pub rate: RateSettings,
 }
 
 impl Default for SmtpSettings {
@@ -65,6 +69,7 @@ impl Default for SmtpSettings {
             from: "worker-host@localhost".into(),
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: Duration::from_secs(10),
+            rate: RateSettings::default(),
         }
     }
 }
@@ -77,6 +82,7 @@ impl Section for SmtpSettings {
         problems.positive("port", u64::from(self.port));
         problems.positive("pool_size", u64::from(self.pool_size));
         problems.nonzero("connect_timeout", self.connect_timeout);
+        problems.nested("rate", self.rate.problems());
         match (self.auth.uses_token(), &self.oauth, &self.username) {
             (true, None, _) => problems.add(
                 "oauth",
@@ -138,6 +144,32 @@ impl SmtpSettings {
             }
             _ => wanted,
         })
+    }
+
+    /// The sending rate in force: `[smtp.rate]`'s keys, the unset ones from the provider of
+    /// `[smtp]`'s token source.
+    pub fn rate_limits(&self, oauth: &TokenSources) -> Limits {
+        let preset = if self.auth.uses_token() {
+            self.oauth
+                .as_deref()
+                .and_then(|name| oauth.get(name))
+                .map(|source| source.smtp_sending_limits())
+                .unwrap_or_default()
+        } else {
+            SendingLimits::default()
+        };
+        self.rate.limits(preset)
+    }
+
+    /// The account whose sends the rate counts: `host:port/username` (no username: the host
+    /// alone), so that every replica sending as one mailbox shares one budget.
+    pub fn rate_account(&self) -> String {
+        format!(
+            "{}:{}/{}",
+            self.host.to_ascii_lowercase(),
+            self.port,
+            self.username.as_deref().unwrap_or_default().to_lowercase()
+        )
     }
 
     /// The connections the provider of `[smtp]`'s token source allows one mailbox.
@@ -281,6 +313,58 @@ mod tests {
             ..smtp
         };
         assert_eq!(password.connections_with(&sources).ok(), Some(8));
+    }
+
+    #[test]
+    fn microsofts_preset_fills_the_unset_rate_keys_and_a_key_given_wins() {
+        use std::collections::BTreeMap;
+        use worker_mail_auth::{Flow, OAuthSettings, Provider};
+        let m365 = OAuthSettings {
+            provider: Some(Provider::Microsoft),
+            tenant: Some("contoso.onmicrosoft.com".into()),
+            flow: Some(Flow::ClientCredentials),
+            client_id: Some("app".into()),
+            client_secret: Some(Secret::new("s")),
+            ..OAuthSettings::default()
+        };
+        let sources = TokenSources::build(&BTreeMap::from([("m365".to_string(), m365)]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let smtp = SmtpSettings {
+            username: Some("Support@Contoso.com".into()),
+            auth: AuthMethod::Xoauth2,
+            oauth: Some("m365".into()),
+            rate: RateSettings {
+                messages_per_minute: Some(20),
+                ..RateSettings::default()
+            },
+            ..SmtpSettings::default()
+        };
+        let limits = smtp.rate_limits(&sources);
+        assert_eq!(limits.messages_per_minute, Some(20), "the key given wins");
+        assert_eq!(
+            limits.recipients_per_day,
+            Some(10_000),
+            "the preset fills the rest"
+        );
+        assert_eq!(limits.messages_per_day, None);
+        assert_eq!(smtp.rate_account(), "127.0.0.1:2525/support@contoso.com");
+        assert!(
+            !SmtpSettings::default().rate_limits(&sources).any(),
+            "no preset, no limit"
+        );
+    }
+
+    #[test]
+    fn a_rate_of_zero_is_refused_by_name() {
+        let zero = SmtpSettings {
+            rate: RateSettings {
+                recipients_per_day: Some(0),
+                ..RateSettings::default()
+            },
+            ..SmtpSettings::default()
+        };
+        let keys: Vec<_> = zero.validate().into_iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["rate.recipients_per_day"]);
     }
 
     #[test]

@@ -121,6 +121,7 @@ pub mod edit;
 mod error;
 pub mod expiry;
 mod message;
+pub mod rate;
 pub mod relay;
 mod sender;
 pub mod settings;
@@ -132,6 +133,7 @@ use std::time::Duration;
 
 pub use config::{SmtpConfigError, SmtpSettings};
 pub use error::{SendError, classify, server_answer};
+pub use rate::{RateSettings, RateView};
 pub use sender::EmailSender;
 pub use settings::{EmailSendSettings, runner_timeout};
 pub use smtp::try_sign_in;

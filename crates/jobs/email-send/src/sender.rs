@@ -18,10 +18,12 @@ use worker_store::circuits::{Admission, Circuits};
 
 use crate::error::{SendError, classify};
 use crate::message::{build, response_text};
+use crate::rate::quota::{QuotaAnswer, quota_of};
+use crate::rate::{RateView, SendRate};
 use crate::relay::{RELAY, RelayProbe, fault_of};
 use crate::settings::EmailSendSettings;
 use crate::smtp::SmtpPool;
-use crate::store::{Claim, EmailStore};
+use crate::store::{Claim, Email, EmailStore};
 use crate::{CLAIM_MARGIN, DEFAULT_RECORD_BUDGET, EXPIRED, JOB_NAME};
 
 /// The outbound email consumer. Input: an [`EmailSendCommand`].
@@ -36,6 +38,8 @@ pub struct EmailSender {
     unknown_outcomes: Arc<AtomicU64>,
     on_unknown: Option<Arc<dyn Fn() + Send + Sync>>,
     circuits: Option<Circuits>,
+    /// The account's sending rate, shared by every replica; none when no limit is set.
+    rate: Option<SendRate>,
 }
 
 impl fmt::Debug for EmailSender {
@@ -88,6 +92,10 @@ impl EmailSender {
                 )?;
         let server = smtp.server(oauth)?;
         let connections = smtp.connections_with(oauth)?;
+        let limits = smtp.rate_limits(oauth);
+        let rate = limits
+            .any()
+            .then(|| SendRate::new(pool.clone(), smtp.rate_account(), limits));
         Ok(Self {
             store: EmailStore {
                 pool,
@@ -102,6 +110,7 @@ impl EmailSender {
             unknown_outcomes: Arc::new(AtomicU64::new(0)),
             on_unknown: None,
             circuits: None,
+            rate,
         })
     }
 
@@ -131,6 +140,12 @@ impl EmailSender {
     pub fn with_circuits(mut self, circuits: Circuits) -> Self {
         self.circuits = Some(circuits);
         self
+    }
+
+    /// The sending rate in force and what it has used, as this replica last read it (`/status`
+    /// and the job's page); none when no limit is set.
+    pub fn sending_rate(&self) -> Option<RateView> {
+        self.rate.as_ref().map(SendRate::view)
     }
 
     /// The relay's probe, for the host to run while its circuit is open.
@@ -214,6 +229,9 @@ impl EmailSender {
     /// The failure a failed send ends with: the relay's own, once it opened the circuit (or
     /// found it open), charges the reply nothing.
     async fn judge(&self, err: &SendError, admission: &Admission) -> Failure {
+        if let Some(quota) = quota_of(err) {
+            return self.quota_reached(quota).await;
+        }
         let failure = classify(err);
         let (Some(circuits), Some(fault)) = (&self.circuits, fault_of(err)) else {
             return failure;
@@ -223,6 +241,39 @@ impl EmailSender {
             Some(_) => Failure::unavailable(RELAY, detail, None),
             None => failure,
         }
+    }
+
+    /// The provider said the account's sending limit is reached: the account's failure, not the
+    /// mail's. The relay's circuit opens until the window rolls over (the consumers stop on
+    /// every replica) and the mail goes back to its queue charged no try; without circuits it
+    /// is parked for that long, charged no try.
+    async fn quota_reached(&self, quota: QuotaAnswer) -> Failure {
+        let until = match &self.rate {
+            Some(rate) => rate.rolls_over(quota.window).await,
+            None => crate::rate::fallback_until(quota.window, chrono::Utc::now()),
+        };
+        let detail = format!("the provider's sending limit is reached: {}", quota.answer);
+        let opened = match &self.circuits {
+            Some(circuits) => circuits.open_until(RELAY, &quota.answer, until).await,
+            None => None,
+        };
+        let wait = (until - chrono::Utc::now()).to_std().unwrap_or_default();
+        tracing::warn!(answer = %quota.answer, rolls_over = %until, "the provider's sending limit is reached: no mail goes until its window rolls over");
+        match opened {
+            Some(_) => Failure::unavailable(RELAY, detail, None),
+            None => Failure::unavailable(RELAY, detail, Some(wait.max(Duration::from_secs(1)))),
+        }
+    }
+
+    /// Waits for the mail's turn within the account's sending rate (see `rate`); a long wait
+    /// is the relay's `Unavailable` with that wait.
+    async fn wait_for_turn(&self, email: &Email) -> Result<(), Failure> {
+        let Some(rate) = &self.rate else {
+            return Ok(());
+        };
+        let recipients = email.to_addresses.len() + email.cc_addresses.len();
+        rate.wait_for_turn(u32::try_from(recipients).unwrap_or(u32::MAX))
+            .await
     }
 
     /// Claim, send with no database connection held, record.
@@ -281,6 +332,12 @@ impl EmailSender {
                 return Err(failure);
             }
         };
+        // After the claim, so that only a mail that will go is counted; a mail over the rate
+        // is released charged no try.
+        if let Err(failure) = self.wait_for_turn(&email).await {
+            self.store.release(id, claimed_at, &failure).await;
+            return Err(failure);
+        }
         match self.smtp.send(&message, self.send_timeout).await {
             Ok(response) => {
                 if let Some(circuits) = &self.circuits {

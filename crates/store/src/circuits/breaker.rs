@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -252,6 +252,36 @@ impl Circuits {
             }
             Err(err) => {
                 tracing::warn!(dependency, error = %err, "could not open the circuit; the call counts as the work's own failure");
+                None
+            }
+        }
+    }
+
+    /// Opens `dependency`'s circuit until `until`, whatever this replica's counts say: the
+    /// dependency said, in its words `reason`, that it takes no more before then (a provider's
+    /// sending quota: the window rolls over at `until`). An open circuit probes no sooner than
+    /// `until`. The time until its next probe; none when it could not be opened (the call then
+    /// counts as its work's own failure).
+    pub async fn open_until(
+        &self,
+        dependency: &str,
+        reason: &str,
+        until: DateTime<Utc>,
+    ) -> Option<Duration> {
+        let inner = &self.inner;
+        match table::open_until(&inner.pool, dependency, reason, &inner.replica, until).await {
+            Ok(circuit) => {
+                let probe_in = circuit.probe_in(Utc::now());
+                tracing::error!(dependency, reason, first_probe_in = %humantime::format_duration(round(probe_in)), "circuit opened until the dependency's window rolls over");
+                if let Ok(mut counts) = inner.opened_here.lock() {
+                    *counts.entry(dependency.to_string()).or_default() += 1;
+                }
+                self.remember(circuit);
+                self.reset(dependency);
+                Some(probe_in)
+            }
+            Err(err) => {
+                tracing::warn!(dependency, error = %err, "could not open the circuit until the window rolls over");
                 None
             }
         }

@@ -97,6 +97,37 @@ pub(crate) async fn open(
     Ok(result)
 }
 
+/// Opens `dependency`'s circuit until `until` (its first probe then), whatever its counts say:
+/// the dependency said it takes no more before then (a provider's sending quota). An open
+/// circuit keeps its opening but probes no sooner than `until`, with `reason` as its reason.
+pub(crate) async fn open_until(
+    pool: &PgPool,
+    dependency: &str,
+    reason: &str,
+    replica: &str,
+    until: DateTime<Utc>,
+) -> Result<OpenCircuit, Failure> {
+    let mut tx = pool.begin().await.map_err(classify)?;
+    let circuit = sqlx::query_as(
+        "INSERT INTO dependency_circuits AS c (dependency, reason, opened_by, probe_at) \
+         VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (dependency) DO UPDATE \
+             SET reason = EXCLUDED.reason, probe_at = greatest(c.probe_at, EXCLUDED.probe_at) \
+         RETURNING dependency, opened_at, reason, opened_by, failed_probes, probe_at, \
+                   probed_by, last_probe_at",
+    )
+    .bind(dependency)
+    .bind(worker_core::truncate(reason, REASON_MAX))
+    .bind(replica)
+    .bind(until)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(classify)?;
+    announce(&mut tx, dependency).await?;
+    tx.commit().await.map_err(classify)?;
+    Ok(circuit)
+}
+
 async fn one(conn: &mut sqlx::PgConnection, dependency: &str) -> Result<OpenCircuit, Failure> {
     sqlx::query_as(
         "SELECT dependency, opened_at, reason, opened_by, failed_probes, probe_at, probed_by, \
