@@ -165,3 +165,50 @@ async fn a_request_naming_another_host_is_refused_by_the_fleet_view() -> anyhow:
     }
     Ok(())
 }
+
+/// An installation whose overview has the relay's circuit open: answers every reading with
+/// that overview.
+async fn installation_with_an_open_circuit() -> anyhow::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let overview = serde_json::json!({
+        "status": {"installation": "relay-down", "broker": {"state": "connected"}, "database": {"healthy": true}},
+        "circuits": [{"dependency": "smtp-relay", "reason": "535 5.7.8 Authentication credentials invalid", "opened_at": "2026-12-04T10:00:00Z"}],
+    })
+    .to_string();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = [0_u8; 8192];
+            let _ = socket.read(&mut request).await;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{overview}",
+                overview.len()
+            );
+            let _ = socket.write_all(answer.as_bytes()).await;
+        }
+    });
+    Ok(addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installation_with_an_open_circuit_is_degraded_and_shows_it_with_its_reason()
+-> anyhow::Result<()> {
+    let addr = installation_with_an_open_circuit().await?;
+    let view = FleetView::start(&format!(
+        "[[installations]]\nname = \"relay-down\"\nurl = \"http://{addr}\"\ntoken = \"a-viewer-token\"\nenvironment = \"staging\"\n"
+    ))
+    .await?;
+    let row = row_of(&view, "relay-down").await;
+    assert_eq!(row["state"], "degraded", "{row}");
+    assert_eq!(
+        row["reading"]["circuits"][0]["dependency"], "smtp-relay",
+        "{row}"
+    );
+    let page = reqwest::get(view.url("/")).await?.text().await?;
+    assert!(
+        page.contains("Circuit open: smtp-relay")
+            && page.contains("535 5.7.8 Authentication credentials invalid"),
+        "{page}"
+    );
+    Ok(())
+}

@@ -40,6 +40,8 @@ struct JobPage {
     stopped_here: Option<bool>,
     /// Why it cannot be paused, when it cannot.
     not_pausable: Option<String>,
+    /// The open circuits of the dependencies it cannot work without.
+    circuits: Vec<crate::open_circuits::ShownCircuit>,
     recent_ticks: Vec<AttemptRecord>,
     actions: Vec<EntryRow>,
 }
@@ -94,6 +96,7 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
             action,
         })
         .collect();
+    let circuits = super::circuits::stopping(console, name).await?;
     let stopped_here = consumer
         .is_some()
         .then(|| console.gates.as_ref().is_some_and(|g| g.is_closed(name)));
@@ -102,6 +105,7 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
         kind,
         stopped_here,
         not_pausable: pausable(name).err(),
+        circuits,
         timer,
         consumer,
         paused,

@@ -14,6 +14,7 @@
 //! - `bulk.rs`: replay and purge (a dry run, then a confirmed run at a rate), their progress
 //!   and cancel, and the audit trail (`/actions`);
 //! - `jobs.rs`: a timer job, run now, pause and resume;
+//! - `circuits.rs`: the open circuits a job's page and the overview show, and closing one;
 //! - `history.rs`: the history's charts (overview, a job, `/queues/{name}`) and their JSON;
 //!   `chart.rs` draws them as SVG;
 //! - `outbox.rs`: pending and failed rows, retry;
@@ -33,6 +34,7 @@ mod accounts;
 mod bulk;
 pub mod caller;
 mod chart;
+mod circuits;
 mod dead_letters;
 pub mod edit;
 mod filter;
@@ -112,6 +114,11 @@ fn operator_actions() -> Router<Arc<Console>> {
         .route("/jobs/{name}/trigger", post(jobs::run_now))
         .route("/jobs/{name}/pause", post(jobs::pause))
         .route("/jobs/{name}/resume", post(jobs::resume))
+        .route(
+            "/jobs/{name}/circuits/{dependency}/close",
+            post(circuits::close_from_job),
+        )
+        .route("/circuits/{dependency}/close", post(circuits::close))
         .route("/outbox/retry", post(outbox::retry))
         .route("/accounts/add", post(accounts::add))
         .route("/accounts/{name}/{change}", post(accounts::change))

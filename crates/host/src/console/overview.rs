@@ -1,7 +1,7 @@
 //! `/` and `/api/overview`: each job with its queue or schedule, state, last run, success
 //! and error, counts and skips; each queue with its retry tiers and dead queue; the dead
 //! letters waiting, the oldest one's age and the inflow; the outbox; the broker link and the
-//! database probe; the active alerts; and every replica that reports in.
+//! database probe; the active alerts; the open circuits; and every replica that reports in.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +41,8 @@ struct Overview {
     db_latency_ms: Option<u128>,
     /// The timer jobs an operator paused, by name.
     paused: Vec<pauses::Pause>,
+    /// The dependencies whose circuits are open, from the shared table.
+    circuits: Vec<crate::open_circuits::ShownCircuit>,
     queues: Vec<QueueReading>,
     dead_letters: DeadLetters,
     outbox: Outbox,
@@ -62,6 +64,7 @@ async fn overview(console: &Console) -> Result<Overview, Problem> {
     let replicas = replicas::list(&console.pool)
         .await
         .map_err(|e| Problem::failed("Reading the replicas", e))?;
+    let circuits = super::circuits::open(console).await?;
     let status = console.board.render();
     let jobs = status["jobs"]
         .as_array()
@@ -72,6 +75,7 @@ async fn overview(console: &Console) -> Result<Overview, Problem> {
         jobs,
         db_latency_ms: readings.db_latency.map(|d| d.as_millis()),
         paused,
+        circuits,
         queues: readings.queues.clone(),
         dead_letters: DeadLetters {
             waiting: readings.dead_letter_depth.values().sum(),

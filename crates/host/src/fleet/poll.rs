@@ -60,7 +60,8 @@ pub struct Reading {
     /// The installation's own name for itself (`installation`), and the replica that answered.
     pub installation: String,
     pub replica: String,
-    /// Why it is degraded: the broker link or the database probe, in words.
+    /// Why it is degraded (besides an open circuit): the broker link or the database
+    /// probe, in words.
     pub problems: Vec<String>,
     /// The jobs whose last error is newer than their last success.
     pub failing_jobs: Vec<String>,
@@ -74,6 +75,16 @@ pub struct Reading {
     pub schema_release: Option<String>,
     /// The environment it says it is (`admin.environment`), when set.
     pub environment: Option<String>,
+    /// Its open circuits: each makes it degraded.
+    pub circuits: Vec<Circuit>,
+}
+
+/// An installation's open circuit: its dependency, why, since when.
+#[derive(Debug, Clone, Serialize)]
+pub struct Circuit {
+    pub dependency: String,
+    pub reason: String,
+    pub since: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -156,7 +167,7 @@ pub async fn run(
 fn record(shown: &mut Installation, answer: Result<Reading, String>, now: DateTime<Utc>) {
     match answer {
         Ok(reading) => {
-            shown.state = if reading.problems.is_empty() {
+            shown.state = if reading.problems.is_empty() && reading.circuits.is_empty() {
                 "healthy"
             } else {
                 "degraded"
@@ -288,6 +299,14 @@ pub fn reading_of(body: &Value) -> Reading {
     if status["database"]["healthy"].as_bool() != Some(true) {
         problems.push("database probe unhealthy".to_string());
     }
+    let mut circuits = circuits_of(body);
+    if let Some(more) = beyond_list_max(&mut circuits) {
+        circuits.push(Circuit {
+            dependency: "more".to_string(),
+            reason: format!("… and {more} more open circuits"),
+            since: None,
+        });
+    }
     let mut failing_jobs: Vec<String> = body["jobs"]
         .as_array()
         .map(|jobs| {
@@ -333,7 +352,26 @@ pub fn reading_of(body: &Value) -> Reading {
         schema_version: status["schema"]["version"].as_i64(),
         schema_release: status["schema"]["release"].as_str().map(field),
         environment: status["environment"]["name"].as_str().map(field),
+        circuits,
     }
+}
+
+/// The overview's open circuits (read from the installation's shared table); none from a
+/// release before circuits.
+fn circuits_of(body: &Value) -> Vec<Circuit> {
+    let text = |v: &Value| field(v.as_str().unwrap_or_default());
+    body["circuits"]
+        .as_array()
+        .map(|open| {
+            open.iter()
+                .map(|c| Circuit {
+                    dependency: text(&c["dependency"]),
+                    reason: text(&c["reason"]),
+                    since: c["opened_at"].as_str().map(field),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Cuts `list` to [`LIST_MAX`] entries; how many it had past that, if any.
@@ -395,6 +433,21 @@ mod tests {
         assert_eq!(reading.alerts[0].name, "dead_letters");
         assert_eq!(reading.schema_version, Some(20_261_201_000_000));
         assert_eq!(reading.environment.as_deref(), Some("production"));
+        assert!(reading.circuits.is_empty(), "an overview without circuits");
+    }
+
+    #[test]
+    fn an_open_circuit_degrades_the_installation_with_its_reason() {
+        let body = serde_json::json!({
+            "status": {"broker": {"state": "connected"}, "database": {"healthy": true}},
+            "circuits": [{"dependency": "smtp-relay", "reason": "535 5.7.8 refused", "opened_at": "2026-12-04T10:00:00Z"}],
+        });
+        let mut shown = row();
+        record(&mut shown, Ok(reading_of(&body)), Utc::now());
+        assert_eq!(shown.state, "degraded");
+        let reading = shown.reading.unwrap();
+        assert_eq!(reading.circuits[0].dependency, "smtp-relay");
+        assert_eq!(reading.circuits[0].reason, "535 5.7.8 refused");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod circuits;
 pub mod console;
 pub mod container;
 pub mod edit;
