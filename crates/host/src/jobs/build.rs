@@ -67,7 +67,9 @@ fn automation_action(ctx: &JobsContext) -> Result<job_automation_action::ActionE
         &settings.jobs.automation_action,
     )
     .map_err(|e| job_error("automation_action", e))?;
-    Ok(executor.with_own_addresses([settings.smtp.from.as_str()]))
+    Ok(executor
+        .with_own_addresses([settings.smtp.from.as_str()])
+        .with_circuits(ctx.circuits.clone()))
 }
 
 fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError> {

@@ -11,8 +11,10 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 use worker_core::{Failure, Handled, ProcessedGuard as _, RetryPolicy};
 use worker_messages::WebhookAction;
+use worker_store::circuits::{Admission, Circuits};
 use worker_store::{ProcessedMessages, classify};
 
+use crate::circuit::{self, Verdict};
 use crate::execution::{Execution, last_error};
 use crate::webhook::{self, WebhookClient};
 use crate::{DEFAULT_RECORD_BUDGET, GUARD_SCOPE, JOB_NAME, STALE_CLAIM_MARGIN};
@@ -32,6 +34,8 @@ pub(crate) struct WebhookClaims {
     pub(crate) stale_after: Duration,
     pub(crate) record_budget: Duration,
     pub(crate) record_backoff: RetryPolicy,
+    /// Each host's circuit ([`crate::circuit`]); none: every host is always called.
+    pub(crate) circuits: Option<Circuits>,
 }
 
 /// Why the first transaction did not go on.
@@ -108,6 +112,7 @@ impl WebhookClaims {
                 max_delay: Duration::from_secs(2),
                 jitter: true,
             },
+            circuits: None,
         })
     }
 
@@ -119,6 +124,10 @@ impl WebhookClaims {
         execution: &Execution,
         action: &WebhookAction,
     ) -> Result<Claim, Refused> {
+        if let Some(failure) = self.circuit_open(action) {
+            // Not tried: the row is left as it was, and no attempt is counted.
+            return Err(Refused::BackOff(failure));
+        }
         // Taken under the row's lock, so that two tries of this process cannot both see
         // the other's claim as left behind.
         let Some(slot) = InFlight::take(&self.in_flight, id) else {
@@ -165,12 +174,61 @@ impl WebhookClaims {
         })
     }
 
-    /// Calls the webhook with no connection held, then records how it ended.
+    /// The failure of an action whose host's circuit is open and not due for its probe, as
+    /// this replica last saw it (no statement): the action is parked until the probe.
+    fn circuit_open(&self, action: &WebhookAction) -> Option<Failure> {
+        let circuits = self.circuits.as_ref()?;
+        let dependency = circuit::dependency(&action.url)?;
+        let open = circuits.open_circuit(&dependency)?;
+        let probe_in = open.probe_in(Utc::now());
+        // Due: this try may be the probe, which `admit` decides after the claim.
+        (!probe_in.is_zero()).then(|| {
+            let detail = format!("its circuit is open: {}", open.reason);
+            circuit::unavailable(&dependency, detail, probe_in)
+        })
+    }
+
+    /// Calls the webhook with no connection held (when its host's circuit lets it), then
+    /// records how it ended.
     pub(crate) async fn call_and_record(&self, claim: Claim) -> Result<Handled, Failure> {
-        let called = self
+        let host = match (&self.circuits, circuit::dependency(&claim.action.url)) {
+            (Some(circuits), Some(dependency)) => Some((circuits, dependency)),
+            _ => None,
+        };
+        let admission = match &host {
+            Some((circuits, dependency)) => circuits.admit(dependency).await,
+            None => Admission::Go,
+        };
+        if let (Admission::Wait { reason, probe_in }, Some((_, dependency))) = (&admission, &host) {
+            // Another try took the probe since the claim: this one is released uncharged.
+            let detail = format!("its circuit is open: {reason}");
+            let failure = circuit::unavailable(dependency, detail, *probe_in);
+            self.record_claimed_failure(&claim, &failure).await;
+            return Err(failure);
+        }
+        let result = self
             .client
-            .call(&claim.action, &claim.body, &claim.id.to_string())
+            .attempt(&claim.action, &claim.body, &claim.id.to_string())
             .await;
+        let mut called = webhook::classify(&claim.action.redacted_url(), &result, Utc::now());
+        if let Some((circuits, dependency)) = &host {
+            match circuit::verdict(&result) {
+                Verdict::Answered => circuits.succeeded(dependency, &admission).await,
+                Verdict::Failed(fault) => {
+                    if let Err(failure) = &called {
+                        let detail = failure.detail().to_string();
+                        let opened = circuits
+                            .failed(dependency, fault, &detail, &admission)
+                            .await;
+                        if let Some(probe_in) = opened {
+                            // The host is out of service: this try is charged nothing.
+                            called = Err(circuit::unavailable(dependency, detail, probe_in));
+                        }
+                    }
+                }
+                Verdict::Silent => {}
+            }
+        }
         match called {
             Ok(()) => self.record_success(&claim).await,
             Err(failure) => {
@@ -228,11 +286,12 @@ impl WebhookClaims {
     }
 
     /// Ends this try's claim with its failure: `failed` for a permanent one, back to
-    /// `pending` otherwise, only while the claim is still this try's. Best effort: a row left
+    /// `pending` otherwise, only while the claim is still this try's. A try whose host was
+    /// out of service (`Failure::Unavailable`) was not one: no attempt is counted. Best effort: a row left
     /// `running` is taken over by this process's next try, or by any once it is stale.
     async fn record_claimed_failure(&self, claim: &Claim, failure: &Failure) {
         let recorded = sqlx::query(
-            "UPDATE action_executions SET attempts = attempts + 1, last_error = $4, \
+            "UPDATE action_executions SET attempts = attempts + $6, last_error = $4, \
                  status = CASE WHEN $5 THEN 'failed' ELSE 'pending' END, \
                  finished_at = CASE WHEN $5 THEN now() ELSE finished_at END, \
                  claimed_by = CASE WHEN $5 THEN claimed_by END, \
@@ -245,6 +304,7 @@ impl WebhookClaims {
         .bind(claim.claimed_at)
         .bind(last_error(failure))
         .bind(failure.is_permanent())
+        .bind(i32::from(!failure.is_unavailable()))
         .execute(&self.pool)
         .await;
         match recorded {

@@ -135,6 +135,14 @@ impl ActionExecutor {
         self
     }
 
+    /// Calls a webhook host only while its circuit is closed (or for its probe), and counts
+    /// the host's own failures toward opening it (see [`crate::circuit`]).
+    #[must_use]
+    pub fn with_circuits(mut self, circuits: worker_store::circuits::Circuits) -> Self {
+        self.webhooks.circuits = Some(circuits);
+        self
+    }
+
     /// The uuid this executor's claims carry in `claimed_by`.
     pub fn owner(&self) -> Uuid {
         self.webhooks.owner

@@ -67,6 +67,7 @@
 //! | backed off: a fresh `running` claim of another try | unchanged | retried in process, then parked |
 //! | transient or throttled | back to (or still) `pending`; `attempts + 1`, `last_error` | retried in process, then parked in the broker's retry tiers |
 //! | permanent | `failed`, `attempts + 1`, `last_error`, `finished_at` | dead-lettered (`rejected`) |
+//! | unavailable: the webhook host's circuit is open, or this try's failure to connect opened it ([`circuit`]) | unchanged, or back to `pending` with `last_error` and `attempts` as they were | parked, its attempt unchanged, in the first retry tier that waits until the host's next probe |
 //! | a 2xx whose success could not be recorded within the budget | still `running` | parked as an unknown outcome |
 //!
 //! A failure is recorded without the guard's mark: a dead-lettered command replayed after a
@@ -84,6 +85,7 @@
 
 pub mod address;
 pub mod check;
+pub mod circuit;
 mod claim;
 mod execution;
 mod executor;

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | 2xx | success |
 //! | 429 | throttled, for the `Retry-After` it gave (seconds or an HTTP date; [`DEFAULT_RETRY_AFTER`] when absent or unreadable; within 1 s ..= [`MAX_RETRY_AFTER`]) |
-//! | 5xx, 408, no answer within the timeout, connection refused or reset | transient |
+//! | 5xx, 408, no answer within the timeout, connection refused or reset, a TLS handshake that fails | transient; no connection at all also counts toward the host's circuit ([`crate::circuit`]) |
 //! | any other 4xx, a 3xx (redirects are not followed: a POST must not turn into a GET) | permanent (`webhook-4xx`, `webhook-3xx`) |
 //! | a request that cannot even be built (bad URL or header) | permanent (`webhook-invalid`) |
 //! | an address inside the installation that `webhook_allow` does not name ([`crate::address`]) | permanent (`webhook-refused`), never connected to |
@@ -59,7 +59,10 @@ pub enum CallResult {
     },
     /// No complete answer within the timeout.
     TimedOut(Duration),
-    /// Could not connect, or the connection broke.
+    /// No connection: refused, not made within the timeout, a TLS handshake that failed, a
+    /// name that does not resolve. The host's own failure ([`crate::circuit`]).
+    NoConnection(String),
+    /// The connection broke once it stood.
     Unreachable(String),
     /// The request could not be built: a bad URL or header.
     Invalid(String),
@@ -92,7 +95,7 @@ pub fn classify(url: &str, result: &CallResult, now: DateTime<Utc>) -> Result<()
             "webhook POST {url}: no answer within {}",
             humantime::format_duration(*after)
         ))),
-        CallResult::Unreachable(why) => {
+        CallResult::NoConnection(why) | CallResult::Unreachable(why) => {
             Err(Failure::transient(format!("webhook POST {url}: {why}")))
         }
         CallResult::Invalid(why) => Err(Failure::permanent(
@@ -165,7 +168,10 @@ impl WebhookClient {
                 let resolver = GuardedResolver::new(allow.for_port(port));
                 let http = reqwest::Client::builder()
                     .timeout(timeout)
-                    .connect_timeout(timeout)
+                    // A beat inside the call's own bound, so that a connection not made in
+                    // time is told apart from an answer not given in time: only the first
+                    // is the host's failure (its circuit counts it).
+                    .connect_timeout(connect_timeout(timeout))
                     // A redirect would be a second request the checks never saw (and a POST
                     // must not turn into a GET).
                     .redirect(reqwest::redirect::Policy::none())
@@ -195,8 +201,19 @@ impl WebhookClient {
         body: &Value,
         idempotency_key: &str,
     ) -> Result<(), Failure> {
-        let result = scrub(action, self.send(action, body, idempotency_key).await);
+        let result = self.attempt(action, body, idempotency_key).await;
         classify(&action.redacted_url(), &result, Utc::now())
+    }
+
+    /// POSTs `body` to the action's URL: how it ended, unclassified, with the URL's secrets
+    /// taken out.
+    pub async fn attempt(
+        &self,
+        action: &WebhookAction,
+        body: &Value,
+        idempotency_key: &str,
+    ) -> CallResult {
+        scrub(action, self.send(action, body, idempotency_key).await)
     }
 
     async fn send(&self, action: &WebhookAction, body: &Value, key: &str) -> CallResult {
@@ -252,6 +269,8 @@ impl WebhookClient {
             Ok(Err(err)) if refusal(&err).is_some() => {
                 CallResult::Refused(refusal(&err).map(|r| r.reason.clone()).unwrap_or_default())
             }
+            // Before the timeout: a connection not made in time is both.
+            Ok(Err(err)) if err.is_connect() => CallResult::NoConnection(error_chain(&err)),
             Ok(Err(err)) if err.is_timeout() => CallResult::TimedOut(self.timeout),
             Ok(Err(err)) if err.is_builder() => CallResult::Invalid(error_chain(&err)),
             Ok(Err(err)) => CallResult::Unreachable(error_chain(&err)),
@@ -273,6 +292,7 @@ fn scrub(action: &WebhookAction, result: CallResult) -> CallResult {
             retry_after,
             excerpt: action.scrub(&excerpt),
         },
+        CallResult::NoConnection(why) => CallResult::NoConnection(action.scrub(&why)),
         CallResult::Unreachable(why) => CallResult::Unreachable(action.scrub(&why)),
         CallResult::Invalid(why) => CallResult::Invalid(action.scrub(&why)),
         CallResult::Refused(why) => CallResult::Refused(action.scrub(&why)),
@@ -318,6 +338,15 @@ impl WebhookClient {
         Ok((http, url))
     }
 }
+
+/// The longest a connection may take to be made: the call's timeout less a beat (a tenth of
+/// it, at most [`CONNECT_MARGIN`]), so that it runs out before the call's.
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout.saturating_sub((timeout / 10).min(CONNECT_MARGIN))
+}
+
+/// See [`connect_timeout`].
+const CONNECT_MARGIN: Duration = Duration::from_millis(250);
 
 /// The resolver's refusal, found in the error's chain of causes.
 fn refusal(err: &reqwest::Error) -> Option<&Refused> {
@@ -414,6 +443,18 @@ mod tests {
         assert_eq!(
             detail.detail(),
             "webhook POST http://h/x answered 404 Not Found: nope"
+        );
+    }
+
+    #[test]
+    fn a_connection_must_be_made_a_beat_before_the_call_runs_out() {
+        assert_eq!(
+            connect_timeout(Duration::from_millis(300)),
+            Duration::from_millis(270)
+        );
+        assert_eq!(
+            connect_timeout(Duration::from_secs(30)),
+            Duration::from_millis(29_750)
         );
     }
 
