@@ -269,6 +269,7 @@ async fn serve_admin(
         environment: settings.admin.environment(),
         schema: watched.schema.clone(),
         circuits: watched.circuits.clone(),
+        sending_rate: started.sending_rate.clone(),
     };
     let mut console = console(
         settings,

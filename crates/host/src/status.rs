@@ -29,6 +29,9 @@ pub struct StatusBoard {
     /// The dependencies' circuits as this replica sees them (kept in step with the shared
     /// table on every notice and within `workers.pause_poll`).
     pub circuits: worker_store::circuits::Circuits,
+    /// The SMTP account's sending rate: its limits, what the current windows hold and the
+    /// time until the next send, as this replica's email-send last read them.
+    pub sending_rate: Option<std::sync::Arc<dyn Reading>>,
 }
 
 /// One job on the board.
@@ -100,6 +103,7 @@ impl StatusBoard {
             "jobs": jobs,
             "alerts": self.alerts.active(),
             "circuits": ShownCircuit::all(&self.circuits.open_circuits(), Utc::now()),
+            "sending_rate": self.sending_rate.as_ref().map(|rate| rate.read()),
         })
     }
 }

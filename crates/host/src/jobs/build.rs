@@ -10,23 +10,25 @@ use worker_store::AdvisoryLease;
 use super::run::{Built, consumer, timer};
 use super::{JobError, JobsContext, Started, job_error};
 use crate::settings::{ListedJob, Settings};
-use crate::status::JobEntry;
+use crate::status::{JobEntry, Reading};
 
 /// Starts every job of the list through the tracker, in the list's order.
 pub fn start_all(ctx: &JobsContext) -> Result<Started, JobError> {
     let mut health = None;
+    let mut sending_rate = None;
     let entries = ctx
         .settings
         .jobs
         .jobs()
         .into_iter()
-        .map(|job| start(ctx, job, &mut health))
+        .map(|job| start(ctx, job, &mut health, &mut sending_rate))
         .collect::<Result<Vec<_>, _>>()?;
     let health = health.ok_or_else(|| job_error(job_db_health::JOB_NAME, "not in the list"))?;
     Ok(Started {
         entries,
         health,
         gates: ctx.consumer_gates.clone(),
+        sending_rate,
     })
 }
 
@@ -35,13 +37,14 @@ fn start(
     ctx: &JobsContext,
     job: ListedJob<'_>,
     health: &mut Option<job_db_health::HealthHandle>,
+    sending_rate: &mut Option<Arc<dyn Reading>>,
 ) -> Result<JobEntry, JobError> {
     // One line a job; rustfmt would wrap the list into a shape that no longer reads as one.
     #[rustfmt::skip]
     let entry = match job.spec.name {
         job_automation_trigger::JOB_NAME => consumer(ctx, job, automation_trigger(ctx))?,
         job_automation_action::JOB_NAME => consumer(ctx, job, automation_action(ctx)?)?,
-        job_email_send::JOB_NAME => consumer(ctx, job, email_send(ctx)?)?,
+        job_email_send::JOB_NAME => consumer(ctx, job, email_send(ctx, sending_rate)?)?,
         job_outbox_drain::JOB_NAME => timer(ctx, job, outbox_drain(ctx))?,
         job_inbound_email_poller::JOB_NAME => timer(ctx, job, inbound_email_poller(ctx)?)?,
         job_db_health::JOB_NAME => timer(ctx, job, db_health(ctx, health))?,
@@ -72,7 +75,20 @@ fn automation_action(ctx: &JobsContext) -> Result<job_automation_action::ActionE
         .with_circuits(ctx.circuits.clone()))
 }
 
-fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError> {
+/// The sending rate as `/status` shows it: what the sender last read of the shared budget.
+#[derive(Debug)]
+struct SendingRateReading(job_email_send::EmailSender);
+
+impl Reading for SendingRateReading {
+    fn read(&self) -> serde_json::Value {
+        serde_json::to_value(self.0.sending_rate()).unwrap_or_default()
+    }
+}
+
+fn email_send(
+    ctx: &JobsContext,
+    sending_rate: &mut Option<Arc<dyn Reading>>,
+) -> Result<job_email_send::EmailSender, JobError> {
     let settings = &ctx.settings;
     let sender = job_email_send::EmailSender::from_settings(
         ctx.pool.clone(),
@@ -99,7 +115,9 @@ fn email_send(ctx: &JobsContext) -> Result<job_email_send::EmailSender, JobError
         .u64_counter(crate::metrics::names::EMAIL_UNKNOWN_OUTCOMES)
         .with_description("outbound emails whose send outcome is unknown")
         .build();
-    Ok(sender.on_unknown(move || unknown_outcomes.add(1, &[])))
+    let sender = sender.on_unknown(move || unknown_outcomes.add(1, &[]));
+    *sending_rate = Some(Arc::new(SendingRateReading(sender.clone())));
+    Ok(sender)
 }
 
 /// The poller, woken between its scheduled ticks by its IDLE sessions, which the replica

@@ -80,4 +80,7 @@ pub struct Started {
     pub health: job_db_health::HealthHandle,
     /// The consumer jobs' pauses as this replica obeys them.
     pub gates: Option<Arc<ConsumerGates>>,
+    /// The SMTP account's sending rate as email-send last read it, for `/status`; none when
+    /// email-send does not run here.
+    pub sending_rate: Option<Arc<dyn crate::status::Reading>>,
 }

@@ -121,6 +121,24 @@ async fn two_replicas_at_thirty_a_minute_send_thirty_between_them_and_park_the_r
         statuses,
         [("queued".to_string(), 15), ("sent".to_string(), 30)].into(),
     );
+    // What `/status` shows, once this replica has read the full minute: the rate in use, the
+    // minute's 30 sends, the next send about a minute off.
+    let one_more = queue(&db.pool, "rate45@localhost", "rate").await;
+    let failure = replicas[0]
+        .handle(&ctx(), &command(one_more))
+        .await
+        .unwrap_err();
+    assert!(failure.is_unavailable(), "{failure}");
+    let shown = replicas[0].sending_rate().expect("a rate is set");
+    assert_eq!(shown.limits.messages_per_minute, Some(30));
+    assert_eq!(shown.used.messages_this_minute, 30);
+    assert!(
+        (50..=60).contains(&shown.next_send_in_secs),
+        "{}",
+        shown.next_send_in_secs
+    );
+    assert_eq!(shown.account, format!("127.0.0.1:{}/", sink.port));
+
     Ok(())
 }
 
