@@ -63,6 +63,18 @@ async fn an_open_circuit_is_on_status_the_job_page_the_overview_and_the_metrics(
     let overview = operator.get("/").await?.text().await?;
     assert!(overview.contains("Circuit open: smtp-relay"), "{overview}");
     assert!(overview.contains(REFUSED), "the reason on the overview");
+    let jobs = operator
+        .get("/api/overview")
+        .await?
+        .json::<serde_json::Value>()
+        .await?;
+    let send = jobs["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["name"] == "email-send"))
+        .cloned()
+        .unwrap();
+    assert_eq!(send["state"], "circuit-open", "{send}");
+    assert_eq!(send["circuit"]["dependency"], RELAY, "{send}");
 
     let scrape = world.host.metrics().await?;
     assert_eq!(

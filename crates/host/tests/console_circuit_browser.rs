@@ -47,9 +47,15 @@ async fn the_job_page_and_the_overview_show_the_open_circuit_and_its_button_clos
     browser
         .screenshot(&shots.join("job-circuit-open.png"))
         .await?;
+    browser
+        .assert_accessible("the job page with an open circuit")
+        .await?;
     client.goto(&format!("{base}/")).await?;
     text_of(client, "#circuits", "Circuit open: smtp-relay").await;
     text_of(client, "#circuits", REFUSED).await;
+    browser
+        .assert_accessible("the overview with an open circuit")
+        .await?;
 
     client.goto(&format!("{base}/jobs/email-send")).await?;
     element(client, "#circuit-reason-1")

@@ -13,6 +13,7 @@ use super::Console;
 use super::caller::Who;
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use super::personal;
+use crate::open_circuits::ShownCircuit;
 use crate::sampler::QueueReading;
 
 #[derive(Debug, Serialize)]
@@ -35,14 +36,15 @@ struct Outbox {
 struct Overview {
     /// What `/status` shows: installation, start, broker, database, jobs, alerts.
     status: serde_json::Value,
-    /// `/status`'s jobs, each with its state: `paused`, `failing` (its last error is newer
-    /// than its last success), `idle` (not run yet) or `ok`.
+    /// `/status`'s jobs, each with its state: `paused`, `circuit-open` (a dependency it
+    /// cannot work without is not called), `failing` (its last error is newer than its last
+    /// success), `idle` (not run yet) or `ok`.
     jobs: Vec<serde_json::Value>,
     db_latency_ms: Option<u128>,
     /// The timer jobs an operator paused, by name.
     paused: Vec<pauses::Pause>,
     /// The dependencies whose circuits are open, from the shared table.
-    circuits: Vec<crate::open_circuits::ShownCircuit>,
+    circuits: Vec<ShownCircuit>,
     queues: Vec<QueueReading>,
     dead_letters: DeadLetters,
     outbox: Outbox,
@@ -68,7 +70,11 @@ async fn overview(console: &Console) -> Result<Overview, Problem> {
     let status = console.board.render();
     let jobs = status["jobs"]
         .as_array()
-        .map(|jobs| jobs.iter().map(|job| with_state(job, &paused)).collect())
+        .map(|jobs| {
+            jobs.iter()
+                .map(|job| with_state(job, &paused, &circuits))
+                .collect()
+        })
         .unwrap_or_default();
     Ok(Overview {
         status,
@@ -99,12 +105,19 @@ fn at(value: &serde_json::Value) -> Option<chrono::DateTime<chrono::Utc>> {
 }
 
 /// `job` (a `/status` entry) with its `state`.
-fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::Value {
+fn with_state(
+    job: &serde_json::Value,
+    paused: &[pauses::Pause],
+    circuits: &[ShownCircuit],
+) -> serde_json::Value {
     let counts = &job["counts"];
     let name = job["name"].as_str().unwrap_or_default();
     let pause = crate::jobs::pause_of(paused, name);
+    let circuit = circuits.iter().find(|c| c.job == Some(name));
     let state = if pause.is_some() {
         "paused"
+    } else if circuit.is_some() {
+        "circuit-open"
     } else {
         match (at(&counts["last_error_at"]), at(&counts["last_success"])) {
             (Some(error), Some(success)) if error > success => "failing",
@@ -117,6 +130,8 @@ fn with_state(job: &serde_json::Value, paused: &[pauses::Pause]) -> serde_json::
     job["state"] = state.into();
     // Who paused it, when and why, on the overview's row.
     job["pause"] = pause.map_or(serde_json::Value::Null, |p| serde_json::json!(p));
+    // The open circuit that stops it (the first, when several do), on the overview's row.
+    job["circuit"] = circuit.map_or(serde_json::Value::Null, |c| serde_json::json!(c));
     job
 }
 
