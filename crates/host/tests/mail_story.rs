@@ -328,6 +328,7 @@ async fn a_reply_postfix_bounces_ends_the_story_of_the_mail_it_answered_bounced(
         let automations = write_automation(dir)?;
         let mut settings =
             base_settings("mail-story-bounced", &automations, &db, &vhost, admin_port);
+        settings = settings.replacen("[admin]\n", "[admin]\nopen_reading = true\n", 1);
         settings.push_str(&mail_account_settings(&account));
         // The host sends through Postfix as the polled account, so Postfix's report on a
         // reply comes back to the mailbox the poller reads.
@@ -374,6 +375,15 @@ from = {to:?}
         .map(|s| s["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds.last(), Some(&"bounced"), "{story:#}");
+    // The console says it in the same words (addresses masked for an open reader).
+    let page = host
+        .get_text(&format!("/mail/{}", bounced["id"].as_str().unwrap()))
+        .await?;
+    assert!(
+        page.contains(r#"<span class="badge bounced">bounced</span> Bounced: the reply to "#)
+            && page.contains("5.1.1, the address does not exist"),
+        "{page}"
+    );
 
     // The report itself: stored as what it is, never answered.
     let report = found_in_state(&host, "MAILER-DAEMON@localhost", "skipped").await;
