@@ -1,6 +1,6 @@
 //! Each IMAP account as a dependency with a circuit (`worker_store::circuits`), named
 //! `imap:<account name>`: which failures are the account's own ([`fault_of`]), and the one
-//! way the tick and the IDLE sessions connect to an account ([`connect`]), which asks its
+//! way the tick and the IDLE sessions connect to an account (`connect`), which asks its
 //! circuit first and tells it how the sign-in went.
 //!
 //! What the circuit watches is reaching the account and signing in: a refused or timed out

@@ -65,7 +65,12 @@
 //! transient, a refused login or a missing mailbox permanent. Either way the account is
 //! logged, counted in [`PollerStats`] and listed in the tick's report, and the other accounts
 //! go on; the account is tried again at the next tick. The tick itself fails only when every
-//! account failed (permanent only when every failure was).
+//! account it tried failed (permanent only when every failure was).
+//!
+//! An account's own failures to be reached and signed in count toward its circuit
+//! (`imap:<account>`, see [`circuit`]; a refused login opens it at once). While it is open the
+//! tick skips the account without connecting ([`AccountReport::circuit_open`]), and its IDLE
+//! session waits; after the cool-down the next sign-in is the probe that closes it.
 //!
 //! ## Idempotency: one mail, one event
 //!
