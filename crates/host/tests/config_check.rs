@@ -323,3 +323,15 @@ fn a_microsoft_smtp_account_is_said_to_keep_three_connections_and_no_secret_is_p
     );
     assert!(!out.contains("oauth-secret-5d1e"), "{out}");
 }
+
+#[test]
+fn a_microsoft_smtp_account_is_said_to_send_thirty_a_minute_across_replicas() {
+    let (code, out, err) = config_check(&format!("{SECRETS}{M365}{M365_SMTP}"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "smtp.rate: 30 messages a minute, 10000 recipients a day, all replicas together"
+        ),
+        "the note on Microsoft's sending rate: {out}"
+    );
+}

@@ -372,6 +372,20 @@ impl Settings {
                 self.smtp.pool_size
             ));
         }
+        let preset = self
+            .smtp
+            .oauth
+            .as_deref()
+            .filter(|_| self.smtp.auth.uses_token())
+            .and_then(|name| self.oauth.get(name))
+            .map(worker_mail_auth::OAuthSettings::smtp_sending_limits)
+            .unwrap_or_default();
+        if preset != worker_mail_auth::SendingLimits::default() {
+            notes.push(format!(
+                "smtp.rate: {}, all replicas together (the keys left unset take the provider's limits)",
+                self.smtp.rate.limits(preset).describe()
+            ));
+        }
         if self.admin.privacy_key.is_none() {
             notes.push(
                 "admin.privacy_key is unset: privacy exports and erasures name an address by a keyed hash derived from database.password, which changes when that password is rotated; set admin.privacy_key_file to keep it".to_string(),

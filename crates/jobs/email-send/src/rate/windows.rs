@@ -29,6 +29,23 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The limits in words (`30 messages a minute, 10000 recipients a day`; `no limit`).
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = [
+            (self.messages_per_minute, "messages a minute"),
+            (self.messages_per_day, "messages a day"),
+            (self.recipients_per_day, "recipients a day"),
+        ]
+        .into_iter()
+        .filter_map(|(limit, what)| limit.map(|n| format!("{n} {what}")))
+        .collect();
+        if parts.is_empty() {
+            "no limit".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+
     /// Whether any limit is set.
     pub fn any(&self) -> bool {
         self.messages_per_minute.is_some()
