@@ -42,6 +42,8 @@ struct JobPage {
     not_pausable: Option<String>,
     /// The open circuits of the dependencies it cannot work without.
     circuits: Vec<crate::open_circuits::ShownCircuit>,
+    /// email-send's: the SMTP account's sending rate, as `/status` shows it.
+    sending_rate: Option<serde_json::Value>,
     recent_ticks: Vec<AttemptRecord>,
     actions: Vec<EntryRow>,
 }
@@ -97,6 +99,10 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
         })
         .collect();
     let circuits = super::circuits::stopping(console, name).await?;
+    let sending_rate = (name == job_email_send::JOB_NAME)
+        .then(|| console.board.sending_rate.as_ref().map(|rate| rate.read()))
+        .flatten()
+        .filter(|rate| !rate.is_null());
     let stopped_here = consumer
         .is_some()
         .then(|| console.gates.as_ref().is_some_and(|g| g.is_closed(name)));
@@ -106,6 +112,7 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
         stopped_here,
         not_pausable: pausable(name).err(),
         circuits,
+        sending_rate,
         timer,
         consumer,
         paused,

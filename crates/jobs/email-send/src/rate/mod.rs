@@ -86,6 +86,8 @@ pub struct RateView {
     /// `host:port/username`: the account the budget is kept for.
     pub account: String,
     pub limits: Limits,
+    /// The limits in words (`30 messages a minute, 10000 recipients a day`).
+    pub summary: String,
     /// What the windows held at the last send of this replica, aged to now (other replicas'
     /// sends since are not in it).
     pub used: Usage,
@@ -181,6 +183,7 @@ impl SendRate {
         RateView {
             account: self.account.clone(),
             limits: self.limits,
+            summary: self.limits.describe(),
             used: windows.usage(now),
             next_send_in_secs: next.as_secs(),
             as_of,
