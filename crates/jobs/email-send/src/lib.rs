@@ -117,6 +117,7 @@
 
 mod auth;
 mod config;
+mod dsn;
 pub mod edit;
 mod error;
 pub mod expiry;

@@ -61,6 +61,9 @@ pub(crate) struct SmtpPool {
     hello: ClientId,
     permits: Semaphore,
     idle: Mutex<Vec<Idle>>,
+    /// Whether the server offered DSN at the last connection: then each mail asks for its
+    /// reports by `ENVID` ([`crate::dsn`]).
+    dsn: AtomicBool,
 }
 
 impl SmtpPool {
@@ -70,6 +73,7 @@ impl SmtpPool {
             hello: ClientId::default(),
             permits: Semaphore::new(pool_size.min(Semaphore::MAX_PERMITS)),
             idle: Mutex::new(Vec::new()),
+            dsn: AtomicBool::new(false),
         }
     }
 
@@ -136,6 +140,9 @@ impl SmtpPool {
                 ));
             }
             options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+        }
+        if self.dsn.load(Ordering::Relaxed) {
+            options.extend(crate::dsn::envelope_id(message));
         }
 
         connection
@@ -229,6 +236,10 @@ impl SmtpPool {
                     .await
                     .map_err(SendError::Smtp)?;
             }
+            let dsn = crate::dsn::offers_dsn(&mut connection, &self.hello)
+                .await
+                .map_err(SendError::Smtp)?;
+            self.dsn.store(dsn, Ordering::Relaxed);
             let peer = Peer {
                 host: &server.host,
                 port: server.port,

@@ -259,3 +259,29 @@ async fn a_report_read_again_under_another_uid_adds_nothing() -> anyhow::Result<
     assert_eq!(*seen.lock().unwrap(), vec![(Class::Permanent, true, 1)]);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_report_that_returns_only_the_envelope_id_is_linked_by_it() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let u = user("bounce-envid");
+    let (id, message_id) = sent_mail(&db.pool, "userunknown@example.co.jp").await?;
+    // Postfix's report keeps no Message-ID of the original; a relay that was given ENVID
+    // says it back.
+    let raw = fixture_about(
+        "lhost-postfix-02.eml",
+        "Reporting-MTA:",
+        &format!("Original-Envelope-Id: {message_id}\nReporting-MTA:"),
+    );
+    append(&u, "INBOX", &raw).await?;
+    let (poller, _) = counted_poller(&db, "envid", &u);
+    poll(&poller).await;
+
+    assert_eq!(status_of(&db.pool, id).await?, "bounced");
+    let linked: Vec<Option<Uuid>> = bounces(&db.pool)
+        .await?
+        .iter()
+        .map(|b| b.outbound_email_id)
+        .collect();
+    assert_eq!(linked, [Some(id), Some(id)]);
+    Ok(())
+}

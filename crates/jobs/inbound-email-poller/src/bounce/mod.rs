@@ -8,8 +8,9 @@
 //! report is recorded as what it is: its row is `skipped` (never announced, so never answered,
 //! whatever the automations say) and each recipient it reports on is a row of
 //! `outbound_bounces` ([`record`]), written in the batch's transaction, linked to the
-//! outbound mail by the Message-ID of the original, else the report's In-Reply-To or
-//! References. A permanent failure (`5.x.x`) makes that mail `bounced`; a delay or a `4.x.x`
+//! outbound mail by the report's `Original-Envelope-Id` (the `ENVID` the sender gives a relay
+//! that offers DSN: the mail's Message-ID), the Message-ID of the original, else the
+//! report's In-Reply-To or References. A permanent failure (`5.x.x`) makes that mail `bounced`; a delay or a `4.x.x`
 //! is noted and changes nothing. A report on a mail the host did not send is kept unlinked.
 
 pub mod read;
@@ -47,6 +48,9 @@ pub fn skip_reason(report: &Report) -> String {
 pub struct Report {
     /// One entry per recipient, each recipient once.
     pub recipients: Vec<RecipientReport>,
+    /// `Original-Envelope-Id`: the `ENVID` the host's mail carried (its Message-ID, sent where
+    /// the relay offers DSN).
+    pub envelope_id: Option<String>,
     /// The Message-ID of the mail reported on (the attached original, its returned header, or
     /// the header quoted in the text), without angle brackets.
     pub original_message_id: Option<String>,
@@ -56,13 +60,14 @@ pub struct Report {
 }
 
 impl Report {
-    /// The Message-IDs that may name the mail reported on, the surest first: the original's,
-    /// then the report's In-Reply-To, then its References, newest first.
+    /// The Message-IDs that may name the mail reported on, the surest first: the envelope
+    /// id, the original's, then the report's In-Reply-To, then its References, newest first.
     pub fn link_candidates(&self) -> Vec<String> {
         let mut candidates: Vec<String> = Vec::new();
         let ids = self
-            .original_message_id
+            .envelope_id
             .iter()
+            .chain(self.original_message_id.iter())
             .chain(self.in_reply_to.iter())
             .chain(self.references.iter().rev());
         for id in ids {

@@ -37,9 +37,10 @@ pub fn report_of(message: &Message<'_>) -> Option<Report> {
         .body_text(0)
         .map(|b| b.into_owned())
         .unwrap_or_default();
-    let mut recipients = status_part
-        .map(|part| from_status_fields(&String::from_utf8_lossy(part.contents()), sent_at))
+    let status_fields = status_part
+        .map(|part| field_blocks(&String::from_utf8_lossy(part.contents())))
         .unwrap_or_default();
+    let mut recipients = from_status_fields(&status_fields, sent_at);
     if recipients.is_empty() {
         recipients = from_text(message, failed_header.as_deref(), &body, sent_at);
     }
@@ -49,6 +50,11 @@ pub fn report_of(message: &Message<'_>) -> Option<Report> {
     }
     Some(Report {
         recipients,
+        envelope_id: status_fields
+            .first()
+            .and_then(|block| field(block, "original-envelope-id"))
+            .map(|id| xtext_decoded(&id))
+            .filter(|id| !id.is_empty()),
         original_message_id: original_message_id(message, &body),
         in_reply_to: None,
         references: Vec::new(),
@@ -94,8 +100,10 @@ fn header_text(message: &Message<'_>, name: &str) -> Option<String> {
 
 /// RFC 3464's fields: a block for the message, then one per recipient, separated by blank
 /// lines, each field possibly folded.
-fn from_status_fields(fields: &str, sent_at: Option<DateTime<Utc>>) -> Vec<RecipientReport> {
-    let blocks = field_blocks(fields);
+fn from_status_fields(
+    blocks: &[Vec<(String, String)>],
+    sent_at: Option<DateTime<Utc>>,
+) -> Vec<RecipientReport> {
     let arrival = blocks
         .iter()
         .find_map(|b| field(b, "arrival-date"))
@@ -246,6 +254,30 @@ fn original_message_id(message: &Message<'_>, body: &str) -> Option<String> {
         })
         .filter(|id| !id.is_empty())
         .and_then(|id| bounded(Some(&id), 2_000).0)
+}
+
+/// RFC 3461's xtext: `+XX` is the byte XX.
+fn xtext_decoded(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value.trim();
+    while let Some(at) = rest.find('+') {
+        out.push_str(&rest[..at]);
+        let hex = rest
+            .get(at + 1..at + 3)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(byte) if byte.is_ascii() => {
+                out.push(char::from(byte));
+                rest = &rest[at + 3..];
+            }
+            _ => {
+                out.push('+');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    bounded(Some(&out), 2_000).0.unwrap_or_default()
 }
 
 fn parse_date(value: &str) -> Option<DateTime<Utc>> {

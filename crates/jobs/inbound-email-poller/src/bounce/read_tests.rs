@@ -206,12 +206,33 @@ Disposition: manual-action/MDN-sent-manually; displayed\r\n--x--\r\n",
 }
 
 #[test]
-fn the_link_candidates_are_the_original_then_in_reply_to_then_references_newest_first() {
+fn the_envelope_id_a_relay_gives_back_is_read_xtext_decoded() {
+    let raw = b"Message-ID: <r@relay>\r\nFrom: MAILER-DAEMON@relay\r\nTo: host@example.com\r\n\
+Subject: Undelivered Mail\r\n\
+Content-Type: multipart/report; report-type=delivery-status; boundary=b\r\n\r\n\
+--b\r\nContent-Type: text/plain\r\n\r\nIt did not arrive.\r\n\
+--b\r\nContent-Type: message/delivery-status\r\n\r\n\
+Reporting-MTA: dns; relay\r\nOriginal-Envelope-Id: abc+2Bdef@worker-host\r\n\r\n\
+Final-Recipient: rfc822; ann@example.com\r\nAction: failed\r\nStatus: 5.1.1\r\n\
+--b--\r\n";
+    let message = MessageParser::default().parse(&raw[..]).unwrap();
+    let report = report_of(&message).unwrap();
+    assert_eq!(report.envelope_id.as_deref(), Some("abc+def@worker-host"));
+    assert_eq!(report.original_message_id, None);
+    assert_eq!(report.link_candidates(), ["abc+def@worker-host"]);
+}
+
+#[test]
+fn the_link_candidates_are_the_envelope_id_the_original_then_in_reply_to_then_references() {
     let report = Report {
+        envelope_id: Some("e@x".into()),
         original_message_id: Some("o@x".into()),
         in_reply_to: Some("r@x".into()),
         references: vec!["a@x".into(), "r@x".into(), "b@x".into()],
         ..Report::default()
     };
-    assert_eq!(report.link_candidates(), ["o@x", "r@x", "b@x", "a@x"]);
+    assert_eq!(
+        report.link_candidates(),
+        ["e@x", "o@x", "r@x", "b@x", "a@x"]
+    );
 }
