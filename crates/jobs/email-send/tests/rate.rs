@@ -242,3 +242,76 @@ async fn a_quota_answer_under_the_runner_dead_letters_nothing() -> anyhow::Resul
     delivery.stop().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_mail_over_the_rate_under_the_runner_is_parked_for_its_wait_uncharged()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let sink = SmtpSink::start()?;
+    let job = sender(&db.pool, &at_most_per_minute(&sink, 1));
+    let delivery =
+        Delivery::start(job, 3, Duration::from_secs(60), Duration::from_secs(20)).await?;
+    let first = queue(&db.pool, "first@localhost", "first").await;
+    let second = queue(&db.pool, "second@localhost", "second").await;
+    delivery.publish(first).await?;
+    delivery.publish(second).await?;
+
+    eventually(Duration::from_secs(15), "one sent, one parked", || async {
+        let statuses = [row(&db.pool, first).await.0, row(&db.pool, second).await.0];
+        statuses.contains(&"sent".to_string()) && delivery.parked().await.unwrap_or(0) == 1
+    })
+    .await;
+    assert_eq!(delivery.take_dead().await?, None, "nothing dead-lettered");
+    let (over, attempts, last_error, _) = if row(&db.pool, first).await.0 == "sent" {
+        row(&db.pool, second).await
+    } else {
+        row(&db.pool, first).await
+    };
+    assert_eq!((over.as_str(), attempts), ("queued", 0), "charged no try");
+    assert!(
+        last_error
+            .unwrap_or_default()
+            .contains("1 message a minute"),
+        "the limit is named"
+    );
+    delivery.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_second_quota_answer_keeps_the_circuit_open_to_the_later_roll_over_counting_one_opening()
+-> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let circuits = Circuits::new(db.pool.clone(), CircuitSettings::default(), "replica-a");
+    let hour = Utc::now() + chrono::TimeDelta::hours(1);
+    let day = Utc::now() + chrono::TimeDelta::hours(24);
+
+    assert!(
+        circuits
+            .open_until("smtp-relay", QUOTA_ANSWER, day)
+            .await
+            .is_some()
+    );
+    let later = circuits
+        .open_until(
+            "smtp-relay",
+            "432 4.3.2 Concurrent connections limit exceeded",
+            hour,
+        )
+        .await
+        .expect("still open");
+
+    assert!(
+        later > Duration::from_secs(23 * 3600),
+        "not shortened: {later:?}"
+    );
+    let open = circuits.open_circuit("smtp-relay").unwrap();
+    assert!(
+        open.reason.starts_with("432 4.3.2"),
+        "the latest answer: {}",
+        open.reason
+    );
+    let opened_here: Vec<u64> = circuits.report().iter().map(|r| r.opened_here).collect();
+    assert_eq!(opened_here, [1], "opened once, then kept open");
+    Ok(())
+}

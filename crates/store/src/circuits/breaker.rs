@@ -270,11 +270,16 @@ impl Circuits {
     ) -> Option<Duration> {
         let inner = &self.inner;
         match table::open_until(&inner.pool, dependency, reason, &inner.replica, until).await {
-            Ok(circuit) => {
+            Ok((circuit, opened)) => {
                 let probe_in = circuit.probe_in(Utc::now());
-                tracing::error!(dependency, reason, first_probe_in = %humantime::format_duration(round(probe_in)), "circuit opened until the dependency's window rolls over");
-                if let Ok(mut counts) = inner.opened_here.lock() {
-                    *counts.entry(dependency.to_string()).or_default() += 1;
+                let next_probe_in = humantime::format_duration(round(probe_in));
+                if opened {
+                    tracing::error!(dependency, reason, %next_probe_in, "circuit opened until the dependency's window rolls over");
+                    if let Ok(mut counts) = inner.opened_here.lock() {
+                        *counts.entry(dependency.to_string()).or_default() += 1;
+                    }
+                } else {
+                    tracing::warn!(dependency, reason, %next_probe_in, "the open circuit stays open until the dependency's window rolls over");
                 }
                 self.remember(circuit);
                 self.reset(dependency);

@@ -97,24 +97,34 @@ pub(crate) async fn open(
     Ok(result)
 }
 
+/// An open circuit, and whether the statement that returned it opened it.
+#[derive(sqlx::FromRow)]
+struct Opened {
+    #[sqlx(flatten)]
+    circuit: OpenCircuit,
+    opened: bool,
+}
+
 /// Opens `dependency`'s circuit until `until` (its first probe then), whatever its counts say:
 /// the dependency said it takes no more before then (a provider's sending quota). An open
 /// circuit keeps its opening but probes no sooner than `until`, with `reason` as its reason.
+/// The circuit, and whether this call opened it (`false`: it was open already).
 pub(crate) async fn open_until(
     pool: &PgPool,
     dependency: &str,
     reason: &str,
     replica: &str,
     until: DateTime<Utc>,
-) -> Result<OpenCircuit, Failure> {
+) -> Result<(OpenCircuit, bool), Failure> {
     let mut tx = pool.begin().await.map_err(classify)?;
-    let circuit = sqlx::query_as(
+    // `xmax` is zero on a row this statement inserted, and set on one it updated.
+    let opened: Opened = sqlx::query_as(
         "INSERT INTO dependency_circuits AS c (dependency, reason, opened_by, probe_at) \
          VALUES ($1, $2, $3, $4) \
          ON CONFLICT (dependency) DO UPDATE \
              SET reason = EXCLUDED.reason, probe_at = greatest(c.probe_at, EXCLUDED.probe_at) \
          RETURNING dependency, opened_at, reason, opened_by, failed_probes, probe_at, \
-                   probed_by, last_probe_at",
+                   probed_by, last_probe_at, (xmax = 0) AS opened",
     )
     .bind(dependency)
     .bind(worker_core::truncate(reason, REASON_MAX))
@@ -125,7 +135,7 @@ pub(crate) async fn open_until(
     .map_err(classify)?;
     announce(&mut tx, dependency).await?;
     tx.commit().await.map_err(classify)?;
-    Ok(circuit)
+    Ok((opened.circuit, opened.opened))
 }
 
 async fn one(conn: &mut sqlx::PgConnection, dependency: &str) -> Result<OpenCircuit, Failure> {

@@ -32,12 +32,12 @@ impl Limits {
     /// The limits in words (`30 messages a minute, 10000 recipients a day`; `no limit`).
     pub fn describe(&self) -> String {
         let parts: Vec<String> = [
-            (self.messages_per_minute, "messages a minute"),
-            (self.messages_per_day, "messages a day"),
-            (self.recipients_per_day, "recipients a day"),
+            (self.messages_per_minute, "message", "a minute"),
+            (self.messages_per_day, "message", "a day"),
+            (self.recipients_per_day, "recipient", "a day"),
         ]
         .into_iter()
-        .filter_map(|(limit, what)| limit.map(|n| format!("{n} {what}")))
+        .filter_map(|(limit, what, per)| limit.map(|n| in_words(n, what, per)))
         .collect();
         if parts.is_empty() {
             "no limit".into()
@@ -132,19 +132,19 @@ impl Windows {
                 // The send whose ageing out leaves room for one more.
                 let freeing = windows.minute.get(sent - limit_n).copied();
                 let wait = freeing.map_or(MINUTE, |at| until(at + delta(MINUTE), now));
-                waits.push((wait, format!("{limit} messages a minute")));
+                waits.push((wait, in_words(limit, "message", "a minute")));
             }
         }
         if let Some(limit) = limits.messages_per_day {
             let wait = windows.day_wait(now, limit, 1, |b| b.messages);
             if let Some(wait) = wait {
-                waits.push((wait, format!("{limit} messages a day")));
+                waits.push((wait, in_words(limit, "message", "a day")));
             }
         }
         if let Some(limit) = limits.recipients_per_day {
             let wanted = recipients.min(limit);
             if let Some(wait) = windows.day_wait(now, limit, wanted, |b| b.recipients) {
-                waits.push((wait, format!("{limit} recipients a day")));
+                waits.push((wait, in_words(limit, "recipient", "a day")));
             }
         }
         match waits.into_iter().max_by_key(|(wait, _)| *wait) {
@@ -216,6 +216,12 @@ impl Windows {
             windows.minute.first().map(|at| *at + delta(MINUTE))
         }
     }
+}
+
+/// `30 messages a minute`, `1 message a minute`.
+fn in_words(n: u32, what: &str, per: &str) -> String {
+    let s = if n == 1 { "" } else { "s" };
+    format!("{n} {what}{s} {per}")
 }
 
 fn count(n: usize) -> u32 {
