@@ -81,6 +81,23 @@
 //! another mail's (lettre's own pool hands such a connection back). An idle connection is
 //! checked with NOOP before reuse and closed after a minute idle.
 //!
+//! ## The sending rate
+//!
+//! `[smtp.rate]` limits what the SMTP account sends, all replicas together: messages a minute,
+//! messages a day, recipients (To and Cc) a day; a key left unset takes the preset of
+//! `smtp.oauth`'s provider (Microsoft 365: 30 a minute and 10,000 recipients a day; Google:
+//! 2,000 messages a day), else sets no limit. The budget is kept in PostgreSQL
+//! (`smtp_send_rate`, a row per `host:port/username`), taken after the claim in one short
+//! transaction that locks the account's row ([`rate`]). A mail whose turn has not come waits up
+//! to [`rate::WAIT_IN_PROCESS`] in the handler; a longer wait releases the claim uncharged and
+//! returns `Failure::Unavailable` with that wait: the runner parks it, attempt unchanged. A
+//! mail taken counts even when its send then fails (the provider may have counted it).
+//!
+//! A provider's quota answer (`432 4.3.2`, `554 5.2.0 ...SubmissionQuotaExceededException`,
+//! `550 5.4.5`) is the account's: the relay's circuit opens until the window rolls over (when
+//! our oldest send in it ages out; with none, a minute or an hour) and the mail goes back to its
+//! queue uncharged, while the host stops the consumers on every replica.
+//!
 //! ## Timeouts
 //!
 //! | bound | covers |
@@ -94,6 +111,8 @@
 //! | the send ended with | class | row |
 //! |---|---|---|
 //! | the server's 2xx to the final "." | success | `sent`, `smtp_response` = its answer |
+//! | over `[smtp.rate]` (never sent) | unavailable, with its wait | `queued`, attempts unchanged |
+//! | a quota answer (`554 5.2.0 ...SubmissionQuotaExceeded`, `550 5.4.5`, `432 4.3.2`) | unavailable; the relay's circuit opens | `queued`, attempts unchanged |
 //! | a 4xx answer (`451 4.3.0 try later`) | transient | `queued`, `attempts + 1`, `last_error` |
 //! | a 5xx answer (`550 5.1.1 no such user`) | permanent, `smtp-5xx`, detail the answer | `failed`, `last_error` = the answer |
 //! | no connection, a broken one or a timeout before the final ".", another TLS failure | transient | `queued` |

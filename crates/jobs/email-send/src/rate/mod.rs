@@ -1,5 +1,5 @@
 //! The sending rate of the SMTP account (`[smtp.rate]`): messages a minute, messages a day and
-//! recipients a day, counted in PostgreSQL (`smtp_send_rate`, [`table`]) so that every replica
+//! recipients a day, counted in PostgreSQL (`smtp_send_rate`, `table.rs`) so that every replica
 //! shares one budget: ten replicas together stay under 30 a minute.
 //!
 //! Why the database and not the broker: a send's turn must be decided against every other
