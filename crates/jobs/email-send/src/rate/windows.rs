@@ -17,8 +17,8 @@ pub const MINUTE: Duration = Duration::from_secs(60);
 pub const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 /// The day's buckets.
 pub const BUCKET: Duration = Duration::from_secs(15 * 60);
-/// The most sends the minute's log keeps when no minute limit is set (for `/status` only).
-const MINUTE_LOG_MAX: usize = 1000;
+/// The fewest sends the minute's log keeps (more with a higher minute limit).
+const MINUTE_LOG_FLOOR: usize = 1000;
 
 /// How much one account may send; `None`: no limit of that kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -179,11 +179,13 @@ impl Windows {
     pub fn take(&mut self, recipients: u32, now: DateTime<Utc>, limits: &Limits) {
         self.forget(now);
         self.minute.push(now);
+        // Never fewer than the limit, nor than MINUTE_LOG_FLOOR: a replica whose limit is lower
+        // (settings changed one replica at a time) must not cut the others' log short.
         let keep = limits
             .messages_per_minute
             .and_then(|l| usize::try_from(l).ok())
-            .unwrap_or(MINUTE_LOG_MAX)
-            .max(1);
+            .unwrap_or(0)
+            .max(MINUTE_LOG_FLOOR);
         if self.minute.len() > keep {
             let extra = self.minute.len() - keep;
             self.minute.drain(..extra);
