@@ -1,13 +1,95 @@
 //! What the two relay outages share (`smtp-login-refused`, `smtp-relay-down`): retry tiers
 //! that a reply works through within seconds (three tries: 2 s and 5 s apart), an outage
-//! longer than all of them, short circuit cool-downs, and the checks that the relay's circuit
-//! opened and closed and that nothing was dead-lettered.
+//! longer than all of them, short circuit cool-downs, the fault itself ([`Outage`], around a
+//! [`Switch`] in front of the SMTP sink), and the checks that the relay's circuit opened and
+//! closed and that nothing was dead-lettered.
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use super::{Load, Scenario};
+use anyhow::Context;
+
+use super::{Fault, Load, Scenario};
 use crate::oracle::Check;
-use crate::run::Run;
+use crate::run::{Run, Setup};
+
+/// What stands in front of the SMTP sink and puts the relay out and back.
+#[async_trait::async_trait]
+pub trait Switch: Send + Sync + Sized + 'static {
+    /// Starts it in front of the sink at `sink`.
+    async fn start(sink: std::net::SocketAddr) -> anyhow::Result<Self>;
+    /// The port the host sends to.
+    fn port(&self) -> u16;
+    /// Settings the host needs besides the port.
+    fn env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    fn out(&self);
+    fn back(&self);
+    /// What it saw, as checks (beside the circuit's).
+    fn checks(&self) -> Vec<Check> {
+        Vec::new()
+    }
+}
+
+/// The fault: the relay out for [`OUTAGE`] at a random moment of each repetition, then back.
+pub struct Outage<S> {
+    switch: Option<S>,
+}
+
+impl<S> Default for Outage<S> {
+    fn default() -> Self {
+        Self { switch: None }
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Switch> Fault for Outage<S> {
+    async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
+        let sink = tokio::net::lookup_host(worker_testkit::smtp_addr())
+            .await?
+            .next()
+            .context("the SMTP sink's address resolves to nothing")?;
+        let switch = S::start(sink)
+            .await
+            .context("starting what stands in front of the SMTP sink")?;
+        let mut env = self::env();
+        env.push(("WORKER_HOST__SMTP__PORT".into(), switch.port().to_string()));
+        env.extend(switch.env());
+        self.switch = Some(switch);
+        Ok(Setup {
+            env,
+            ..Setup::default()
+        })
+    }
+
+    async fn begin(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        run.expected_dead_letters = Some(0);
+        Ok(())
+    }
+
+    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
+        let switch = self.switch.as_ref().context("the switch was not started")?;
+        switch.out();
+        tokio::time::sleep(OUTAGE).await;
+        let back = Instant::now();
+        switch.back();
+        run.record_ready_after(back).await
+    }
+
+    async fn finish(&mut self, _run: &mut Run) -> anyhow::Result<()> {
+        if let Some(switch) = &self.switch {
+            switch.back();
+        }
+        Ok(())
+    }
+
+    async fn verify(&mut self, run: &mut Run) -> anyhow::Result<Vec<Check>> {
+        let mut checks = self.switch.as_ref().map(S::checks).unwrap_or_default();
+        checks.extend(circuit_checks(run)?);
+        Ok(checks)
+    }
+}
 
 /// How long the relay is out: longer than a reply's every try (2 s + 5 s of tiers and three
 /// sends), so that without the circuit every reply met in it would give up.

@@ -1,16 +1,11 @@
 //! `smtp-login-refused`: the relay refuses every sign-in (`535 5.7.8`) for longer than a
 //! reply's every try, then takes them again.
 
-use std::path::Path;
-use std::time::Instant;
-
-use anyhow::Context;
 use worker_testkit::SignInGate;
 
-use super::relay_outage::{self, OUTAGE};
-use super::{Fault, Scenario};
+use super::Scenario;
+use super::relay_outage::{self, Outage, Switch};
 use crate::oracle::Check;
-use crate::run::{Run, Setup};
 
 pub fn scenario() -> Scenario {
     relay_outage::scenario(
@@ -24,65 +19,40 @@ pub fn scenario() -> Scenario {
          goes back to its queue uncharged, and a sign-in probes the relay every 2 to 5 s. \
          Nothing may be dead-lettered and every ping is answered once. \"Ready again\" is \
          from the gate taking sign-ins again.",
-        || Box::new(SmtpLoginRefused::default()),
+        || Box::new(Outage::<SignInGate>::default()),
     )
 }
 
-/// The fault: see [`scenario`]'s description.
-#[derive(Default)]
-struct SmtpLoginRefused {
-    gate: Option<SignInGate>,
-}
-
 #[async_trait::async_trait]
-impl Fault for SmtpLoginRefused {
-    async fn prepare(&mut self, _dir: &Path) -> anyhow::Result<Setup> {
-        let sink = tokio::net::lookup_host(worker_testkit::smtp_addr())
-            .await?
-            .next()
-            .context("the SMTP sink's address resolves to nothing")?;
-        let gate = SignInGate::start(sink)
-            .await
-            .context("starting the sign-in gate in front of the SMTP sink")?;
-        let mut env = relay_outage::env();
-        env.push(("WORKER_HOST__SMTP__PORT".into(), gate.port().to_string()));
-        env.push(("WORKER_HOST__SMTP__USERNAME".into(), "faults".into()));
-        env.push(("WORKER_HOST__SMTP__PASSWORD".into(), "secret".into()));
-        self.gate = Some(gate);
-        Ok(Setup {
-            env,
-            ..Setup::default()
-        })
+impl Switch for SignInGate {
+    async fn start(sink: std::net::SocketAddr) -> anyhow::Result<Self> {
+        SignInGate::start(sink).await
     }
 
-    async fn begin(&mut self, run: &mut Run) -> anyhow::Result<()> {
-        run.expected_dead_letters = Some(0);
-        Ok(())
+    fn port(&self) -> u16 {
+        SignInGate::port(self)
     }
 
-    async fn apply(&mut self, run: &mut Run) -> anyhow::Result<()> {
-        let gate = self.gate.as_ref().context("the gate was not started")?;
-        gate.refuse();
-        tokio::time::sleep(OUTAGE).await;
-        let healed = Instant::now();
-        gate.accept();
-        run.record_ready_after(healed).await
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("WORKER_HOST__SMTP__USERNAME".into(), "faults".into()),
+            ("WORKER_HOST__SMTP__PASSWORD".into(), "secret".into()),
+        ]
     }
 
-    async fn finish(&mut self, _run: &mut Run) -> anyhow::Result<()> {
-        if let Some(gate) = &self.gate {
-            gate.accept();
-        }
-        Ok(())
+    fn out(&self) {
+        self.refuse();
     }
 
-    async fn verify(&mut self, run: &mut Run) -> anyhow::Result<Vec<Check>> {
-        let refused = self.gate.as_ref().map_or(0, SignInGate::refused);
-        let mut checks = vec![Check::new(
+    fn back(&self) {
+        self.accept();
+    }
+
+    fn checks(&self) -> Vec<Check> {
+        let refused = self.refused();
+        vec![Check::new(
             format!("sign-ins refused by the relay: {refused} (must be at least 1)"),
             refused >= 1,
-        )];
-        checks.extend(relay_outage::circuit_checks(run)?);
-        Ok(checks)
+        )]
     }
 }

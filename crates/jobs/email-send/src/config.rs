@@ -280,8 +280,8 @@ mod tests {
         assert_eq!(read("ssl"), None);
     }
 
-    #[test]
-    fn microsofts_preset_keeps_at_most_three_connections() {
+    /// A Microsoft 365 token source named `m365`.
+    fn microsoft_sources() -> TokenSources {
         use std::collections::BTreeMap;
         use worker_mail_auth::{Flow, OAuthSettings, Provider};
         let m365 = OAuthSettings {
@@ -292,8 +292,13 @@ mod tests {
             client_secret: Some(Secret::new("s")),
             ..OAuthSettings::default()
         };
-        let sources = TokenSources::build(&BTreeMap::from([("m365".to_string(), m365)]))
-            .unwrap_or_else(|e| panic!("{e}"));
+        TokenSources::build(&BTreeMap::from([("m365".to_string(), m365)]))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn microsofts_preset_keeps_at_most_three_connections() {
+        let sources = microsoft_sources();
         let smtp = SmtpSettings {
             username: Some("support@contoso.com".into()),
             auth: AuthMethod::Xoauth2,
@@ -317,18 +322,7 @@ mod tests {
 
     #[test]
     fn microsofts_preset_fills_the_unset_rate_keys_and_a_key_given_wins() {
-        use std::collections::BTreeMap;
-        use worker_mail_auth::{Flow, OAuthSettings, Provider};
-        let m365 = OAuthSettings {
-            provider: Some(Provider::Microsoft),
-            tenant: Some("contoso.onmicrosoft.com".into()),
-            flow: Some(Flow::ClientCredentials),
-            client_id: Some("app".into()),
-            client_secret: Some(Secret::new("s")),
-            ..OAuthSettings::default()
-        };
-        let sources = TokenSources::build(&BTreeMap::from([("m365".to_string(), m365)]))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let sources = microsoft_sources();
         let smtp = SmtpSettings {
             username: Some("Support@Contoso.com".into()),
             auth: AuthMethod::Xoauth2,
