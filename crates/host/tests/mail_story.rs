@@ -13,6 +13,7 @@ mod support;
 
 use serde_json::Value;
 use support::browser::{element, screenshot_dir, text_of};
+use support::story::{Bounced, bounced_reply, found_in_state, show};
 use support::{
     Host, SERIAL, SmtpFailSwitch, base_settings, mail_account_settings, send_mail, short_id,
     write_automation,
@@ -48,30 +49,6 @@ retry_tiers = ["1s", "300s"]
         Ok(settings)
     })
     .await
-}
-
-/// `mail find --from <from> --json`, once the newest mail from `from` is in `state`; that
-/// mail's row.
-async fn found_in_state(host: &Host, from: &str, state: &str) -> Value {
-    host.wait_for(&format!("the mail from {from} {state}"), || async move {
-        let (code, out, err) = host
-            .cli(&["mail", "find", "--from", from, "--json"])
-            .await?;
-        anyhow::ensure!(code == Some(0), "mail find failed: {err}");
-        let found: Vec<Value> = serde_json::from_str(&out)?;
-        Ok(found
-            .into_iter()
-            .next()
-            .filter(|mail| mail["end"]["state"] == state))
-    })
-    .await
-}
-
-/// `mail show <id> --json`.
-async fn show(host: &Host, id: &str) -> Value {
-    let (code, out, err) = host.cli(&["mail", "show", id, "--json"]).await.unwrap();
-    assert_eq!(code, Some(0), "mail show {id}: {err}");
-    serde_json::from_str(&out).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,42 +292,13 @@ retry_tiers = ["3s"]
 async fn a_reply_postfix_bounces_ends_the_story_of_the_mail_it_answered_bounced()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let db = TestDb::create_empty().await?;
-    let vhost = TestVhost::create().await?;
-    let id = short_id();
-    let account = format!("bounced-{id}");
-    let to = format!("{account}@localhost");
-    let customer = format!("ann-{id}@bounce.test");
-    let postfix =
-        std::env::var("WH_TEST_POSTFIX_STARTTLS").unwrap_or_else(|_| "127.0.0.1:10587".into());
-    let (relay, port) = postfix.rsplit_once(':').unwrap();
-    let host = Host::launch("MAIL_STORY_SHOW_LOG", |dir, admin_port| {
-        let automations = write_automation(dir)?;
-        let mut settings =
-            base_settings("mail-story-bounced", &automations, &db, &vhost, admin_port);
-        settings = settings.replacen("[admin]\n", "[admin]\nopen_reading = true\n", 1);
-        settings.push_str(&mail_account_settings(&account));
-        // The host sends through Postfix as the polled account, so Postfix's report on a
-        // reply comes back to the mailbox the poller reads.
-        settings.push_str(&format!(
-            r#"
-[smtp]
-host = {relay:?}
-port = {port}
-security = "starttls"
-username = {account:?}
-password = "secret"
-ca_file = {ca:?}
-from = {to:?}
-"#,
-            ca = worker_testkit::mail_ca().display().to_string(),
-        ));
-        Ok(settings)
-    })
-    .await?;
-
-    send_mail(&customer, &to, "ping, to bounce", "story.test").await?;
-    let bounced = found_in_state(&host, &customer, "bounced").await;
+    let Bounced {
+        host,
+        customer,
+        mail: bounced,
+        db: _db,
+        vhost: _vhost,
+    } = bounced_reply("mail-story-bounced").await?;
     let detail = bounced["end"]["detail"].as_str().unwrap();
     assert!(
         detail.starts_with(&format!(

@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod history;
 pub mod pause;
 pub mod progress;
+pub mod story;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
