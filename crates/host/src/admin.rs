@@ -2,7 +2,7 @@
 //! the broker are reachable), `/status`, `/metrics` (both behind `admin.scrape_token` when it
 //! is set) and the operator's [`console`](crate::console), on `admin.listen`. Every response
 //! carries the console's security headers. Every request, these endpoints' too, must name
-//! this server in `Host` ([`crate::allowed_hosts`], against DNS rebinding).
+//! this server in `Host` ([`worker_pages::allowed_hosts`], against DNS rebinding).
 //!
 //! The server is bounded ([`Limits`]): a client has `admin.header_timeout` to send a
 //! request's headers (a slow client cannot hold a connection open by trickling them), a
@@ -25,9 +25,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::allowed_hosts::AllowedHosts;
+use worker_pages::allowed_hosts::AllowedHosts;
 use crate::console::Console;
-use crate::console::page::secure;
+use worker_pages::secure;
 use crate::metrics::PrometheusReader;
 use crate::status::StatusBoard;
 
@@ -201,7 +201,7 @@ pub fn router(state: AdminState) -> Router {
     router
         .layer(axum::middleware::from_fn_with_state(
             allowed_hosts,
-            crate::allowed_hosts::guard,
+            worker_pages::allowed_hosts::guard,
         ))
         .layer(axum::middleware::map_response(secure))
 }

@@ -8,14 +8,12 @@
 
 pub mod admin;
 pub mod alerts;
-pub mod allowed_hosts;
 pub mod circuits;
 pub mod cli;
 pub mod commands;
 pub mod connections;
 pub mod console;
 pub mod credentials;
-pub mod environment;
 pub mod exit;
 pub mod fleet;
 pub mod history;

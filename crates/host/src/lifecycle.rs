@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::admin::{self, AdminState, Readiness, ReadinessCheck};
 use crate::alerts::AlertBook;
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
-use crate::console::{Access, BulkRuns, Console, Views};
+use crate::console::{Access, BulkRuns, Console};
 use crate::exit::Fatal;
 use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
@@ -318,7 +318,7 @@ async fn console(
     let pool = worker_store::connect(&options)
         .await
         .map_err(Fatal::unavailable)?;
-    let views = Views::new()
+    let views = crate::console::views()
         .map_err(|e| Fatal::software(format!("the console's pages do not compile: {e:#}")))?;
     let admin = &settings.admin;
     sync_bootstrap(&pool, admin.operator_token.as_ref()).await?;

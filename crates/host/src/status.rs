@@ -23,7 +23,7 @@ pub struct StatusBoard {
     /// The database's state as the health monitor last saw it.
     pub database: std::sync::Arc<dyn Reading>,
     /// `admin.environment`, for the console's band and the fleet view.
-    pub environment: Option<crate::environment::Environment>,
+    pub environment: Option<worker_pages::environment::Environment>,
     /// The schema found at start (after migrating): the fleet view shows it beside the release.
     pub schema: Option<worker_store::schema::SchemaVersion>,
     /// The dependencies' circuits as this replica sees them (kept in step with the shared

@@ -51,7 +51,6 @@ pub mod privacy;
 mod send_now;
 mod sign_in;
 pub mod throttle;
-pub mod views;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -66,7 +65,7 @@ use crate::status::StatusBoard;
 
 pub use access::Access;
 pub use bulk::BulkRuns;
-pub use views::Views;
+pub use worker_pages::Views;
 
 /// What the console reads and acts through.
 #[derive(Debug)]
@@ -99,6 +98,14 @@ pub struct Console {
     pub gates: Option<Arc<crate::jobs::ConsumerGates>>,
     /// What an admin's erasure of a person's data needs (`/privacy`).
     pub erasing: Option<privacy::Erasing>,
+}
+
+/// The pages' templates, with the console's own filter: an audit entry's stored kind as
+/// operators read it (`trigger` as "run now").
+pub fn views() -> Result<Views, minijinja::Error> {
+    Ok(Views::new()?.with_filter("shown_kind", |stored: String| {
+        worker_store::audit::shown(&stored).to_string()
+    }))
 }
 
 /// The operator actions, each a form's target and, under `/api/`, a script's.
@@ -180,7 +187,7 @@ pub fn routes(console: Arc<Console>) -> Router {
             caller::identify,
         ));
     Router::new()
-        .route("/console.css", get(page::stylesheet))
+        .route("/console.css", get(worker_pages::stylesheet))
         .merge(identified)
         .with_state(console)
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Json, Redirect, Response};
 use minijinja::Value;
 use serde::Serialize;
@@ -13,27 +13,6 @@ use worker_store::audit::Actor;
 
 use super::Console;
 use super::access::{Caller, Refusal};
-
-/// The policy of every admin response: nothing but this origin's stylesheet and forms; no
-/// script at all, inline or not, and no framing.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
-     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
-
-/// Adds the security headers to a response: the policy, `Cache-Control: no-store` (a page
-/// may show a message's body), no sniffing, no referrer (a URL may hold a search).
-pub async fn secure(mut response: Response) -> Response {
-    let headers = response.headers_mut();
-    for (name, value) in [
-        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
-        (header::CACHE_CONTROL, "no-store"),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "no-referrer"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-    ] {
-        headers.insert(name, HeaderValue::from_static(value));
-    }
-    response
-}
 
 /// Something a page or an API call cannot do, with the status it answers.
 #[derive(Debug)]
@@ -154,7 +133,7 @@ struct Chrome {
     admin: bool,
     open_reading: bool,
     /// `admin.environment`: the band at the top of every page.
-    environment: Option<crate::environment::Environment>,
+    environment: Option<worker_pages::environment::Environment>,
 }
 
 /// Renders page `template` with `context`, framed for the caller.
@@ -235,14 +214,6 @@ fn form_urlencoded(text: &str) -> String {
 /// Sends the browser on to `path` after an action (303: the next request is a GET).
 pub fn see_other(path: &str) -> Response {
     Redirect::to(path).into_response()
-}
-
-/// `/console.css`.
-pub async fn stylesheet() -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
-        super::views::STYLESHEET,
-    )
 }
 
 /// The console's state, as handlers take it.

@@ -18,9 +18,9 @@ use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use crate::allowed_hosts::AllowedHosts;
-use crate::console::Views;
-use crate::console::page::secure;
+use worker_pages::allowed_hosts::AllowedHosts;
+use worker_pages::Views;
+use worker_pages::secure;
 use crate::exit::Fatal;
 use poll::{Fleet, Shared};
 use settings::FleetSettings;
@@ -92,12 +92,12 @@ fn router(view: View, allowed_hosts: AllowedHosts) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/api/fleet", get(api))
-        .route("/console.css", get(crate::console::page::stylesheet))
+        .route("/console.css", get(worker_pages::stylesheet))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(view)
         .layer(axum::middleware::from_fn_with_state(
             allowed_hosts,
-            crate::allowed_hosts::guard,
+            worker_pages::allowed_hosts::guard,
         ))
         .layer(axum::middleware::map_response(secure))
         // The handlers only read memory; the bound is for a client that never finishes.

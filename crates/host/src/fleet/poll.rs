@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::settings::{FleetSettings, InstallationSettings};
-use crate::environment::Environment;
+use worker_pages::environment::Environment;
 
 /// The longest error shown for an unreachable installation.
 const ERROR_MAX_CHARS: usize = 160;

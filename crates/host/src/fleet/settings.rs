@@ -13,7 +13,7 @@ use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::environment::{Colour, Environment};
+use worker_pages::environment::{Colour, Environment};
 use crate::secret::Secret;
 use crate::settings::SettingsError;
 
@@ -173,7 +173,7 @@ impl FleetSettings {
             );
         }
         for (i, name) in self.allowed_hosts.iter().enumerate() {
-            if let Err(problem) = crate::allowed_hosts::AllowedHost::parse(name) {
+            if let Err(problem) = worker_pages::allowed_hosts::AllowedHost::parse(name) {
                 fail(format!("allowed_hosts[{i}]"), problem);
             }
         }
@@ -229,7 +229,7 @@ impl FleetSettings {
                     ),
                 ),
             }
-            if let Err(problem) = crate::environment::check_name(&installation.environment) {
+            if let Err(problem) = worker_pages::environment::check_name(&installation.environment) {
                 fail(key("environment"), problem);
             }
         }

@@ -82,15 +82,15 @@ pub struct AdminSettings {
     /// The band's colour instead of the default (red for production, blue for any other):
     /// `red`, `amber`, `blue`, `green` or `grey`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub environment_colour: Option<crate::environment::Colour>,
+    pub environment_colour: Option<worker_pages::environment::Colour>,
 }
 
 impl AdminSettings {
     /// The environment's band, when `environment` is set.
-    pub fn environment(&self) -> Option<crate::environment::Environment> {
+    pub fn environment(&self) -> Option<worker_pages::environment::Environment> {
         self.environment
             .as_deref()
-            .map(|name| crate::environment::Environment::new(name, self.environment_colour))
+            .map(|name| worker_pages::environment::Environment::new(name, self.environment_colour))
     }
 }
 

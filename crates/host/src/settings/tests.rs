@@ -1040,7 +1040,7 @@ fn an_environment_band_is_read_and_an_empty_name_or_a_lone_colour_is_named() {
     let text = format!("{SECRETS}[admin]\nenvironment = \"production\"\n");
     let band = load_text(&text).unwrap().admin.environment().unwrap();
     assert!(band.production);
-    assert_eq!(band.colour, crate::environment::Colour::Red);
+    assert_eq!(band.colour, worker_pages::environment::Colour::Red);
     assert!(load_text(SECRETS).unwrap().admin.environment().is_none());
     let why = problem_at("[admin]\nenvironment = \" \"\n", "admin.environment");
     assert!(why.contains("environment's name"), "{why}");

@@ -271,7 +271,7 @@ impl Settings {
             }
         }
         for (i, name) in admin.allowed_hosts.iter().enumerate() {
-            if let Err(problem) = crate::allowed_hosts::AllowedHost::parse(name) {
+            if let Err(problem) = worker_pages::allowed_hosts::AllowedHost::parse(name) {
                 fail(&format!("admin.allowed_hosts[{i}]"), problem);
             }
         }
@@ -301,7 +301,7 @@ impl Settings {
         if let Some(Err(problem)) = admin
             .environment
             .as_deref()
-            .map(crate::environment::check_name)
+            .map(worker_pages::environment::check_name)
         {
             fail("admin.environment", problem);
         }

@@ -76,8 +76,20 @@ impl Views {
         env.add_filter("seconds", seconds);
         env.add_filter("bytes", bytes);
         env.add_filter("cut", cut);
-        env.add_filter("shown_kind", shown_kind);
         Ok(Self { env })
+    }
+
+    /// Adds a filter the pages of one program need (the console's `shown_kind`, which reads
+    /// the store's words): this crate knows no store.
+    pub fn with_filter<N, F, Rv, Args>(mut self, name: N, f: F) -> Self
+    where
+        N: Into<std::borrow::Cow<'static, str>>,
+        F: minijinja::functions::Function<Rv, Args>,
+        Rv: minijinja::value::FunctionResult,
+        Args: for<'a> minijinja::value::FunctionArgs<'a>,
+    {
+        self.env.add_filter(name, f);
+        self
     }
 
     /// Renders page `name` with `context`.
@@ -136,11 +148,6 @@ fn seconds(secs: Option<f64>) -> String {
         }
         _ => "-".into(),
     }
-}
-
-/// An audit entry's stored kind as operators read it (`trigger` as "run now").
-fn shown_kind(stored: String) -> String {
-    worker_store::audit::shown(&stored).to_string()
 }
 
 /// `text` cut to `chars` characters, with `…` when cut; nothing as empty.
