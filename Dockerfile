@@ -15,7 +15,7 @@
 #
 #   docker run --rm --read-only -e WORKER_HOST__DATABASE__HOST=db.example -e ... worker-host
 #
-# Settings come from the environment (WORKER_HOST__SECTION__KEY, see the README) and, when
+# Settings come from the environment (WORKER_HOST__SECTION__KEY, see docs/SETTINGS.md) and, when
 # WORKER_HOST_CONFIG names one, a settings file mounted into the container; the migrations
 # are inside the binary. The host writes no file at all, so the root file system can be
 # read-only with no tmpfs. `docker compose up --scale worker-host=3` runs three replicas
