@@ -21,7 +21,7 @@ pub fn required_env(var: &str, script: &str) -> String {
         _ => panic!(
             "{var} is not set: this test needs what {script} builds; build it first with \
              `eval \"$({script} --binary target/debug/worker-host --print-env)\"` \
-             (README, \"Testing the deployment\")"
+             (docs/DEPLOYMENT.md, \"Testing the deployment\")"
         ),
     }
 }
