@@ -99,6 +99,7 @@ pub mod liveness;
 pub mod retry;
 pub mod secret;
 pub mod settings;
+pub mod settings_file;
 pub mod text;
 pub mod timeout;
 

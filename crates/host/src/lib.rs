@@ -15,7 +15,6 @@ pub mod connections;
 pub mod console;
 pub mod credentials;
 pub mod exit;
-pub mod fleet;
 pub mod history;
 pub mod jobs;
 pub mod lifecycle;

@@ -58,6 +58,8 @@ fn layer(name: &str) -> Option<u8> {
         "worker-core" | "worker-messages" => Some(0),
         // The pages' frame knows no service: the console and the fleet view share it.
         "worker-broker" | "worker-store" | "worker-mail-auth" | "worker-pages" => Some(1),
+        // The fleet view is a program of its own, over the pages' frame only.
+        "worker-fleet" => Some(2),
         "worker-host" => Some(3),
         job if job.starts_with("job-") => Some(2),
         _ => None,
@@ -86,6 +88,48 @@ fn every_dependency_points_down_the_layers() {
     );
 }
 
+/// Every workspace crate `name` depends on, directly or through others.
+fn reaches(crates: &[Crate], name: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    let mut stack = vec![name.to_string()];
+    while let Some(next) = stack.pop() {
+        let Some(krate) = crates.iter().find(|c| c.name == next) else {
+            continue;
+        };
+        for dep in &krate.deps {
+            if crates.iter().any(|c| c.name == *dep) && !found.contains(dep) {
+                found.push(dep.clone());
+                stack.push(dep.clone());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_fleet_view_depends_on_neither_the_host_nor_the_console() {
+    let crates = workspace();
+    assert!(crates.iter().any(|c| c.name == "worker-fleet"));
+    let reached = reaches(&crates, "worker-fleet");
+    let wrong: Vec<&String> = reached
+        .iter()
+        .filter(|d| ["worker-host", "worker-console"].contains(&d.as_str()))
+        .collect();
+    assert!(wrong.is_empty(), "worker-fleet depends on {wrong:?}");
+    // Nor does it name them in its sources (a path dependency would show above; this catches
+    // a `use` through a re-export).
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let named: Vec<String> = sources()
+        .into_iter()
+        .filter(|(krate, _, code)| {
+            krate == "worker-fleet"
+                && (code.contains("worker_host::") || code.contains("worker_console::"))
+        })
+        .map(|(_, path, _)| path.strip_prefix(&root).unwrap_or(&path).display().to_string())
+        .collect();
+    assert!(named.is_empty(), "{named:?}");
+}
+
 #[test]
 fn the_service_clients_stay_in_their_adapters() {
     // Which crates may use each client library directly.
@@ -103,7 +147,9 @@ fn the_service_clients_stay_in_their_adapters() {
         ("lettre", |c: &str| {
             c == "job-email-send" || c == "worker-faults"
         }),
-        ("axum", |c: &str| c == "worker-host" || c == "worker-pages"),
+        ("axum", |c: &str| {
+            ["worker-host", "worker-pages", "worker-fleet"].contains(&c)
+        }),
         ("oauth2", |c: &str| c == "worker-mail-auth"),
     ]);
     let mut wrong = Vec::new();

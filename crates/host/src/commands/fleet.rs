@@ -5,7 +5,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::exit::{self, Fatal};
-use crate::fleet::settings::{DEFAULT_PATH, FleetSettings};
+use worker_fleet::Stopped;
+use worker_fleet::settings::{DEFAULT_PATH, FleetSettings};
 
 /// Loads the fleet's settings from `config` (else [`DEFAULT_PATH`]) and serves the view until
 /// SIGTERM or SIGINT; the exit code says how it ended.
@@ -44,7 +45,16 @@ fn run(settings: FleetSettings) -> Result<(), Fatal> {
         .enable_all()
         .build()
         .map_err(|e| Fatal::software(format!("the async runtime cannot start: {e}")))?;
-    let result = runtime.block_on(crate::fleet::run(settings));
+    let result = runtime
+        .block_on(worker_fleet::run(
+            settings,
+            crate::version::VERSION,
+            crate::lifecycle::wait_for_signal(),
+        ))
+        .map_err(|stopped| match stopped {
+            Stopped::Unavailable(message) => Fatal::unavailable(message),
+            Stopped::Software(message) => Fatal::software(message),
+        });
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     result
 }

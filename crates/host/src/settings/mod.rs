@@ -34,7 +34,6 @@ pub use job_sections::{
     ConsumerEntry, JobSection, JobsSettings, ListedJob, Timer, TimerEntry, all, find,
 };
 pub use load::{DEFAULT_PATH, ENV_PREFIX, SettingsError, SettingsSource, source_from};
-pub(crate) use load::{from_figment, parse_table};
 
 mod admin;
 mod budget;

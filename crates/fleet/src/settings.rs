@@ -14,8 +14,8 @@ use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use worker_pages::environment::{Colour, Environment};
-use crate::secret::Secret;
-use crate::settings::SettingsError;
+use worker_core::secret::Secret;
+use worker_core::settings_file::SettingsError;
 
 /// The file `worker-host fleet` reads when neither `--config` nor `WORKER_HOST_CONFIG` names
 /// one.
@@ -113,14 +113,20 @@ impl FleetSettings {
                 format!("cannot be read: {e} (the fleet view's settings file; see config/fleet.example.toml)"),
             )
         })?;
-        let table = crate::settings::parse_table(&text, &file).map_err(|e| vec![e])?;
+        let table = worker_core::settings_file::parse_table(&text, &file).map_err(|e| vec![e])?;
         let toml_text =
             toml::to_string(&table).map_err(|e| one("", format!("cannot be read again: {e}")))?;
         let mut settings: Self = Figment::from(Serialized::defaults(Self::default()))
             .merge(Toml::string(&toml_text))
             .extract()
             .map_err(|e| {
-                crate::settings::from_figment(e.into_iter().collect(), &file, Some(&text), &[])
+                worker_core::settings_file::from_figment(
+                    e.into_iter().collect(),
+                    &file,
+                    Some(&text),
+                    &[],
+                    &|key| key.to_string(),
+                )
                     .into_iter()
                     .map(indexed)
                     .collect::<Vec<_>>()
@@ -211,7 +217,7 @@ impl FleetSettings {
                     let host = url.host_str().unwrap_or_default();
                     if url.scheme() == "http"
                         && !installation.allow_plaintext
-                        && !crate::settings::validate::is_loopback(host)
+                        && !is_loopback(host)
                     {
                         fail(
                             key("url"),
@@ -312,6 +318,15 @@ fn resolve_token(
             "expected the token, found an empty value".into(),
         );
     }
+}
+
+/// `localhost` or a loopback address: a token sent there in plain text stays on this machine.
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]

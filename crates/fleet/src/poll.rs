@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::settings::{FleetSettings, InstallationSettings};
+use crate::settings::{FleetSettings, InstallationSettings};
 use worker_pages::environment::Environment;
 
 /// The longest error shown for an unreachable installation.
@@ -551,7 +551,7 @@ mod tests {
         InstallationSettings {
             name: "silent".into(),
             url: String::new(),
-            token: Some(crate::secret::Secret::new("t")),
+            token: Some(worker_core::secret::Secret::new("t")),
             token_file: None,
             token_env: None,
             environment: "staging".into(),

@@ -1,4 +1,5 @@
-//! The fleet view (`worker-host fleet --config fleet.toml`): one page over every installation
+//! The fleet view (`worker-host fleet --config fleet.toml`, a crate of its own that knows
+//! neither the host nor the console): one page over every installation
 //! an operator looks after, each read from its own admin address with a `viewer` account's
 //! API token, as the console's pages are made (server-rendered, no script, the same
 //! stylesheet and Content-Security-Policy), with `/api/fleet` as its JSON twin.
@@ -18,36 +19,53 @@ use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
-use worker_pages::allowed_hosts::AllowedHosts;
 use worker_pages::Views;
+use worker_pages::allowed_hosts::AllowedHosts;
 use worker_pages::secure;
-use crate::exit::Fatal;
 use poll::{Fleet, Shared};
 use settings::FleetSettings;
+
+/// Why the view stopped, as the command's exit code tells it.
+#[derive(Debug, thiserror::Error)]
+pub enum Stopped {
+    /// The listening address cannot be taken: worth retrying later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else.
+    #[error("{0}")]
+    Software(String),
+}
 
 /// What the page's handlers read.
 #[derive(Debug, Clone)]
 struct View {
     fleet: Shared,
     views: Arc<Views>,
+    /// The release of the program serving the view, shown in its footer.
+    release: &'static str,
 }
 
-/// Serves the view on `settings.listen` and reads the installations until SIGTERM or SIGINT.
-pub async fn run(settings: FleetSettings) -> Result<(), Fatal> {
+/// Serves the view on `settings.listen` and reads the installations until `signal` ends
+/// (the command's SIGTERM or SIGINT); `release` is the program's, shown on the page.
+pub async fn run(
+    settings: FleetSettings,
+    release: &'static str,
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Stopped> {
     let views = Views::new()
-        .map_err(|e| Fatal::software(format!("the fleet page does not compile: {e:#}")))?;
+        .map_err(|e| Stopped::Software(format!("the fleet page does not compile: {e:#}")))?;
     let client = reqwest::Client::builder()
         // A redirect is a sign-in page: the token was not taken.
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(settings.timeout)
         .user_agent(concat!("worker-host-fleet/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| Fatal::software(format!("the HTTP client cannot start: {e}")))?;
+        .map_err(|e| Stopped::Software(format!("the HTTP client cannot start: {e}")))?;
     let fleet: Shared = Arc::new(RwLock::new(Fleet::new(&settings)));
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .map_err(|e| {
-            Fatal::unavailable(format!(
+            Stopped::Unavailable(format!(
                 "the fleet view cannot listen on {}: {e}",
                 settings.listen
             ))
@@ -71,19 +89,20 @@ pub async fn run(settings: FleetSettings) -> Result<(), Fatal> {
         View {
             fleet,
             views: Arc::new(views),
+            release,
         },
         allowed_hosts,
     );
     let stop = shutdown.clone();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            crate::lifecycle::wait_for_signal().await;
+            signal.await;
             stop.cancel();
         })
         .await;
     shutdown.cancel();
     let _ = poller.await;
-    served.map_err(|e| Fatal::software(format!("the fleet view stopped: {e}")))
+    served.map_err(|e| Stopped::Software(format!("the fleet view stopped: {e}")))
 }
 
 /// The page, its JSON twin, its stylesheet and `/healthz`, each only for a request that names
@@ -122,7 +141,7 @@ async fn page(State(view): State<View>, Query(reload): Query<Reload>) -> Respons
     let fleet = snapshot(&view);
     let context = minijinja::context! {
         f => minijinja::Value::from_serialize(&fleet),
-        release => crate::version::VERSION,
+        release => view.release,
         auto_reload => reload.reload.as_deref() == Some("auto"),
     };
     match view.views.render("fleet.html", context) {

@@ -165,7 +165,7 @@ fn a_missing_file_says_which() {
 
 #[test]
 fn the_example_file_loads() {
-    let example = include_str!("../../../../config/fleet.example.toml");
+    let example = include_str!("../../../config/fleet.example.toml");
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "acme-viewer-token\n").unwrap();
