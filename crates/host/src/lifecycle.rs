@@ -353,7 +353,7 @@ async fn console(
 /// that the token is a shared secret to be replaced by named accounts.
 async fn sync_bootstrap(pool: &sqlx::PgPool, token: Option<&Secret>) -> Result<(), Fatal> {
     use worker_store::operators::BootstrapSync;
-    let digest = token.map(|t| crate::credentials::token_digest(t.expose()));
+    let digest = token.map(|t| worker_console::credentials::token_digest(t.expose()));
     let outcome = worker_store::operators::sync_bootstrap(pool, digest.as_deref())
         .await
         .map_err(Fatal::unavailable)?;

@@ -60,7 +60,10 @@ fn layer(name: &str) -> Option<u8> {
         "worker-broker" | "worker-store" | "worker-mail-auth" | "worker-pages" => Some(1),
         // The fleet view is a program of its own, over the pages' frame only.
         "worker-fleet" => Some(2),
-        "worker-host" => Some(3),
+        // The console: the store, core, the pages' frame and the job crates (each for what it
+        // owns), below the host that serves it.
+        "worker-console" => Some(3),
+        "worker-host" => Some(4),
         job if job.starts_with("job-") => Some(2),
         _ => None,
     }
@@ -104,6 +107,22 @@ fn reaches(crates: &[Crate], name: &str) -> Vec<String> {
         }
     }
     found
+}
+
+#[test]
+fn the_console_does_not_depend_on_the_host() {
+    let crates = workspace();
+    assert!(crates.iter().any(|c| c.name == "worker-console"));
+    assert!(
+        !reaches(&crates, "worker-console").contains(&"worker-host".to_string()),
+        "worker-console depends on worker-host"
+    );
+    let named: Vec<PathBuf> = sources()
+        .into_iter()
+        .filter(|(krate, _, code)| krate == "worker-console" && code.contains("worker_host::"))
+        .map(|(_, path, _)| path)
+        .collect();
+    assert!(named.is_empty(), "{named:?}");
 }
 
 #[test]

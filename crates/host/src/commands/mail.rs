@@ -1,5 +1,5 @@
 //! `worker-host mail show|find`: a mail's story, and the mails a search finds with the end
-//! state of each (see [`crate::story`]). Every value that came with a mail (subject,
+//! state of each (see [`worker_console::story`]). Every value that came with a mail (subject,
 //! addresses, a server's answer) is printed through [`visible`]: a mail cannot send escapes to
 //! the operator's terminal.
 
@@ -12,7 +12,7 @@ use super::dlq::parse_since;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
-use crate::story::{self, Retention, Search, Story};
+use worker_console::story::{self, Retention, Search, Story};
 
 #[derive(Debug, Subcommand)]
 pub enum MailAction {

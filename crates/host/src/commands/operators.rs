@@ -14,7 +14,7 @@ use worker_store::operators::{self, AccountError, Role};
 
 use super::actor::{ActorArgs, actor};
 use crate::connections;
-use crate::credentials::{self, CredentialError};
+use worker_console::credentials::{self, CredentialError};
 use crate::exit::Fatal;
 use crate::settings::Settings;
 

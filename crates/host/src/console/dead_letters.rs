@@ -321,7 +321,7 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
     }
     .group(&dead.queue, &dead.fingerprint);
     let story = match &dead.message_id {
-        Some(message_id) => crate::story::mail_of_message(&console.pool, message_id)
+        Some(message_id) => worker_console::story::mail_of_message(&console.pool, message_id)
             .await
             .map_err(|e| Problem::failed("Finding the dead letter's mail", e))?,
         None => None,

@@ -83,7 +83,7 @@ pub struct Console {
     /// How long the archive keeps replayed and purged dead letters before the sweep.
     pub archive_retention: Duration,
     /// How long the tables a mail's story reads keep their rows.
-    pub story_retention: crate::story::Retention,
+    pub story_retention: worker_console::story::Retention,
     /// The rate a bulk action offers first.
     pub bulk_rate: u32,
     /// `jobs.email_send.max_age`: a replay's plan counts the replies it would expire.

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use crate::schedule::Schedule;
-pub use admin::{AdminSettings, AuthProxy, PasswordHashing, parse_network};
+pub use worker_console::settings::{AdminSettings, AuthProxy, PasswordHashing, parse_network};
 pub use budget::{DEDICATED, Need};
 pub use host::{
     AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings, LogFormat,
@@ -35,7 +35,6 @@ pub use job_sections::{
 };
 pub use load::{DEFAULT_PATH, ENV_PREFIX, SettingsError, SettingsSource, source_from};
 
-mod admin;
 mod budget;
 mod host;
 mod job_sections;

@@ -15,7 +15,7 @@ use super::request::{SESSION_COOKIE, bearer, cookie_value, digest, same_secret};
 use super::rules::{Caller, Credential, Refusal, Signed};
 use crate::console::forwarded::{Client, TrustedProxies};
 use crate::console::throttle::Throttle;
-use crate::credentials;
+use worker_console::credentials;
 use crate::secret::Secret;
 use crate::settings::{AdminSettings, AuthProxy};
 

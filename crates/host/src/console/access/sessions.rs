@@ -13,7 +13,7 @@ use super::request::{
 };
 use super::rules::{Caller, Refusal, Signed, refuse_cross_site};
 use crate::console::forwarded::Client;
-use crate::credentials;
+use worker_console::credentials;
 
 impl Access {
     /// Signs the auth proxy's `user` in with a new session: its id and CSRF token.

@@ -87,7 +87,7 @@ async fn mail_page_data(console: &Console, id: Uuid) -> Result<MailPage, Problem
             .await
             .map_err(failed)?,
     );
-    let story = crate::story::mail_of_message(&console.pool, &id.to_string())
+    let story = worker_console::story::mail_of_message(&console.pool, &id.to_string())
         .await
         .map_err(failed)?;
     Ok(MailPage {

@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use worker_store::operators::Role;
 
-use crate::secret::Secret;
+use worker_core::secret::Secret;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
