@@ -5,8 +5,21 @@
 //! - [`settings`]: the `[admin]` section, whose keys the host's settings file keeps;
 //! - [`credentials`]: operators' passwords (argon2id, `[admin.password_hashing]`) and API
 //!   tokens (`wht_…` and their SHA-256);
-//! - [`story`]: a mail's story, for the console's `/mail` pages and `worker-host mail`.
+//! - [`story`]: a mail's story, for the console's `/mail` pages and `worker-host mail`;
+//! - [`access`]: who may read and act (sessions, tokens, an auth proxy's user, the rules);
+//!   [`forwarded`]: which proxies' forwarded headers count; [`throttle`]: how fast credentials
+//!   may be tried;
+//! - [`masking`]: customers' personal data hidden from who may not see it;
+//! - [`chart`]: the history's charts, drawn as SVG.
+//!
+//! The pages and the API are still the host's (its `console` module), until the interface
+//! the host implements for them (readiness, the jobs, pause and run now, alerts) is here.
 
+pub mod access;
+pub mod chart;
 pub mod credentials;
+pub mod forwarded;
+pub mod masking;
 pub mod settings;
 pub mod story;
+pub mod throttle;

@@ -167,7 +167,7 @@ fn the_service_clients_stay_in_their_adapters() {
             c == "job-email-send" || c == "worker-faults"
         }),
         ("axum", |c: &str| {
-            ["worker-host", "worker-pages", "worker-fleet"].contains(&c)
+            ["worker-host", "worker-console", "worker-pages", "worker-fleet"].contains(&c)
         }),
         ("oauth2", |c: &str| c == "worker-mail-auth"),
     ]);

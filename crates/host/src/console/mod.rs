@@ -29,20 +29,20 @@
 //! - `forwarded.rs`: which proxies' forwarded headers count; `throttle.rs`: how fast
 //!   credentials may be tried.
 
-pub mod access;
+pub use worker_console::access;
 mod accounts;
 mod bulk;
 pub mod caller;
-mod chart;
+pub use worker_console::chart;
 mod circuits;
 mod dead_letters;
 pub mod edit;
 mod filter;
-pub mod forwarded;
+pub use worker_console::forwarded;
 mod history;
 mod jobs;
 mod mail;
-mod masking;
+pub use worker_console::masking;
 mod outbox;
 mod overview;
 pub mod page;
@@ -50,7 +50,7 @@ mod personal;
 pub mod privacy;
 mod send_now;
 mod sign_in;
-pub mod throttle;
+pub use worker_console::throttle;
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

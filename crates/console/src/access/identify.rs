@@ -13,10 +13,10 @@ use worker_store::sessions;
 use super::decoy::Decoy;
 use super::request::{SESSION_COOKIE, bearer, cookie_value, digest, same_secret};
 use super::rules::{Caller, Credential, Refusal, Signed};
-use crate::console::forwarded::{Client, TrustedProxies};
-use crate::console::throttle::Throttle;
-use worker_console::credentials;
-use crate::secret::Secret;
+use crate::forwarded::{Client, TrustedProxies};
+use crate::throttle::Throttle;
+use crate::credentials;
+use worker_core::secret::Secret;
 use crate::settings::{AdminSettings, AuthProxy};
 
 /// The console's access rules, its throttle and how it signs in.

@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use super::request::random_token;
-use worker_console::credentials;
+use crate::credentials;
 use crate::settings::PasswordHashing;
 
 /// The decoy of one parameter set, made at its first use (a hash costs what a sign-in does).

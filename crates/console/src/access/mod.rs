@@ -18,7 +18,7 @@
 //!   ([`operators::sync_bootstrap`](worker_store::operators::sync_bootstrap) at start), so
 //!   that every replica checks it in the database: a token changed or removed on one
 //!   replica's start stops working on all of them, and ends the sessions made with it.
-//! - Credentials are tried no faster than [`Throttle`](crate::console::throttle::Throttle)
+//! - Credentials are tried no faster than [`Throttle`](crate::throttle::Throttle)
 //!   allows.
 //!
 //! The files: `rules.rs` (the [`Caller`] and what it may do, each [`Refusal`], and another

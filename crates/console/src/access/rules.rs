@@ -9,8 +9,8 @@ use worker_store::audit::{Actor, Via};
 use worker_store::operators::Role;
 
 use super::request::same_secret;
-use crate::console::forwarded::Client;
-use crate::console::throttle::{AccountRefusal, TooMany};
+use crate::forwarded::Client;
+use crate::throttle::{AccountRefusal, TooMany};
 
 /// An account, signed in.
 #[derive(Debug, Clone, PartialEq, Eq)]
