@@ -147,6 +147,16 @@ pub trait ConsumerJob: Send + Sync + 'static {
         1
     }
 
+    /// Why a message of `message_type` (its AMQP `type`, else its routing key) is not this
+    /// job's to read, if it is not: such a delivery is acked and counted `skipped` with that
+    /// reason before its headers or body are read. For a queue bound to a shared exchange with
+    /// a wide pattern (`#`), where another job owns some of the types that arrive: read as this
+    /// job's input, they would be dead-lettered `malformed`. A job that says nothing reads all.
+    fn skips(&self, message_type: &str) -> Option<&'static str> {
+        let _ = message_type;
+        None
+    }
+
     /// Handles one message. May be called more than once for the same message (redelivery,
     /// in-process retry), so the effect must be idempotent or guarded.
     fn handle(

@@ -78,6 +78,12 @@ pub enum Command {
         #[command(subcommand)]
         action: crate::commands::operators::OperatorsAction,
     },
+    /// Search the audit entries other teams published (`audit.entry`), as the audit-log job
+    /// stored them.
+    AuditLog {
+        #[command(subcommand)]
+        action: crate::commands::audit_log::AuditLogAction,
+    },
     /// A mail's story, from the mailbox to the answer or to the reason there was none, and
     /// finding mails by sender, recipient, Message-ID, subject or time.
     Mail {

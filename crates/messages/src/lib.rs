@@ -25,6 +25,13 @@ pub const EMAIL_RECEIVED: &str = "email.received";
 pub const AUTOMATION_ACTION: &str = "automation.action";
 /// The routing key (and default queue) of [`EmailSendCommand`].
 pub const EMAIL_SEND: &str = "email.send";
+/// The AMQP `type` property and routing key of an [`AuditEntry`], on the events exchange.
+pub const AUDIT_ENTRY: &str = "audit.entry";
+
+/// Message types published to the events exchange that are not domain events (no `type`
+/// field, no automations): a consumer of every event (`#`) skips them rather than
+/// dead-letter them as malformed, since another consumer owns them.
+pub const NOT_DOMAIN_EVENTS: &[&str] = &[AUDIT_ENTRY];
 
 /// The AMQP header (an integer) that carries a message's schema version. A consumer refuses a
 /// version newer than it reads, permanently, rather than misreading it.
@@ -64,6 +71,11 @@ impl Message for EmailSendCommand {
     const VERSION: u32 = 1;
 }
 
+impl Message for AuditEntry {
+    const TYPE: &'static str = AUDIT_ENTRY;
+    const VERSION: u32 = 1;
+}
+
 /// The default queue of each consumer job. A command queue is named after its command's
 /// routing key, so a command published with that key reaches it on the commands exchange.
 pub mod queues {
@@ -75,6 +87,10 @@ pub mod queues {
     pub const AUTOMATION_ACTION: &str = crate::AUTOMATION_ACTION;
     /// [`EmailSendCommand`](crate::EmailSendCommand)s, for the email send.
     pub const EMAIL_SEND: &str = crate::EMAIL_SEND;
+    /// [`AuditEntry`](crate::AuditEntry)s, for the audit log.
+    pub const AUDIT_LOG: &str = "audit.log";
+    /// The topic patterns the audit log's queue is bound with: audit entries only.
+    pub const AUDIT_LOG_EVENTS: &[&str] = &[crate::AUDIT_ENTRY];
 }
 
 /// A domain event: something that happened, which automations may react to.
@@ -191,6 +207,21 @@ pub struct EmailSendCommand {
     /// fixtures and the other side of the contract carry it.
     #[serde(rename = "email_message_id")]
     pub outbound_email_id: Uuid,
+}
+
+/// One entry of another team's audit log (`audit.entry` on the events exchange; its AMQP
+/// `message_id` is `id`): who did what to which entity, stored once by `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Unique per entry; a redelivered or republished entry keeps it.
+    pub id: Uuid,
+    pub occurred_at: DateTime<Utc>,
+    pub actor: String,
+    pub action: String,
+    pub entity_type: String,
+    pub entity_id: String,
+    /// The entry's details: a JSON object.
+    pub data: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The namespace of the deterministic (v5) ids derived here.

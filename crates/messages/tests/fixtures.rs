@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use worker_core::decode;
 use worker_messages::{
-    AUTOMATION_ACTION, ActionCommand, DomainEvent, EMAIL_RECEIVED, EMAIL_SEND, EmailReceived,
-    EmailSendCommand, Message, UNVERSIONED,
+    AUDIT_ENTRY, AUTOMATION_ACTION, ActionCommand, AuditEntry, DomainEvent, EMAIL_RECEIVED,
+    EMAIL_SEND, EmailReceived, EmailSendCommand, Message, UNVERSIONED,
 };
 
 fn fixtures_dir() -> PathBuf {
@@ -85,6 +85,7 @@ fn read_fixture(path: &Path) -> Result<(), String> {
         EMAIL_RECEIVED => read_event::<EmailReceived>(&body, version),
         AUTOMATION_ACTION => read_as::<ActionCommand>(&body, version).map(drop),
         EMAIL_SEND => read_as::<EmailSendCommand>(&body, version).map(drop),
+        AUDIT_ENTRY => read_as::<AuditEntry>(&body, version).map(drop),
         other => Err(format!("no message type is named {other:?}")),
     }
 }
@@ -120,6 +121,7 @@ fn every_message_type_has_a_fixture_of_its_current_version() {
         (EmailReceived::TYPE, EmailReceived::VERSION),
         (ActionCommand::TYPE, ActionCommand::VERSION),
         (EmailSendCommand::TYPE, EmailSendCommand::VERSION),
+        (AuditEntry::TYPE, AuditEntry::VERSION),
     ] {
         let file = fixtures_dir().join(format!("{kind}.v{version}.json"));
         assert!(file.is_file(), "no fixture {}", file.display());

@@ -216,6 +216,14 @@ async fn pipeline<J: ConsumerJob>(
         delivery: delivery.amqp(),
         publisher,
     };
+    if let Some(reason) = shared.job.skips(message_type_of(delivery)) {
+        let attempt = attempt_of(delivery.amqp().properties.headers().as_ref()).unwrap_or(1);
+        tracing::debug!(
+            reason,
+            "skipping a message of a type this job does not read"
+        );
+        return (attempt, 0, Outcome::Skipped { reason });
+    }
     let (attempt, input) = match read(&shared.job, delivery) {
         Ok(read) => read,
         Err(Unread::Malformed { attempt, why }) => {
@@ -276,12 +284,7 @@ enum Unread {
 /// The attempt and the decoded input, or why there is none.
 fn read<J: ConsumerJob>(job: &J, delivery: &Delivery) -> Result<(u32, J::Input), Unread> {
     let properties = &delivery.amqp().properties;
-    // The `type` property names the message (the outbox sets it); the routing key is the
-    // best name left when a client did not.
-    let message_type = properties
-        .kind()
-        .as_ref()
-        .map_or(delivery.routing_key(), ShortString::as_str);
+    let message_type = message_type_of(delivery);
     let attempt = admit(properties.headers().as_ref(), message_type, |kind| {
         job.reads_version(kind)
     })?;
@@ -290,6 +293,17 @@ fn read<J: ConsumerJob>(job: &J, delivery: &Delivery) -> Result<(u32, J::Input),
         why: format!("malformed: {err}"),
     })?;
     Ok((attempt, input))
+}
+
+/// The `type` property names the message (the outbox sets it); the routing key is the best
+/// name left when a client did not.
+fn message_type_of(delivery: &Delivery) -> &str {
+    delivery
+        .amqp()
+        .properties
+        .kind()
+        .as_ref()
+        .map_or(delivery.routing_key(), ShortString::as_str)
 }
 
 /// What the headers decide before the body is read: the attempt, unless a header is malformed

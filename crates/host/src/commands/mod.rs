@@ -2,6 +2,7 @@
 //! (telemetry, the runtime) and runs it. `run` is the host's [`lifecycle`](crate::lifecycle).
 
 pub mod actor;
+pub mod audit_log;
 pub mod automations;
 pub mod broker;
 pub mod circuits;
@@ -74,6 +75,7 @@ pub fn execute(command: Command, settings: Settings, source: &SettingsSource) ->
             Command::Jobs { action } => jobs::run(&settings, action).await,
             Command::Circuits { action } => circuits::run(&settings, action).await,
             Command::Mail { action } => mail::run(&settings, action).await,
+            Command::AuditLog { action } => audit_log::run(&settings, action).await,
             Command::MailAuth { action } => mail_auth::run(&settings, action).await,
             Command::Operators { action } => operators::run(&settings, action).await,
             Command::Privacy { action } => privacy::run(&settings, action).await,

@@ -45,6 +45,7 @@ fn start(
         job_automation_trigger::JOB_NAME => consumer(ctx, job, automation_trigger(ctx))?,
         job_automation_action::JOB_NAME => consumer(ctx, job, automation_action(ctx)?)?,
         job_email_send::JOB_NAME => consumer(ctx, job, email_send(ctx, sending_rate)?)?,
+        job_audit_log::JOB_NAME => consumer(ctx, job, job_audit_log::AuditLog::new(ctx.pool.clone()))?,
         job_outbox_drain::JOB_NAME => timer(ctx, job, outbox_drain(ctx))?,
         job_inbound_email_poller::JOB_NAME => timer(ctx, job, inbound_email_poller(ctx)?)?,
         job_db_health::JOB_NAME => timer(ctx, job, db_health(ctx, health))?,

@@ -53,6 +53,7 @@ job_sections! {
     automation_trigger: consumer job_automation_trigger::AutomationTriggerSettings = job_automation_trigger::JOB,
     automation_action: consumer job_automation_action::AutomationActionSettings = job_automation_action::JOB,
     email_send: consumer job_email_send::EmailSendSettings = job_email_send::JOB,
+    audit_log: consumer job_audit_log::AuditLogSettings = job_audit_log::JOB,
     outbox_drain: timer job_outbox_drain::OutboxDrainJobSettings = job_outbox_drain::JOB,
     inbound_email_poller: timer job_inbound_email_poller::InboundEmailPollerSettings = job_inbound_email_poller::JOB,
     db_health: timer job_db_health::DbHealthSettings = job_db_health::JOB,

@@ -42,7 +42,12 @@ fn minimal_file_with_secrets_loads_with_defaults() {
     let names: Vec<&str> = topology.queues.iter().map(|q| q.name.as_str()).collect();
     assert_eq!(
         names,
-        ["automation.trigger", "automation.action", "email.send"]
+        [
+            "automation.trigger",
+            "automation.action",
+            "email.send",
+            "audit.log"
+        ]
     );
     assert_eq!(settings.database.password.as_ref().unwrap().expose(), "pw");
 }

@@ -78,6 +78,10 @@ pub use settings::AutomationTriggerSettings;
 /// The skip reason of an event no enabled automation matched.
 pub const NO_MATCH: &str = "no-match";
 
+/// The skip reason of a message on the events exchange that is not a domain event (an audit
+/// entry, which the audit log owns): its queue takes every key (`#`), so it arrives here too.
+pub const NOT_AN_EVENT: &str = "not-an-event";
+
 /// How many times an event is matched on a fresh read when the automations keep changing
 /// under its writes, before it is written with what the last read matched.
 const CHANGED_TRIES: usize = 3;
@@ -347,6 +351,15 @@ impl ConsumerJob for AutomationTrigger {
     /// name, so a newer shape of it is refused here, before anything is written for it.
     fn reads_version(&self, message_type: &str) -> u32 {
         DomainEvent::reads_version(message_type)
+    }
+
+    /// Types another job owns on the events exchange ([`worker_messages::NOT_DOMAIN_EVENTS`])
+    /// are acked and counted, not dead-lettered: automations are keyed by any event type the
+    /// platform emits, so the queue's default binding stays `#` rather than a list of types.
+    fn skips(&self, message_type: &str) -> Option<&'static str> {
+        worker_messages::NOT_DOMAIN_EVENTS
+            .contains(&message_type)
+            .then_some(NOT_AN_EVENT)
     }
 
     #[tracing::instrument(

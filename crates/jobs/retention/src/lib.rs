@@ -94,10 +94,13 @@ pub enum Table {
     /// Edits in the audit trail whose diff (a customer's mail, before and after) is past its
     /// retention: the diff is redacted, the entry stays.
     AuditDiff,
+    /// Other teams' audit entries (`audit_log_entries`), only when `jobs.retention.audit_log`
+    /// is set.
+    AuditLog,
 }
 
 impl Table {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::ProcessedMessages,
         Self::AttemptLog,
         Self::HistoryMinutes,
@@ -106,6 +109,7 @@ impl Table {
         Self::Publications,
         Self::ProcessedOutbox,
         Self::AuditDiff,
+        Self::AuditLog,
     ];
 
     /// The table's name (`processed_messages`, `attempt_log`, ...), as the metric labels it;
@@ -120,6 +124,7 @@ impl Table {
             Self::Publications => "publications",
             Self::ProcessedOutbox => "outbox",
             Self::AuditDiff => "audit_diff",
+            Self::AuditLog => "audit_log",
         }
     }
 
@@ -134,7 +139,8 @@ impl Table {
             | Self::AttemptLog
             | Self::Publications
             | Self::ProcessedOutbox
-            | Self::AuditDiff => None,
+            | Self::AuditDiff
+            | Self::AuditLog => None,
         }
     }
 }
@@ -156,6 +162,9 @@ pub struct RetentionConfig {
     pub publications: Duration,
     /// Edits older than this lose their diff in the audit trail (`jobs.retention.audit_diff`).
     pub audit_diff: Duration,
+    /// Audit entries that occurred longer ago than this go (`jobs.retention.audit_log`);
+    /// `None`: kept for good.
+    pub audit_log: Option<Duration>,
     /// Rows per `DELETE` (at least 1).
     pub batch_size: u32,
     /// Batches per table per tick at most (at least 1); the rest waits for the next tick.
@@ -172,6 +181,7 @@ impl Default for RetentionConfig {
             history_days: Duration::from_secs(365 * 24 * 3600),
             publications: Duration::from_secs(30 * 24 * 3600),
             audit_diff: Duration::from_secs(30 * 24 * 3600),
+            audit_log: None,
             batch_size: 1000,
             max_batches_per_tick: 20,
         }
@@ -188,6 +198,8 @@ impl RetentionConfig {
             Table::HistoryDays => self.history_days,
             Table::Publications => self.publications,
             Table::AuditDiff => self.audit_diff,
+            // Unset: never reached, the table is not swept (see `sweep`).
+            Table::AuditLog => self.audit_log.unwrap_or(Duration::MAX),
             // Published already: kept by no promise, whatever their age.
             Table::ProcessedOutbox => Duration::ZERO,
         }
@@ -233,6 +245,8 @@ pub struct RetentionReport {
     pub processed_outbox: TableReport,
     /// Edits whose diff was redacted (the rows stay).
     pub audit_diff: TableReport,
+    /// Other teams' audit entries past `jobs.retention.audit_log`.
+    pub audit_log: TableReport,
     /// The tick's token fired before it was done.
     pub cancelled: bool,
 }
@@ -248,6 +262,7 @@ impl RetentionReport {
             Table::Publications => &self.publications,
             Table::ProcessedOutbox => &self.processed_outbox,
             Table::AuditDiff => &self.audit_diff,
+            Table::AuditLog => &self.audit_log,
         }
     }
 
@@ -261,6 +276,7 @@ impl RetentionReport {
             Table::Publications => &mut self.publications,
             Table::ProcessedOutbox => &mut self.processed_outbox,
             Table::AuditDiff => &mut self.audit_diff,
+            Table::AuditLog => &mut self.audit_log,
         }
     }
 
@@ -331,6 +347,9 @@ impl Retention {
     ) -> Result<(), Failure> {
         let batch = self.config.batch_size.max(1);
         let max_batches = self.config.max_batches_per_tick.max(1);
+        if table == Table::AuditLog && self.config.audit_log.is_none() {
+            return Ok(());
+        }
         let retention = self.config.retention(table);
         loop {
             let done = report.table(table);
@@ -383,9 +402,27 @@ impl Retention {
             Table::AuditDiff => {
                 worker_store::privacy::aged_diffs::redact_batch(&self.pool, retention, batch).await
             }
+            Table::AuditLog => sweep_audit_log(&self.pool, retention, batch).await,
             _ => worker_store::attempt_log::sweep_batch(&self.pool, retention, batch).await,
         }
     }
+}
+
+/// Deletes up to `batch` audit entries that occurred longer than `retention` ago, oldest
+/// first; how many went. The audit-log job owns the table otherwise: this is its only delete.
+async fn sweep_audit_log(pool: &PgPool, retention: Duration, batch: u32) -> Result<u64, Failure> {
+    let deleted = sqlx::query(
+        "DELETE FROM audit_log_entries WHERE id IN ( \
+             SELECT id FROM audit_log_entries \
+             WHERE occurred_at < now() - make_interval(secs => $1) \
+             ORDER BY occurred_at LIMIT $2)",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(i64::from(batch))
+    .execute(pool)
+    .await
+    .map_err(worker_store::classify)?;
+    Ok(deleted.rows_affected())
 }
 
 impl TimerJob for Retention {

@@ -34,6 +34,10 @@ pub struct RetentionSettings {
     /// trail; then it is redacted, and the entry keeps its kind, who and when.
     #[serde(with = "humantime_serde")]
     pub audit_diff: Duration,
+    /// How long other teams' audit entries (`audit_log_entries`) are kept, counted from when
+    /// they occurred. Unset: kept for good.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<Duration>,
     /// One tick.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -54,6 +58,7 @@ impl Default for RetentionSettings {
             history_days: config.history_days,
             publications: config.publications,
             audit_diff: config.audit_diff,
+            audit_log: config.audit_log,
             timeout: Duration::from_secs(60),
             batch_size: config.batch_size,
             max_batches_per_tick: config.max_batches_per_tick,
@@ -72,6 +77,7 @@ impl RetentionSettings {
             history_days: self.history_days,
             publications: self.publications,
             audit_diff: self.audit_diff,
+            audit_log: self.audit_log,
             batch_size: self.batch_size,
             max_batches_per_tick: self.max_batches_per_tick,
         }
@@ -88,6 +94,9 @@ impl Section for RetentionSettings {
         problems.nonzero("history_days", self.history_days);
         problems.nonzero("publications", self.publications);
         problems.nonzero("audit_diff", self.audit_diff);
+        if let Some(audit_log) = self.audit_log {
+            problems.nonzero("audit_log", audit_log);
+        }
         problems.nonzero("timeout", self.timeout);
         problems.positive("batch_size", u64::from(self.batch_size));
         problems.positive("max_batches_per_tick", u64::from(self.max_batches_per_tick));
