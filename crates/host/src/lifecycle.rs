@@ -332,7 +332,7 @@ async fn console(
         views,
         replica: settings.replica_name(),
         archive_retention: settings.jobs.dead_letter_archive.job.archiver.retention,
-        story_retention: crate::commands::mail::retention(settings),
+        story_retention: settings.story_retention(),
         bulk_rate: admin.bulk_rate,
         email_max_age: settings.jobs.email_send.max_age,
         password_hashing: admin.password_hashing,

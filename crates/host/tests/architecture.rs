@@ -425,3 +425,127 @@ fn no_two_files_of_a_crate_import_each_other_round_a_circle() {
         "files on an import circle: {circles:#?}"
     );
 }
+
+/// The host's modules, bottom to top (issue 40): a file of the host may name (`use` or a
+/// path in its code) its own module or a lower one, never a higher one, so that no import
+/// circle can form between modules. By a module's path; a submodule may sit above its parent
+/// (`metrics::jobs`, the gauges over the running jobs, reads the status board).
+fn host_layer(module: &[String]) -> Option<u8> {
+    let path = module.join("::");
+    let first = module.first().map(String::as_str).unwrap_or("");
+    Some(match (first, path.as_str()) {
+        (_, p) if p.starts_with("metrics::jobs") => 6,
+        // What everything may use: exit codes, the release, the pure pieces.
+        ("exit" | "version" | "watchdog" | "alerts" | "open_circuits" | "parked" | "circuits", _) => 0,
+        // The settings and the schema's contract.
+        ("settings" | "schema", _) => 1,
+        // What the jobs report, and the readings over it.
+        ("metrics", _) => 2,
+        ("observe", _) => 3,
+        ("scheduler", _) => 4,
+        ("status", _) => 5,
+        ("sampler" | "history" | "telemetry", _) => 6,
+        // The running jobs, the connections, the admin server and the console it serves.
+        ("jobs", _) => 7,
+        ("connections" | "topology" | "notify", _) => 8,
+        ("console", _) => 9,
+        ("admin", _) => 10,
+        // The lifecycle of `run`, the commands and their grammar.
+        ("lifecycle", _) => 11,
+        ("commands", _) => 12,
+        ("cli", _) => 13,
+        _ => return None,
+    })
+}
+
+/// Upward names the host holds today, each `from → to` by top-level module, with what would
+/// remove it; the list only shrinks.
+const KNOWN_UPWARD: &[&str] = &[
+    // The Action enums live with their commands; the grammar names them.
+    "commands → cli",
+    // `admin::Readiness`/`ReadinessCheck` belong in a file of their own below both.
+    "connections → admin",
+    "notify → admin",
+    // The console's erasure calls the command's key and dead-queue archiving: they move
+    // below both (or behind the console's interface to the host).
+    "console → commands",
+];
+
+/// The host's modules a file names: its `use crate::…`/`use super::…` imports, and the
+/// `crate::…` paths in its code (comments aside), as module paths.
+fn host_names(src: &std::path::Path, file: &std::path::Path, code: &str) -> Vec<Vec<String>> {
+    let mut found: Vec<Vec<String>> = imports(src, file, code)
+        .iter()
+        .map(|target| module_path(src, target))
+        .collect();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for (at, _) in line.match_indices("crate::") {
+            let before = line[..at].chars().last();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue; // `worker_crate::`, not ours
+            }
+            let segments: Vec<&str> = line[at + "crate::".len()..]
+                .split("::")
+                .map(|s| {
+                    s.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .next()
+                        .unwrap_or("")
+                })
+                .take_while(|s| !s.is_empty() && s.chars().all(|c| c.is_lowercase() || c == '_' || c.is_ascii_digit()))
+                .collect();
+            if let Some(target) = module_file(src, &segments) {
+                found.push(module_path(src, &target));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_hosts_files_name_only_their_own_module_or_lower_ones() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let src = root.join("crates/host/src");
+    let mut unplaced = Vec::new();
+    let mut upward = std::collections::BTreeSet::new();
+    for (krate, path, code) in sources() {
+        if krate != "worker-host" {
+            continue;
+        }
+        let here = module_path(&src, &path);
+        if here.is_empty() {
+            continue; // lib.rs and main.rs wire everything up
+        }
+        let Some(own) = host_layer(&here) else {
+            unplaced.push(here.join("::"));
+            continue;
+        };
+        for target in host_names(&src, &path, &code) {
+            if target.is_empty() || target[0] == here[0] {
+                continue;
+            }
+            match host_layer(&target) {
+                Some(below) if below <= own => {}
+                _ => {
+                    upward.insert(format!("{} → {}", here[0], target[0]));
+                }
+            }
+        }
+    }
+    assert!(
+        unplaced.is_empty(),
+        "host modules without a layer in host_layer: {unplaced:?}"
+    );
+    let new: Vec<&String> = upward
+        .iter()
+        .filter(|u| !KNOWN_UPWARD.contains(&u.as_str()))
+        .collect();
+    assert!(new.is_empty(), "upward names in the host: {new:#?}");
+    let gone: Vec<&&str> = KNOWN_UPWARD
+        .iter()
+        .filter(|k| !upward.contains(**k))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "KNOWN_UPWARD lists names the host no longer has: take them off: {gone:?}"
+    );
+}

@@ -12,7 +12,7 @@ use super::dlq::parse_since;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
-use worker_console::story::{self, Retention, Search, Story};
+use worker_console::story::{self, Search, Story};
 
 #[derive(Debug, Subcommand)]
 pub enum MailAction {
@@ -56,14 +56,6 @@ pub struct FindArgs {
     pub json: bool,
 }
 
-/// How long the story's tables keep their rows, from the settings.
-pub fn retention(settings: &Settings) -> Retention {
-    Retention {
-        attempt_log: settings.jobs.retention.job.attempt_log,
-        publications: settings.jobs.retention.job.publications,
-    }
-}
-
 pub async fn run(settings: &Settings, action: MailAction) -> Result<(), Fatal> {
     let pool = worker_store::connect(&connections::pool_options(&settings.database))
         .await
@@ -72,7 +64,7 @@ pub async fn run(settings: &Settings, action: MailAction) -> Result<(), Fatal> {
         |e: worker_core::Failure| Fatal::software(format!("reading the mail's story: {e}"));
     match action {
         MailAction::Show { id, json } => {
-            let Some(story) = story::read_story(&pool, id, retention(settings))
+            let Some(story) = story::read_story(&pool, id, settings.story_retention())
                 .await
                 .map_err(failed)?
             else {

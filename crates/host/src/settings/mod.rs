@@ -100,6 +100,15 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// How long the tables a mail's story reads keep their rows (`worker-host mail` and the
+    /// console's `/mail`).
+    pub fn story_retention(&self) -> worker_console::story::Retention {
+        worker_console::story::Retention {
+            attempt_log: self.jobs.retention.job.attempt_log,
+            publications: self.jobs.retention.job.publications,
+        }
+    }
+
     /// This replica's name: `replica` as set, else the machine's host name.
     pub fn replica_name(&self) -> String {
         self.replica
