@@ -10,7 +10,10 @@
 //!   [`forwarded`]: which proxies' forwarded headers count; [`throttle`]: how fast credentials
 //!   may be tried;
 //! - [`masking`]: customers' personal data hidden from who may not see it;
-//! - [`chart`]: the history's charts, drawn as SVG.
+//! - [`chart`]: the history's charts, drawn as SVG;
+//! - [`page`]: a problem as a page or as JSON, and the guards on reading and acting;
+//! - [`filter`]: the dead letters' filter form; [`edit`]: an operator's edit of a mail or a
+//!   dead letter's body; [`history`]: the history's ranges and chart tables.
 //!
 //! The pages and the API are still the host's (its `console` module), until the interface
 //! the host implements for them (readiness, the jobs, pause and run now, alerts) is here.
@@ -18,8 +21,12 @@
 pub mod access;
 pub mod chart;
 pub mod credentials;
+pub mod edit;
+pub mod filter;
 pub mod forwarded;
+pub mod history;
 pub mod masking;
+pub mod page;
 pub mod settings;
 pub mod story;
 pub mod throttle;

@@ -37,7 +37,7 @@ pub use worker_console::chart;
 mod circuits;
 mod dead_letters;
 pub mod edit;
-mod filter;
+use worker_console::filter;
 pub use worker_console::forwarded;
 mod history;
 mod jobs;

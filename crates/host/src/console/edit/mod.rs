@@ -5,9 +5,7 @@
 //! letter's raw body, posted to `/dead-letters/{id}/edited`); each with its JSON under
 //! `/api/`. The transactions are `apply.rs` (a mail) and `raw.rs` (a body).
 
-mod apply;
-mod form;
-mod raw;
+use worker_console::edit::{apply, form, raw};
 
 use axum::Form;
 use axum::extract::Path;

@@ -5,8 +5,7 @@
 //! drawn as an SVG ([`super::chart`]), shown as a table beside it, and served again as JSON
 //! (`/api/history`, `/api/jobs/{name}/history`, `/api/queues/{name}`).
 
-mod range;
-mod table;
+use worker_console::history::{range, table};
 
 use std::collections::BTreeMap;
 

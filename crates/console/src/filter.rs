@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use job_dead_letter_archive::{Filter, Status};
 use serde::{Deserialize, Serialize};
 
-use super::page::Problem;
+use crate::page::Problem;
 
 /// The filter fields of a query string or a form.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +32,7 @@ pub struct FilterForm {
 }
 
 /// A field as given: trimmed, and absent when empty.
-pub(crate) fn given(field: &Option<String>) -> Option<String> {
+pub fn given(field: &Option<String>) -> Option<String> {
     field
         .as_deref()
         .map(str::trim)

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
-use crate::console::page::Problem;
+use crate::page::Problem;
 
 /// A mail's edit form, as posted (and as the API takes it). A field left out keeps the mail's
 /// value, so that a script changing the recipients does not blank the subject; the page's

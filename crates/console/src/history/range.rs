@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use worker_store::history::Resolution;
 
-use super::super::page::Problem;
+use crate::page::Problem;
 
 /// `?range=`: which span the charts cover.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,5 +1,5 @@
 //! One chart's numbers (a row per period, a column per series, each column's total) and the
-//! page's set of charts; [`Chart::svg`] draws one with [`super::super::chart`].
+//! page's set of charts; [`Chart::svg`] draws one with [`crate::chart`].
 
 use std::collections::BTreeMap;
 
@@ -8,13 +8,13 @@ use minijinja::Value;
 use serde::Serialize;
 use worker_store::history::Resolution;
 
-use super::super::chart::{self, Series};
+use crate::chart::{self, Series};
 use super::range::Range;
 
 /// How a column's total over the range is made.
 #[derive(Debug, Clone, Copy, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(super) enum Total {
+pub enum Total {
     /// The periods added up (units, failures).
     Sum,
     /// The highest period (a gauge's peak).
@@ -50,7 +50,7 @@ pub struct Chart {
 }
 
 impl Chart {
-    pub(super) fn new(
+    pub fn new(
         id: &str,
         title: &str,
         unit: &str,
@@ -76,7 +76,7 @@ impl Chart {
     }
 
     /// Adds a column with a value per period (from `value`) and its total.
-    pub(super) fn column(
+    pub fn column(
         mut self,
         name: &str,
         total_is: Total,
@@ -100,7 +100,7 @@ impl Chart {
         self
     }
 
-    pub(super) fn with_total(mut self, total: Option<f64>) -> Self {
+    pub fn with_total(mut self, total: Option<f64>) -> Self {
         if let Some(last) = self.columns.last_mut() {
             last.total = total;
         }
@@ -126,12 +126,12 @@ impl Chart {
 /// The charts of a page, with the range and the links to the others.
 #[derive(Debug, Clone, Serialize)]
 pub struct History {
-    pub(super) range: Range,
-    pub(super) ranges: [Range; 4],
-    pub(super) charts: Vec<Chart>,
+    pub range: Range,
+    pub ranges: [Range; 4],
+    pub charts: Vec<Chart>,
     /// Failures by reason over the range (a job's page).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) failures: Option<BTreeMap<String, i64>>,
+    pub failures: Option<BTreeMap<String, i64>>,
 }
 
 impl History {
