@@ -236,4 +236,3 @@ fn describe_kind(kind: &figment::error::Kind, key: &str) -> String {
         other => other.to_string(),
     }
 }
-

@@ -19,11 +19,11 @@ use axum::response::{Html, IntoResponse, Json, Response};
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+use poll::{Fleet, Shared};
+use settings::FleetSettings;
 use worker_pages::Views;
 use worker_pages::allowed_hosts::AllowedHosts;
 use worker_pages::secure;
-use poll::{Fleet, Shared};
-use settings::FleetSettings;
 
 /// Why the view stopped, as the command's exit code tells it.
 #[derive(Debug, thiserror::Error)]

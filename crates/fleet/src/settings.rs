@@ -13,9 +13,9 @@ use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use worker_pages::environment::{Colour, Environment};
 use worker_core::secret::Secret;
 use worker_core::settings_file::SettingsError;
+use worker_pages::environment::{Colour, Environment};
 
 /// The file `worker-host fleet` reads when neither `--config` nor `WORKER_HOST_CONFIG` names
 /// one.
@@ -127,9 +127,9 @@ impl FleetSettings {
                     &[],
                     &|key| key.to_string(),
                 )
-                    .into_iter()
-                    .map(indexed)
-                    .collect::<Vec<_>>()
+                .into_iter()
+                .map(indexed)
+                .collect::<Vec<_>>()
             })?;
         let mut errors = Vec::new();
         let mut fail = |key: String, problem: String| {
@@ -215,9 +215,7 @@ impl FleetSettings {
                         fail(key("url"), "expected the admin address alone (`https://host:port`), without credentials, query or fragment".into());
                     }
                     let host = url.host_str().unwrap_or_default();
-                    if url.scheme() == "http"
-                        && !installation.allow_plaintext
-                        && !is_loopback(host)
+                    if url.scheme() == "http" && !installation.allow_plaintext && !is_loopback(host)
                     {
                         fail(
                             key("url"),

@@ -25,11 +25,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use worker_pages::allowed_hosts::AllowedHosts;
 use crate::console::Console;
-use worker_pages::secure;
 use crate::metrics::PrometheusReader;
 use crate::status::StatusBoard;
+use worker_pages::allowed_hosts::AllowedHosts;
+use worker_pages::secure;
 
 /// One dependency readiness depends on: `Ok` when reachable, else why not.
 pub trait ReadinessCheck: Send + Sync {

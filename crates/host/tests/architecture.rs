@@ -144,7 +144,12 @@ fn the_fleet_view_depends_on_neither_the_host_nor_the_console() {
             krate == "worker-fleet"
                 && (code.contains("worker_host::") || code.contains("worker_console::"))
         })
-        .map(|(_, path, _)| path.strip_prefix(&root).unwrap_or(&path).display().to_string())
+        .map(|(_, path, _)| {
+            path.strip_prefix(&root)
+                .unwrap_or(&path)
+                .display()
+                .to_string()
+        })
         .collect();
     assert!(named.is_empty(), "{named:?}");
 }
@@ -167,7 +172,13 @@ fn the_service_clients_stay_in_their_adapters() {
             c == "job-email-send" || c == "worker-faults"
         }),
         ("axum", |c: &str| {
-            ["worker-host", "worker-console", "worker-pages", "worker-fleet"].contains(&c)
+            [
+                "worker-host",
+                "worker-console",
+                "worker-pages",
+                "worker-fleet",
+            ]
+            .contains(&c)
         }),
         ("oauth2", |c: &str| c == "worker-mail-auth"),
     ]);
@@ -436,7 +447,10 @@ fn host_layer(module: &[String]) -> Option<u8> {
     Some(match (first, path.as_str()) {
         (_, p) if p.starts_with("metrics::jobs") => 6,
         // What everything may use: exit codes, the release, the pure pieces.
-        ("exit" | "version" | "watchdog" | "alerts" | "open_circuits" | "parked" | "circuits", _) => 0,
+        (
+            "exit" | "version" | "watchdog" | "alerts" | "open_circuits" | "parked" | "circuits",
+            _,
+        ) => 0,
         // The settings and the schema's contract.
         ("settings" | "schema", _) => 1,
         // What the jobs report, and the readings over it.
@@ -491,7 +505,11 @@ fn host_names(src: &std::path::Path, file: &std::path::Path, code: &str) -> Vec<
                         .next()
                         .unwrap_or("")
                 })
-                .take_while(|s| !s.is_empty() && s.chars().all(|c| c.is_lowercase() || c == '_' || c.is_ascii_digit()))
+                .take_while(|s| {
+                    !s.is_empty()
+                        && s.chars()
+                            .all(|c| c.is_lowercase() || c == '_' || c.is_ascii_digit())
+                })
                 .collect();
             if let Some(target) = module_file(src, &segments) {
                 found.push(module_path(src, &target));

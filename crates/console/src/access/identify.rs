@@ -13,11 +13,11 @@ use worker_store::sessions;
 use super::decoy::Decoy;
 use super::request::{SESSION_COOKIE, bearer, cookie_value, digest, same_secret};
 use super::rules::{Caller, Credential, Refusal, Signed};
-use crate::forwarded::{Client, TrustedProxies};
-use crate::throttle::Throttle;
 use crate::credentials;
-use worker_core::secret::Secret;
+use crate::forwarded::{Client, TrustedProxies};
 use crate::settings::{AdminSettings, AuthProxy};
+use crate::throttle::Throttle;
+use worker_core::secret::Secret;
 
 /// The console's access rules, its throttle and how it signs in.
 #[derive(Debug)]

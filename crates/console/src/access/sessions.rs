@@ -12,8 +12,8 @@ use super::request::{
     SESSION_COOKIE, SIGNIN_COOKIE, cookie_value, digest, random_token, same_secret,
 };
 use super::rules::{Caller, Refusal, Signed, refuse_cross_site};
-use crate::forwarded::Client;
 use crate::credentials;
+use crate::forwarded::Client;
 
 impl Access {
     /// Signs the auth proxy's `user` in with a new session: its id and CSRF token.

@@ -8,8 +8,8 @@ use minijinja::Value;
 use serde::Serialize;
 use worker_store::history::Resolution;
 
-use crate::chart::{self, Series};
 use super::range::Range;
+use crate::chart::{self, Series};
 
 /// How a column's total over the range is made.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -50,13 +50,7 @@ pub struct Chart {
 }
 
 impl Chart {
-    pub fn new(
-        id: &str,
-        title: &str,
-        unit: &str,
-        range: Range,
-        starts: &[DateTime<Utc>],
-    ) -> Self {
+    pub fn new(id: &str, title: &str, unit: &str, range: Range, starts: &[DateTime<Utc>]) -> Self {
         Self {
             id: id.into(),
             title: title.into(),

@@ -14,9 +14,9 @@ use worker_store::operators::{self, AccountError, Role};
 
 use super::actor::{ActorArgs, actor};
 use crate::connections;
-use worker_console::credentials::{self, CredentialError};
 use crate::exit::Fatal;
 use crate::settings::Settings;
+use worker_console::credentials::{self, CredentialError};
 
 #[derive(Debug, Subcommand)]
 pub enum OperatorsAction {

@@ -11,8 +11,8 @@ use super::Settings;
 use super::job_sections::refine_flattened;
 use super::renames;
 pub use worker_core::settings_file::SettingsError;
-pub(crate) use worker_core::settings_file::{error_path, parse_table};
 use worker_core::settings_file::is_secret_key;
+pub(crate) use worker_core::settings_file::{error_path, parse_table};
 
 /// Figment's errors as [`SettingsError`]s, a key set by the environment named by its variable.
 fn from_figment(

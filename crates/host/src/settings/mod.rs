@@ -24,7 +24,6 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use crate::schedule::Schedule;
-pub use worker_console::settings::{AdminSettings, AuthProxy, PasswordHashing, parse_network};
 pub use budget::{DEDICATED, Need};
 pub use host::{
     AlertSettings, BrokerSettings, DatabaseSettings, ImapAccount, ImapSettings, LogFormat,
@@ -34,6 +33,7 @@ pub use job_sections::{
     ConsumerEntry, JobSection, JobsSettings, ListedJob, Timer, TimerEntry, all, find,
 };
 pub use load::{DEFAULT_PATH, ENV_PREFIX, SettingsError, SettingsSource, source_from};
+pub use worker_console::settings::{AdminSettings, AuthProxy, PasswordHashing, parse_network};
 
 mod budget;
 mod host;
