@@ -9,7 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use worker_broker::Rotation;
 
-use crate::admin::ReadinessCheck;
+use crate::readiness::ReadinessCheck;
 use crate::settings::validate::is_loopback;
 use crate::settings::{DatabaseSettings, Settings, SettingsError, SslMode};
 

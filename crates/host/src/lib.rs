@@ -22,6 +22,7 @@ pub mod notify;
 pub mod observe;
 pub mod open_circuits;
 pub mod parked;
+pub mod readiness;
 pub mod sampler;
 pub mod scheduler;
 pub mod schema;

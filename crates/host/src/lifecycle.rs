@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::admin::{self, AdminState, Readiness, ReadinessCheck};
+use crate::admin::{self, AdminState};
 use crate::alerts::AlertBook;
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
 use crate::console::{Access, BulkRuns, Console};
@@ -15,6 +15,7 @@ use crate::exit::Fatal;
 use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
 use crate::notify::{self, Notifier};
+use crate::readiness::{Readiness, ReadinessCheck};
 use crate::sampler;
 use crate::secret::Secret;
 use crate::settings::Settings;

@@ -19,7 +19,7 @@ use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 use worker_core::liveness::Liveness;
 
-use crate::admin::Readiness;
+use crate::readiness::Readiness;
 
 /// How often readiness is looked at until it holds.
 const READY_POLL: Duration = Duration::from_millis(250);

@@ -448,7 +448,8 @@ fn host_layer(module: &[String]) -> Option<u8> {
         (_, p) if p.starts_with("metrics::jobs") => 6,
         // What everything may use: exit codes, the release, the pure pieces.
         (
-            "exit" | "version" | "watchdog" | "alerts" | "open_circuits" | "parked" | "circuits",
+            "exit" | "version" | "watchdog" | "alerts" | "open_circuits" | "parked" | "circuits"
+            | "readiness",
             _,
         ) => 0,
         // The settings and the schema's contract.
@@ -477,9 +478,6 @@ fn host_layer(module: &[String]) -> Option<u8> {
 const KNOWN_UPWARD: &[&str] = &[
     // The Action enums live with their commands; the grammar names them.
     "commands → cli",
-    // `admin::Readiness`/`ReadinessCheck` belong in a file of their own below both.
-    "connections → admin",
-    "notify → admin",
     // The console's erasure calls the command's key and dead-queue archiving: they move
     // below both (or behind the console's interface to the host).
     "console → commands",

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use crate::admin::{ReadinessReport, local_url};
+use crate::admin::local_url;
 use crate::exit::{self, Fatal};
+use crate::readiness::ReadinessReport;
 use crate::settings::Settings;
 
 /// How long the host may take to answer; a container's health check gives about this much.
