@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod alerts;
+pub mod broker_session;
 pub mod circuits;
 pub mod cli;
 pub mod commands;
@@ -22,6 +23,7 @@ pub mod notify;
 pub mod observe;
 pub mod open_circuits;
 pub mod parked;
+pub mod privacy;
 pub mod readiness;
 pub mod sampler;
 pub mod scheduler;

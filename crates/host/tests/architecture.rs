@@ -462,7 +462,7 @@ fn host_layer(module: &[String]) -> Option<u8> {
         ("sampler" | "history" | "telemetry", _) => 6,
         // The running jobs, the connections, the admin server and the console it serves.
         ("jobs", _) => 7,
-        ("connections" | "topology" | "notify", _) => 8,
+        ("connections" | "topology" | "notify" | "broker_session" | "privacy", _) => 8,
         ("console", _) => 9,
         ("admin", _) => 10,
         // The lifecycle of `run`, the commands and their grammar.
@@ -478,9 +478,6 @@ fn host_layer(module: &[String]) -> Option<u8> {
 const KNOWN_UPWARD: &[&str] = &[
     // The Action enums live with their commands; the grammar names them.
     "commands → cli",
-    // The console's erasure calls the command's key and dead-queue archiving: they move
-    // below both (or behind the console's interface to the host).
-    "console → commands",
 ];
 
 /// The host's modules a file names: its `use crate::…`/`use super::…` imports, and the

@@ -4,7 +4,7 @@
 pub mod actor;
 pub mod audit_log;
 pub mod automations;
-pub mod broker;
+pub use crate::broker_session as broker;
 pub mod circuits;
 pub mod config;
 pub mod dlq;

@@ -31,12 +31,10 @@ impl Erasing {
     /// The tools, or `None` when the settings give no key (no database password): the page
     /// then says why it cannot erase.
     pub fn from_settings(settings: &Settings) -> Option<Self> {
-        crate::commands::privacy::hash_key(settings)
-            .ok()
-            .map(|key| Self {
-                key,
-                settings: Arc::new(settings.clone()),
-            })
+        crate::privacy::hash_key(settings).ok().map(|key| Self {
+            key,
+            settings: Arc::new(settings.clone()),
+        })
     }
 }
 
@@ -104,7 +102,7 @@ pub async fn erase(
         None
     } else {
         Some(
-            crate::commands::privacy::archive_dead_queues(&erasing.settings, &console.pool)
+            crate::privacy::archive_dead_queues(&erasing.settings, &console.pool)
                 .await
                 .map_err(|e| {
                     Problem::new(
