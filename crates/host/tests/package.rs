@@ -238,3 +238,48 @@ async fn the_packaged_unit_passes_systemd_analyze_verify_and_stays_hardened() ->
     );
     Ok(())
 }
+
+/// The relative links of a Markdown text, outside code spans and fences, without anchors.
+fn relative_links(markdown: &str) -> Vec<String> {
+    let link = regex::Regex::new(r"\]\(([^)\s]+)\)").expect("a valid pattern");
+    let mut fenced = false;
+    let mut links = Vec::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced {
+            continue;
+        }
+        let outside_code: String = line.split('`').step_by(2).collect();
+        for found in link.captures_iter(&outside_code) {
+            let target = found[1].split('#').next().unwrap_or_default().to_string();
+            if !target.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+                links.push(target);
+            }
+        }
+    }
+    links
+}
+
+#[test]
+fn the_packaged_readme_finds_every_file_it_links() -> anyhow::Result<()> {
+    let root = tempfile::tempdir()?;
+    let status = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(deb())
+        .arg(root.path())
+        .status()
+        .context("dpkg-deb -x")?;
+    anyhow::ensure!(status.success(), "dpkg-deb -x: {status}");
+    let doc = root.path().join("usr/share/doc/worker-host");
+    let readme = std::fs::read_to_string(doc.join("README.md"))?;
+    let links = relative_links(&readme);
+    assert!(links.iter().any(|l| l.starts_with("docs/")), "{links:?}");
+    let missing: Vec<&String> = links.iter().filter(|l| !doc.join(l).exists()).collect();
+    assert!(
+        missing.is_empty(),
+        "the package's README links files it does not install: {missing:?}"
+    );
+    Ok(())
+}
