@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use worker_host::cli::{Cli, Command};
+use worker_host::cli::{self, Cli, Command};
 use worker_host::settings::{self, Settings};
 use worker_host::{commands, exit};
 
@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     for deprecation in &settings.deprecations {
         eprintln!("worker-host: warning: {deprecation}");
     }
-    match commands::execute(cli.command.unwrap_or(Command::Run), settings, &source) {
+    match cli::execute(cli.command.unwrap_or(Command::Run), settings, &source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(fatal) => {
             eprintln!("worker-host: {}", fatal.message);

@@ -475,10 +475,7 @@ fn host_layer(module: &[String]) -> Option<u8> {
 
 /// Upward names the host holds today, each `from → to` by top-level module, with what would
 /// remove it; the list only shrinks.
-const KNOWN_UPWARD: &[&str] = &[
-    // The Action enums live with their commands; the grammar names them.
-    "commands → cli",
-];
+const KNOWN_UPWARD: &[&str] = &[];
 
 /// The host's modules a file names: its `use crate::…`/`use super::…` imports, and the
 /// `crate::…` paths in its code (comments aside), as module paths.

@@ -1,10 +1,22 @@
 //! `worker-host automations import FILE [--dry-run]`: checks or imports automation
 //! definitions.
 
-use crate::cli::AutomationsAction;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AutomationsAction {
+    /// Import (create or update, by id or else by name) the automations of a TOML or JSON
+    /// file, all or none.
+    Import {
+        /// The file; its extension (.toml or .json) names the format.
+        file: std::path::PathBuf,
+        /// Validate the file without touching the database.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
 
 pub async fn run(settings: &Settings, action: AutomationsAction) -> Result<(), Fatal> {
     let AutomationsAction::Import { file, dry_run } = action;

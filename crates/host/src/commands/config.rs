@@ -3,6 +3,12 @@
 
 use crate::settings::{Settings, SettingsSource};
 
+#[derive(Debug, clap::Subcommand)]
+pub enum ConfigAction {
+    /// Validate the settings, then print the effective settings with every secret redacted.
+    Check,
+}
+
 pub fn check(settings: &Settings, source: &SettingsSource) {
     println!(
         "# effective settings ({}), secrets redacted",

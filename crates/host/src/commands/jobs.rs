@@ -4,11 +4,40 @@
 use worker_store::pauses;
 
 use super::actor::actor;
-use crate::cli::JobsAction;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::jobs::{find, job_names, pausable, pause_of};
 use crate::settings::Settings;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum JobsAction {
+    /// The jobs, and which of them an operator paused (by whom, since when, why).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause a job on every replica until it is resumed: a timer job's scheduled ticks are
+    /// held back; a consumer job's consumers stop taking deliveries (what they hold is
+    /// finished and acked; the rest waits in the queue).
+    Pause {
+        /// The job, as `jobs list` names it (`draft-expiry`, `email-send`, say).
+        job: String,
+        /// Why, recorded in the audit trail and shown with the pause.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        actor: crate::commands::actor::ActorArgs,
+    },
+    /// Let a paused job run again: a timer on its schedule, a consumer on its queue.
+    Resume {
+        job: String,
+        /// Why, recorded in the audit trail.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        actor: crate::commands::actor::ActorArgs,
+    },
+}
 
 pub async fn run(settings: &Settings, action: JobsAction) -> Result<(), Fatal> {
     let pool = worker_store::connect(&connections::pool_options(&settings.database))

@@ -4,10 +4,38 @@
 use worker_store::outbox;
 
 use super::actor::actor;
-use crate::cli::OutboxAction;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum OutboxAction {
+    /// Pending and failed rows, and the age of the oldest pending one; lists the failed rows.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a failed row (or every failed row) pending again, due now, attempts reset.
+    Retry {
+        /// The outbox row id.
+        #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
+        id: Option<i64>,
+        /// Every failed row.
+        #[arg(long)]
+        all_failed: bool,
+        /// With --all-failed: count and list the failed rows it would put back (the oldest
+        /// 20); move nothing. Recorded as a dry run.
+        #[arg(long, requires = "all_failed")]
+        dry_run: bool,
+        /// With --all-failed: the count a dry run showed; put back at most this many, oldest
+        /// first, and record it as what was confirmed. Rows that failed since stay failed.
+        #[arg(long, requires = "all_failed", conflicts_with = "dry_run")]
+        planned: Option<u64>,
+        #[command(flatten)]
+        actor: crate::commands::actor::ActorArgs,
+    },
+}
 
 pub async fn run(settings: &Settings, action: OutboxAction) -> Result<(), Fatal> {
     let pool = worker_store::connect(&connections::pool_options(&settings.database))

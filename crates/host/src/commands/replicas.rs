@@ -3,10 +3,25 @@
 
 use worker_store::replicas;
 
-use crate::cli::ReplicasAction;
 use crate::connections;
 use crate::exit::Fatal;
 use crate::settings::Settings;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ReplicasAction {
+    /// Every replica that reported in the last week: live, silent (stopped reporting without
+    /// a clean stop) or stopped.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a replica that is gone for good without a clean stop (killed, its machine
+    /// removed), so that it no longer counts as silent.
+    Forget {
+        /// The replica's name, as `replicas list` shows it.
+        name: String,
+    },
+}
 
 pub async fn run(settings: &Settings, action: ReplicasAction) -> Result<(), Fatal> {
     let pool = worker_store::connect(&connections::pool_options(&settings.database))

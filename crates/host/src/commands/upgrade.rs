@@ -21,6 +21,14 @@ use crate::settings::Settings;
 use crate::settings::renames::Deprecation;
 use crate::version;
 
+#[derive(Debug, clap::Subcommand)]
+pub enum UpgradeAction {
+    /// Report the settings keys this release reads under new names, the migrations it would
+    /// apply, the replicas on another release and the depth of every queue; exit 69 when
+    /// something should be resolved first.
+    Check(crate::commands::upgrade::CheckArgs),
+}
+
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// Print the report as JSON.

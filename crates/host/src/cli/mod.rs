@@ -1,8 +1,21 @@
-//! The command line.
+//! The command line: its grammar (here, each command's own in `crate::commands`) and
+//! [`execute`], which runs one.
+
+mod execute;
+
+pub use execute::execute;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+
+use crate::commands::automations::AutomationsAction;
+use crate::commands::config::ConfigAction;
+use crate::commands::jobs::JobsAction;
+use crate::commands::outbox::OutboxAction;
+use crate::commands::replicas::ReplicasAction;
+use crate::commands::topology::TopologyAction;
+use crate::commands::upgrade::UpgradeAction;
 
 /// The worker host: runs this installation's background jobs against RabbitMQ, PostgreSQL,
 /// IMAP and SMTP.
@@ -127,114 +140,4 @@ pub enum Command {
     /// its admin address with a viewer account's API token. It reads no host settings and
     /// reaches no database or broker.
     Fleet,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum UpgradeAction {
-    /// Report the settings keys this release reads under new names, the migrations it would
-    /// apply, the replicas on another release and the depth of every queue; exit 69 when
-    /// something should be resolved first.
-    Check(crate::commands::upgrade::CheckArgs),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum ReplicasAction {
-    /// Every replica that reported in the last week: live, silent (stopped reporting without
-    /// a clean stop) or stopped.
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Forget a replica that is gone for good without a clean stop (killed, its machine
-    /// removed), so that it no longer counts as silent.
-    Forget {
-        /// The replica's name, as `replicas list` shows it.
-        name: String,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum ConfigAction {
-    /// Validate the settings, then print the effective settings with every secret redacted.
-    Check,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum TopologyAction {
-    /// Declare the exchanges, the consumer queues, their retry tiers and dead letters
-    /// (idempotent; `run` does the same at start). A queue that exists with other arguments
-    /// is reported with the argument that differs and how to resolve it.
-    Declare,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum OutboxAction {
-    /// Pending and failed rows, and the age of the oldest pending one; lists the failed rows.
-    Status {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Make a failed row (or every failed row) pending again, due now, attempts reset.
-    Retry {
-        /// The outbox row id.
-        #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
-        id: Option<i64>,
-        /// Every failed row.
-        #[arg(long)]
-        all_failed: bool,
-        /// With --all-failed: count and list the failed rows it would put back (the oldest
-        /// 20); move nothing. Recorded as a dry run.
-        #[arg(long, requires = "all_failed")]
-        dry_run: bool,
-        /// With --all-failed: the count a dry run showed; put back at most this many, oldest
-        /// first, and record it as what was confirmed. Rows that failed since stay failed.
-        #[arg(long, requires = "all_failed", conflicts_with = "dry_run")]
-        planned: Option<u64>,
-        #[command(flatten)]
-        actor: crate::commands::actor::ActorArgs,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum JobsAction {
-    /// The jobs, and which of them an operator paused (by whom, since when, why).
-    List {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Pause a job on every replica until it is resumed: a timer job's scheduled ticks are
-    /// held back; a consumer job's consumers stop taking deliveries (what they hold is
-    /// finished and acked; the rest waits in the queue).
-    Pause {
-        /// The job, as `jobs list` names it (`draft-expiry`, `email-send`, say).
-        job: String,
-        /// Why, recorded in the audit trail and shown with the pause.
-        #[arg(long)]
-        reason: Option<String>,
-        #[command(flatten)]
-        actor: crate::commands::actor::ActorArgs,
-    },
-    /// Let a paused job run again: a timer on its schedule, a consumer on its queue.
-    Resume {
-        job: String,
-        /// Why, recorded in the audit trail.
-        #[arg(long)]
-        reason: Option<String>,
-        #[command(flatten)]
-        actor: crate::commands::actor::ActorArgs,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum AutomationsAction {
-    /// Import (create or update, by id or else by name) the automations of a TOML or JSON
-    /// file, all or none.
-    Import {
-        /// The file; its extension (.toml or .json) names the format.
-        file: PathBuf,
-        /// Validate the file without touching the database.
-        #[arg(long)]
-        dry_run: bool,
-    },
 }
