@@ -18,9 +18,11 @@ use worker_broker::consumer::{Decision, decide};
 use worker_broker::{QueueDefaults, QueueSettings, QueueTopology, TopologySettings};
 use worker_core::circuit::CircuitSettings;
 use worker_core::{ConsumerJob, Failure, FailureClass, Handled, RetryOutcome, WorkContext};
-use worker_messages::{ActionCommand, DomainEvent, action_execution_id};
+use worker_messages::{ActionCommand, DomainEvent};
 use worker_store::circuits::Circuits;
 use worker_testkit::TestDb;
+
+mod common;
 
 use job_automation_action::{ActionExecutor, JOB_NAME, WebhookAllow};
 
@@ -37,35 +39,12 @@ async fn webhook_execution(pool: &PgPool, url: &str) -> ActionCommand {
         occurred_at: Utc::now(),
         data: json!({"subject": "ping"}),
     };
-    let action = json!({"type": "webhook", "url": url, "headers": {}});
-    let automation_id = Uuid::new_v4();
-    sqlx::query("INSERT INTO automations (id, name, event_type, actions) VALUES ($1, $2, $3, $4)")
-        .bind(automation_id)
-        .bind(format!("a-{automation_id}"))
-        .bind(&event.event_type)
-        .bind(json!([action.clone()]))
-        .execute(pool)
-        .await
-        .unwrap();
-    let id = action_execution_id(event.id, automation_id, 0);
-    sqlx::query(
-        "INSERT INTO action_executions (id, automation_id, event_id, action_index, action, event) \
-         VALUES ($1, $2, $3, 0, $4, $5)",
+    common::execution(
+        pool,
+        &event,
+        json!({"type": "webhook", "url": url, "headers": {}}),
     )
-    .bind(id)
-    .bind(automation_id)
-    .bind(event.id)
-    .bind(&action)
-    .bind(serde_json::to_value(&event).unwrap())
-    .execute(pool)
     .await
-    .unwrap();
-    ActionCommand {
-        action_execution_id: id,
-        automation_id,
-        event_id: event.id,
-        action_index: 0,
-    }
 }
 
 async fn state(pool: &PgPool, id: Uuid) -> (String, i32, Option<String>) {

@@ -17,10 +17,11 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use worker_core::{ConsumerJob, Failure, FailureClass, Handled, WorkContext, execute_once};
-use worker_messages::{
-    ActionCommand, DomainEvent, EmailSendCommand, action_execution_id, outbound_email_id,
-};
+use worker_messages::{ActionCommand, DomainEvent, EmailSendCommand, outbound_email_id};
 use worker_testkit::TestDb;
+
+mod common;
+use common::execution;
 
 use job_automation_action::{ActionExecutor, GUARD_SCOPE, JOB_NAME, WebhookAllow};
 
@@ -56,39 +57,6 @@ fn reply_action() -> Value {
         "subject": "Re: {{ subject }}",
         "text": "Hello {{ from_name }}, pong.",
     })
-}
-
-/// Writes an automation and one execution of its action `action` for `event`, as the
-/// trigger does, and returns the command that names it.
-async fn execution(pool: &PgPool, event: &DomainEvent, action: Value) -> ActionCommand {
-    let automation_id = Uuid::new_v4();
-    sqlx::query("INSERT INTO automations (id, name, event_type, actions) VALUES ($1, $2, $3, $4)")
-        .bind(automation_id)
-        .bind(format!("a-{automation_id}"))
-        .bind(&event.event_type)
-        .bind(json!([action.clone()]))
-        .execute(pool)
-        .await
-        .unwrap();
-    let id = action_execution_id(event.id, automation_id, 0);
-    sqlx::query(
-        "INSERT INTO action_executions (id, automation_id, event_id, action_index, action, event) \
-         VALUES ($1, $2, $3, 0, $4, $5)",
-    )
-    .bind(id)
-    .bind(automation_id)
-    .bind(event.id)
-    .bind(&action)
-    .bind(serde_json::to_value(event).unwrap())
-    .execute(pool)
-    .await
-    .unwrap();
-    ActionCommand {
-        action_execution_id: id,
-        automation_id,
-        event_id: event.id,
-        action_index: 0,
-    }
 }
 
 async fn execution_state(pool: &PgPool, id: Uuid) -> (String, i32, Option<String>) {

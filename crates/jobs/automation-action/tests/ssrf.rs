@@ -17,8 +17,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use worker_core::{ConsumerJob, FailureClass, Handled, WorkContext};
-use worker_messages::{ActionCommand, DomainEvent, action_execution_id};
+use worker_messages::{ActionCommand, DomainEvent};
 use worker_testkit::TestDb;
+
+mod common;
 
 use job_automation_action::{ActionExecutor, JOB_NAME, WebhookAllow};
 
@@ -51,35 +53,7 @@ async fn webhook_execution(pool: &PgPool, url: &str) -> ActionCommand {
         occurred_at: Utc::now(),
         data: json!({"subject": "ping"}),
     };
-    let action = json!({"type": "webhook", "url": url});
-    let automation_id = Uuid::new_v4();
-    sqlx::query("INSERT INTO automations (id, name, event_type, actions) VALUES ($1, $2, $3, $4)")
-        .bind(automation_id)
-        .bind(format!("a-{automation_id}"))
-        .bind(&event.event_type)
-        .bind(json!([action.clone()]))
-        .execute(pool)
-        .await
-        .unwrap();
-    let id = action_execution_id(event.id, automation_id, 0);
-    sqlx::query(
-        "INSERT INTO action_executions (id, automation_id, event_id, action_index, action, event) \
-         VALUES ($1, $2, $3, 0, $4, $5)",
-    )
-    .bind(id)
-    .bind(automation_id)
-    .bind(event.id)
-    .bind(&action)
-    .bind(serde_json::to_value(&event).unwrap())
-    .execute(pool)
-    .await
-    .unwrap();
-    ActionCommand {
-        action_execution_id: id,
-        automation_id,
-        event_id: event.id,
-        action_index: 0,
-    }
+    common::execution(pool, &event, json!({"type": "webhook", "url": url})).await
 }
 
 async fn state(pool: &PgPool, id: Uuid) -> (String, Option<String>) {
