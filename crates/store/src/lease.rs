@@ -13,7 +13,8 @@ use crate::classify;
 const LEASE_NAMESPACE: i32 = 0x5748_4c53; // "WHLS"
 
 /// How long each wait of a held lease's session lasts while its tick runs, by default: the
-/// longest a release waits for the wait in flight to end.
+/// longest a release waits for the wait in flight to end, and how long a tick runs before its
+/// session is watched at all.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The longest wait of a held lease's session: half of [`crate::SLOW_STATEMENT`], so that a
@@ -29,16 +30,27 @@ pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The lease is held on one pooled connection for the length of a tick. A replica that dies
 /// loses its connection, and the server releases the lock with it.
 ///
-/// While the tick runs, [`SingletonLease::watch`] keeps the held session waiting in
-/// `pg_sleep(check_interval)`, one wait after another. A session that ends (terminated, its
-/// server restarted, the connection broken) ends its wait at once with an error; one that does
-/// not answer within `check_timeout` past the wait counts as lost too. Then `tick_once`
-/// cancels the tick, because the server has given, or may give, the lock to another replica:
-/// the overlap with a replica that takes it is the time the news takes to arrive (about a
-/// round trip), or `check_timeout` for a connection that goes silent. After the tick,
-/// [`SingletonLease::release`] waits for the wait in flight (at most `check_interval`),
-/// unlocks with `pg_advisory_unlock` and returns the connection to the pool; only a guard
-/// dropped without release (a crash, a lost session) closes it.
+/// Once the tick has run for `check_interval`, [`SingletonLease::watch`] keeps the held
+/// session waiting in `pg_sleep(check_interval)`, one wait after another. A session that ends
+/// (terminated, its server restarted, the connection broken) ends its wait at once with an
+/// error; one that does not answer within `check_timeout` past the wait counts as lost too.
+/// Then `tick_once` cancels the tick, because the server has given, or may give, the lock to
+/// another replica: the overlap with a replica that takes it is the time the news takes to
+/// arrive (about a round trip), or `check_timeout` for a connection that goes silent. After
+/// the tick, [`SingletonLease::release`] waits for the wait in flight, if any (at most
+/// `check_interval`), unlocks with `pg_advisory_unlock` and returns the connection to the
+/// pool; only a guard dropped without release (a crash, a lost session) closes it.
+///
+/// Why the watch waits one interval before its first wait: a wait in flight cannot be called
+/// back, so a release waited for its end, and every tick held the lease, and the timer's busy
+/// guard, for up to `check_interval` after its work, with a wake meanwhile coalesced behind it
+/// (issue 41). Most ticks (the poller's on a wake, the drain's) are done well within the
+/// interval, and now release at once. The price: a session lost within a tick's first
+/// interval is seen when that interval ends, not at once, so the overlap with a replica that
+/// took the freed lock is then at most `check_interval` (the holder's own statements on other
+/// connections are untouched). Holding the lease across ticks instead would spare the lock's
+/// round trips too, but would keep a connection per leased job and a wait in flight around the
+/// clock, tie every tick of a job to one replica, and need the guard to outlive `tick_once`.
 #[derive(Debug, Clone)]
 pub struct AdvisoryLease {
     pool: PgPool,
@@ -63,9 +75,9 @@ impl AdvisoryLease {
         }
     }
 
-    /// How long each wait of a held lease's session lasts during a tick (at most
-    /// [`MAX_CHECK_INTERVAL`]), and how long past its end a wait may go unanswered before the
-    /// session counts as lost.
+    /// How long each wait of a held lease's session lasts during a tick, and how long a tick
+    /// runs before the first (at most [`MAX_CHECK_INTERVAL`]); and how long past its end a wait
+    /// may go unanswered before the session counts as lost.
     #[must_use]
     pub fn with_checks(mut self, interval: Duration, timeout: Duration) -> Self {
         self.check_interval = interval.clamp(Duration::from_millis(10), MAX_CHECK_INTERVAL);
@@ -73,11 +85,15 @@ impl AdvisoryLease {
         self
     }
 
-    /// Resolves once the session holding `guard` is lost; see the type's docs.
+    /// Resolves once the session holding `guard` is lost, from `check_interval` after it is
+    /// called; see the type's docs.
     pub async fn watch(&self, guard: &mut LeaseGuard) -> Failure {
         let Some(conn) = guard.conn.as_mut() else {
             return Failure::transient("the lease was already given up");
         };
+        // A tick that ends within the interval drops this future here, before anything was
+        // sent on the session, so that its release has no wait to sit out.
+        tokio::time::sleep(self.check_interval).await;
         loop {
             // A wait on the server rather than a poll from here: the end of the session
             // interrupts it at once, where a poll would learn of it only at the next check.
@@ -172,7 +188,8 @@ impl KeepAlive {
 
 impl LeaseGuard {
     /// Unlocks the lease and gives the connection back to the pool (after the session's wait
-    /// in flight, if any, has ended). An unlock that fails or does not answer within
+    /// in flight, if any, has ended: there is none when the tick ended within the watch's
+    /// first interval). An unlock that fails or does not answer within
     /// [`DEFAULT_CHECK_TIMEOUT`] closes the connection instead.
     pub async fn release(mut self) {
         if let Some(mut conn) = self.conn.take() {

@@ -207,8 +207,9 @@ async fn leased_ticks_release_the_lease_and_keep_their_connection() -> anyhow::R
     Ok(())
 }
 
-/// The lease's session is terminated mid-tick: the tick is cancelled at once (well under a
-/// second; it would have run for a minute), and another replica can take the lease.
+/// The lease's session is terminated as the tick begins: the tick is cancelled once the
+/// watch's first wait finds it gone, one check interval (250 ms) in (well under a second; it
+/// would have run for a minute), and another replica can take the lease.
 #[tokio::test]
 async fn a_tick_whose_lease_session_is_terminated_is_cancelled() -> anyhow::Result<()> {
     let db = TestDb::create().await?;
@@ -299,6 +300,98 @@ async fn a_wait_in_flight_when_the_tick_ends_leaves_the_connection_sound() -> an
         backend_pid(&pool).await?,
         first,
         "the connection was closed"
+    );
+    Ok(())
+}
+
+/// A tick that ends well inside the check interval gives the lease back at once: no wait of
+/// the lease's session is in flight to be waited for (issue 41: every tick held the lease,
+/// and the busy guard, up to the 250 ms of that wait after its work was done).
+#[tokio::test]
+async fn a_short_tick_gives_its_lease_back_within_milliseconds() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let lease = AdvisoryLease::new(db.another_pool(1).await?);
+    let other = AdvisoryLease::new(db.another_pool(1).await?);
+    let busy = worker_core::SkipIfBusy::new("retention");
+    let job = Hold::new(Duration::from_millis(5));
+    let mut slowest = Duration::ZERO;
+    for tick in 0..5 {
+        let started = Instant::now();
+        let out = worker_core::tick_once(
+            &job,
+            &busy,
+            Some(&lease),
+            Duration::from_secs(5),
+            &tick_ctx(),
+        )
+        .await;
+        let took = started.elapsed();
+        assert!(
+            matches!(out, worker_core::TickOutcome::Ran(_)),
+            "tick {tick}: {out:?}"
+        );
+        let taken = other.acquire("retention").await?;
+        assert!(taken.is_some(), "tick {tick}: the lease was still held");
+        if let Some(guard) = taken {
+            guard.release().await;
+        }
+        slowest = slowest.max(took);
+    }
+    eprintln!("the slowest of five 5 ms ticks took {slowest:?}, lease asked for and given back");
+    // The work is 5 ms; asking for the lease and giving it back are two round trips. 50 ms is
+    // a loaded machine's margin, and a fifth of the 250 ms wait the release used to sit out.
+    assert!(
+        slowest < Duration::from_millis(50),
+        "a 5 ms tick held its lease for {slowest:?}"
+    );
+    Ok(())
+}
+
+/// Once a tick has run past the check interval, its lease's session is watched: terminated
+/// then, the tick is cancelled within a round trip or two, not at the next check.
+#[tokio::test]
+async fn a_session_lost_after_the_check_interval_is_seen_at_once() -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let interval = Duration::from_millis(100);
+    let lease =
+        AdvisoryLease::new(db.another_pool(2).await?).with_checks(interval, Duration::from_secs(5));
+    let job = Hold::new(Duration::from_secs(60));
+    let busy = worker_core::SkipIfBusy::new("retention");
+    let ctx = tick_ctx();
+    let tick = worker_core::tick_once(&job, &busy, Some(&lease), Duration::from_secs(120), &ctx);
+    let kill = async {
+        job.started.notified().await;
+        // Past the interval, and past a first wait's start, so the watch is on the server.
+        tokio::time::sleep(interval * 3 / 2).await;
+        let pid: i32 = sqlx::query_scalar(
+            "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+             WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() \
+               AND l.classid = $1::oid",
+        )
+        .bind(0x5748_4c53_i64)
+        .fetch_one(&db.pool)
+        .await?;
+        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await?;
+        assert!(terminated);
+        anyhow::Ok(Instant::now())
+    };
+    let (out, killed_at) = tokio::join!(tokio::time::timeout(Duration::from_secs(20), tick), kill);
+    let killed_at = killed_at?;
+    let out = out.map_err(|_| anyhow::anyhow!("the tick went on after its session ended"))?;
+    let took = killed_at.elapsed();
+    eprintln!("the tick was cancelled {took:?} after its lease's session was terminated");
+    // The next check would come up to one interval (100 ms) later; a round trip is well under
+    // that even on a loaded machine.
+    assert!(
+        took < interval / 2,
+        "the tick was cancelled only {took:?} after its lease was lost"
+    );
+    assert!(
+        matches!(&out, worker_core::TickOutcome::Failed(f) if f.detail().contains("lost its lease")),
+        "{out:?}"
     );
     Ok(())
 }
