@@ -1,7 +1,13 @@
-//! The operator's console, as far as it has left the host (issue 40): what it needs of no
-//! running host. It depends on the store, core, the pages' frame and the job crates (for the
-//! parts of a mail's story each owns), never on the host.
+//! The operator's console: pages on the admin port to see what failed, why and how often, and
+//! to put it right, with the same data as JSON under `/api/`. The host serves its routes
+//! ([`web::routes`]) and implements [`runtime::Runtime`], the one way the console reaches the
+//! running host (its jobs and their counts, the sampler's readings, run now, the consumers'
+//! gates). Everything else goes through the store, the broker and the job crates, as the
+//! command line does. It depends on the store, core, the broker, the pages' frame and the job
+//! crates (for what each owns), never on the host.
 //!
+//! - [`web`]: the pages and the API, one file per subject;
+//! - [`runtime`]: what the console needs of the running host;
 //! - [`settings`]: the `[admin]` section, whose keys the host's settings file keeps;
 //! - [`credentials`]: operators' passwords (argon2id, `[admin.password_hashing]`) and API
 //!   tokens (`wht_…` and their SHA-256);
@@ -13,10 +19,9 @@
 //! - [`chart`]: the history's charts, drawn as SVG;
 //! - [`page`]: a problem as a page or as JSON, and the guards on reading and acting;
 //! - [`filter`]: the dead letters' filter form; [`edit`]: an operator's edit of a mail or a
-//!   dead letter's body; [`history`]: the history's ranges and chart tables.
-//!
-//! The pages and the API are still the host's (its `console` module), until the interface
-//! the host implements for them (readiness, the jobs, pause and run now, alerts) is here.
+//!   dead letter's body; [`history`]: the history's ranges and chart tables;
+//! - [`open_circuits`]: an open circuit as every surface shows it; [`parked`]: "send parked
+//!   now", for the console and `worker-host queues send-now`.
 
 pub mod access;
 pub mod chart;
@@ -26,7 +31,11 @@ pub mod filter;
 pub mod forwarded;
 pub mod history;
 pub mod masking;
+pub mod open_circuits;
 pub mod page;
+pub mod parked;
+pub mod runtime;
 pub mod settings;
 pub mod story;
 pub mod throttle;
+pub mod web;

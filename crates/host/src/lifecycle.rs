@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::admin::{self, AdminState};
 use crate::alerts::AlertBook;
 use crate::connections::{self, BrokerCheck, DatabaseCheck};
-use crate::console::{Access, BulkRuns, Console};
+use crate::console::{Access, BulkRuns, Console, HostRuntime};
 use crate::exit::Fatal;
 use crate::jobs::{self, JobsContext};
 use crate::metrics::{Metrics, PrometheusReader};
@@ -272,16 +272,13 @@ async fn serve_admin(
         circuits: watched.circuits.clone(),
         sending_rate: started.sending_rate.clone(),
     };
-    let mut console = console(
-        settings,
-        supervisor,
-        board.clone(),
-        watched.readings,
-        tracker,
-        shutdown,
-    )
-    .await?;
-    console.gates = started.gates;
+    let runtime = HostRuntime {
+        board: board.clone(),
+        readings: watched.readings,
+        gates: started.gates,
+        settings: Arc::new(settings.clone()),
+    };
+    let console = console(settings, supervisor, runtime, tracker, shutdown).await?;
     let server = admin::serve(
         settings.admin.listen,
         admin::Limits::of(&settings.admin),
@@ -307,8 +304,7 @@ async fn serve_admin(
 async fn console(
     settings: &Settings,
     supervisor: &worker_broker::Supervisor,
-    board: StatusBoard,
-    readings: Arc<RwLock<sampler::Readings>>,
+    runtime: HostRuntime,
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> Result<Console, Fatal> {
@@ -326,8 +322,9 @@ async fn console(
     Ok(Console {
         pool,
         publisher: supervisor.publisher(settings.broker.publisher.clone()),
-        board,
-        readings,
+        runtime: Arc::new(runtime),
+        installation: settings.installation.clone(),
+        environment: admin.environment(),
         access: Access::new(admin),
         bulk: BulkRuns::default(),
         views,
@@ -345,8 +342,7 @@ async fn console(
             ),
             recipients_max: settings.jobs.automation_action.auto_replies.recipients_max,
         },
-        gates: None,
-        erasing: crate::console::privacy::Erasing::from_settings(settings),
+        privacy_key: crate::privacy::hash_key(settings).ok(),
     })
 }
 

@@ -57,25 +57,7 @@ impl Readings {
     }
 }
 
-/// One consumer queue, its retry tiers and its dead queue, with their depths.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct QueueReading {
-    pub queue: String,
-    pub ready: Option<u64>,
-    /// Each tier's queue and its delay, with the messages parked in it.
-    pub tiers: Vec<TierReading>,
-    pub dead_queue: String,
-    /// Messages in the dead queue, not yet archived.
-    pub dead_waiting: Option<u64>,
-}
-
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct TierReading {
-    pub queue: String,
-    #[serde(with = "humantime_serde")]
-    pub delay: Duration,
-    pub parked: Option<u64>,
-}
+pub use worker_console::runtime::{QueueReading, TierReading};
 
 /// What the sampler reads from.
 #[derive(Debug, Clone)]

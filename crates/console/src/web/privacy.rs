@@ -4,8 +4,6 @@
 //! entries naming the address only by its keyed hash. `POST /api/privacy/erase` is the same
 //! for a script with an admin's token.
 
-use std::sync::Arc;
-
 use axum::Form;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json};
@@ -13,30 +11,10 @@ use minijinja::Value;
 use serde::{Deserialize, Serialize};
 use worker_store::operators::Role;
 use worker_store::privacy::erase::Erasure;
-use worker_store::privacy::{self, Address, HashKey};
+use worker_store::privacy::{self, Address};
 
 use super::caller::Who;
 use super::page::{PageResult, Problem, State, render, sign_in_first};
-use crate::settings::Settings;
-
-/// What an erasure from the console needs beyond the console's pool: the keyed hash's key, and
-/// the settings that reach the broker's dead queues.
-#[derive(Debug, Clone)]
-pub struct Erasing {
-    pub key: HashKey,
-    pub settings: Arc<Settings>,
-}
-
-impl Erasing {
-    /// The tools, or `None` when the settings give no key (no database password): the page
-    /// then says why it cannot erase.
-    pub fn from_settings(settings: &Settings) -> Option<Self> {
-        crate::privacy::hash_key(settings).ok().map(|key| Self {
-            key,
-            settings: Arc::new(settings.clone()),
-        })
-    }
-}
 
 #[derive(Debug, Serialize)]
 struct PrivacyPage {
@@ -63,7 +41,7 @@ pub async fn page(axum::extract::State(console): State, caller: Who) -> PageResu
             erasure: None,
             rows: 0,
             archived: None,
-            available: console.erasing.is_some(),
+            available: console.privacy_key.is_some(),
         },
     )
 }
@@ -88,7 +66,7 @@ pub async fn erase(
     let actor = caller
         .may_act_as(Role::Admin, &headers, &form.csrf)
         .map_err(Problem::from)?;
-    let erasing = console.erasing.as_ref().ok_or_else(|| {
+    let key = console.privacy_key.as_ref().ok_or_else(|| {
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "Erasure unavailable",
@@ -102,7 +80,9 @@ pub async fn erase(
         None
     } else {
         Some(
-            crate::privacy::archive_dead_queues(&erasing.settings, &console.pool)
+            console
+                .runtime
+                .archive_dead_queues(&console.pool)
                 .await
                 .map_err(|e| {
                     Problem::new(
@@ -113,7 +93,7 @@ pub async fn erase(
                 })?,
         )
     };
-    let erasure = privacy::erase::erase(&console.pool, &address, &erasing.key, &actor, dry_run)
+    let erasure = privacy::erase::erase(&console.pool, &address, key, &actor, dry_run)
         .await
         .map_err(|e| Problem::failed("Erasing", e))?;
     if caller.api {

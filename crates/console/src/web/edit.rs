@@ -5,7 +5,7 @@
 //! letter's raw body, posted to `/dead-letters/{id}/edited`); each with its JSON under
 //! `/api/`. The transactions are `apply.rs` (a mail) and `raw.rs` (a body).
 
-use worker_console::edit::{apply, form, raw};
+use crate::edit::{apply, form, raw};
 
 use axum::Form;
 use axum::extract::Path;
@@ -85,7 +85,7 @@ async fn mail_page_data(console: &Console, id: Uuid) -> Result<MailPage, Problem
             .await
             .map_err(failed)?,
     );
-    let story = worker_console::story::mail_of_message(&console.pool, &id.to_string())
+    let story = crate::story::mail_of_message(&console.pool, &id.to_string())
         .await
         .map_err(failed)?;
     Ok(MailPage {

@@ -31,10 +31,7 @@ pub struct SendNowForm {
 
 /// The retry tiers of `name` as this replica's topology has them (its sampler's reading).
 fn tiers_of(console: &Console, name: &str) -> Result<Vec<RetryTier>, Problem> {
-    let readings = console
-        .readings
-        .read()
-        .map_err(|_| Problem::failed("Reading the queues", "a poisoned lock"))?;
+    let readings = console.runtime.readings();
     let queue = readings
         .queues
         .iter()

@@ -81,7 +81,7 @@ pub async fn close_from_job(
     Path((job, dependency)): Path<(String, String)>,
     Form(form): Form<CloseForm>,
 ) -> PageResult {
-    if !console.board.jobs.iter().any(|j| j.name == job) {
+    if !super::jobs::runs(&console, &job) {
         return Err(Problem::not_found(format!(
             "this host runs no job called `{job}`"
         )));

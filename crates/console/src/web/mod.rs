@@ -3,7 +3,8 @@
 //!
 //! Every query and action goes through the libraries the command line uses
 //! (`job_dead_letter_archive`, `worker_store::{outbox, pauses, audit}`): there is no second
-//! implementation here, only pages. The pages are rendered on the server ([`views`]) and work
+//! implementation here, only pages; what only the running host knows comes through
+//! [`crate::runtime::Runtime`]. The pages are rendered on the server ([`views`]) and work
 //! without JavaScript; a running bulk action's page reloads itself. [`access`] decides who
 //! may read and act, and `caller.rs` finds out who each request comes from before its
 //! handler runs. Every action is also under `/api/` for scripts with an API token: the same
@@ -26,33 +27,28 @@
 //! - `personal.rs`: who sees customers' personal data ([`masking`] hides it from the rest),
 //!   and a viewer's audited reveal; `privacy.rs`: `/privacy`, an admin's erasure of one
 //!   person's data;
-//! - `forwarded.rs`: which proxies' forwarded headers count; `throttle.rs`: how fast
-//!   credentials may be tried.
+//! - [`crate::forwarded`]: which proxies' forwarded headers count; [`crate::throttle`]: how
+//!   fast credentials may be tried.
 
-pub use worker_console::access;
 mod accounts;
 mod bulk;
 pub mod caller;
-pub use worker_console::chart;
 mod circuits;
 mod dead_letters;
 pub mod edit;
-use worker_console::filter;
-pub use worker_console::forwarded;
 mod history;
 mod jobs;
 mod mail;
-pub use worker_console::masking;
 mod outbox;
 mod overview;
 pub mod page;
 mod personal;
-pub mod privacy;
+mod privacy;
 mod send_now;
 mod sign_in;
-pub use worker_console::throttle;
 
-use std::sync::{Arc, RwLock};
+use crate::{access, filter, masking};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -60,8 +56,7 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::sampler::Readings;
-use crate::status::StatusBoard;
+use crate::runtime::Runtime;
 
 pub use access::Access;
 pub use bulk::BulkRuns;
@@ -73,8 +68,12 @@ pub struct Console {
     /// The console's own pool (`admin.console_connections`), apart from the jobs' pool.
     pub pool: sqlx::PgPool,
     pub publisher: worker_broker::Publisher,
-    pub board: StatusBoard,
-    pub readings: Arc<RwLock<Readings>>,
+    /// The running host: its jobs, readings, timers and gates.
+    pub runtime: Arc<dyn Runtime>,
+    /// `installation`, on every page's frame.
+    pub installation: String,
+    /// `admin.environment`: the band at the top of every page.
+    pub environment: Option<worker_pages::environment::Environment>,
     pub access: Access,
     pub bulk: BulkRuns,
     pub views: Views,
@@ -83,7 +82,7 @@ pub struct Console {
     /// How long the archive keeps replayed and purged dead letters before the sweep.
     pub archive_retention: Duration,
     /// How long the tables a mail's story reads keep their rows.
-    pub story_retention: worker_console::story::Retention,
+    pub story_retention: crate::story::Retention,
     /// The rate a bulk action offers first.
     pub bulk_rate: u32,
     /// `jobs.email_send.max_age`: a replay's plan counts the replies it would expire.
@@ -94,10 +93,9 @@ pub struct Console {
     pub shutdown: CancellationToken,
     /// How an operator's edit of a failed mail is checked and sent.
     pub edits: edit::EditSettings,
-    /// The consumer jobs' pauses as this replica obeys them.
-    pub gates: Option<Arc<crate::jobs::ConsumerGates>>,
-    /// What an admin's erasure of a person's data needs (`/privacy`).
-    pub erasing: Option<privacy::Erasing>,
+    /// The keyed hash's key an admin's erasure of a person's data needs (`/privacy`); `None`
+    /// when the settings give none, and the page says so.
+    pub privacy_key: Option<worker_store::privacy::HashKey>,
 }
 
 /// The pages' templates, with the console's own filter: an audit entry's stored kind as

@@ -19,9 +19,7 @@ use super::page::{
     PageResult, Problem, State, may_act, may_read_api, render, see_other, sign_in_first,
 };
 use super::personal;
-use crate::jobs::pausable;
-use crate::scheduler::TimerView;
-use crate::status::JobStats;
+use crate::runtime::pause_of;
 
 /// Latest failed ticks and audit entries a job's page lists.
 const RECENT: u32 = 20;
@@ -31,7 +29,7 @@ struct JobPage {
     name: String,
     kind: &'static str,
     /// A timer's schedule, runs and counts.
-    timer: Option<TimerView>,
+    timer: Option<serde_json::Value>,
     /// A consumer's queue and counts.
     consumer: Option<serde_json::Value>,
     paused: Option<pauses::Pause>,
@@ -61,27 +59,27 @@ fn target(name: &str) -> serde_json::Value {
 
 async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
     let entry = console
-        .board
-        .jobs
-        .iter()
+        .runtime
+        .jobs()
+        .into_iter()
         .find(|job| job.name == name)
         .ok_or_else(|| Problem::not_found(format!("this host runs no job called `{name}`")))?;
     let failed = |what: &str| {
         let what = what.to_string();
         move |e: worker_core::Failure| Problem::failed(&what, e)
     };
-    let (kind, timer, consumer) = match &entry.stats {
-        JobStats::Timer(handle) => ("timer", Some(handle.view()), None),
-        JobStats::Consumer { queue, stats } => (
+    let (kind, timer, consumer) = match entry.queue {
+        None => ("timer", Some(entry.shown), None),
+        Some(queue) => (
             "consumer",
             None,
-            Some(serde_json::json!({ "queue": queue, "counts": stats.snapshot() })),
+            Some(serde_json::json!({ "queue": queue, "counts": entry.shown })),
         ),
     };
     let paused = pauses::list(&console.pool)
         .await
         .map_err(failed("Reading the paused jobs"))?;
-    let paused = crate::jobs::pause_of(&paused, name).cloned();
+    let paused = pause_of(&*console.runtime, &paused, name).cloned();
     let recent_ticks = if timer.is_some() {
         recent_ticks(console, name)
             .await
@@ -100,17 +98,17 @@ async fn job(console: &Console, name: &str) -> Result<JobPage, Problem> {
         .collect();
     let circuits = super::circuits::stopping(console, name).await?;
     let sending_rate = (name == job_email_send::JOB_NAME)
-        .then(|| console.board.sending_rate.as_ref().map(|rate| rate.read()))
+        .then(|| console.runtime.sending_rate())
         .flatten()
         .filter(|rate| !rate.is_null());
     let stopped_here = consumer
         .is_some()
-        .then(|| console.gates.as_ref().is_some_and(|g| g.is_closed(name)));
+        .then(|| console.runtime.stopped_here(name));
     Ok(JobPage {
         name: name.to_string(),
         kind,
         stopped_here,
-        not_pausable: pausable(name).err(),
+        not_pausable: console.runtime.pausable(name).err(),
         circuits,
         sending_rate,
         timer,
@@ -164,10 +162,9 @@ pub async fn run_now(
     Form(form): Form<CsrfForm>,
 ) -> PageResult {
     let actor = may_act(&caller, &headers, &form.csrf)?;
-    let handle = console.board.timer(&name).ok_or_else(|| {
+    let taken = console.runtime.run_now(&name).ok_or_else(|| {
         Problem::not_found(format!("this host runs no timer job called `{name}`"))
     })?;
-    let taken = handle.run_now();
     let note = match &taken {
         Ok(()) => format!("run now on replica {}", console.replica),
         Err(refused) => format!("not run: {refused}"),
@@ -214,12 +211,14 @@ async fn change_pause(
     pause: bool,
 ) -> PageResult {
     let actor = may_act(caller, headers, &form.csrf)?;
-    if !console.board.jobs.iter().any(|job| job.name == name) {
+    if !runs(console, name) {
         return Err(Problem::not_found(format!(
             "this host runs no job called `{name}`"
         )));
     }
-    let spec = pausable(name)
+    let spec = console
+        .runtime
+        .pausable(name)
         .map_err(|why| Problem::new(StatusCode::CONFLICT, "Cannot be paused", why))?;
     let reason = form.reason.as_deref();
     let changed = if pause {
@@ -257,8 +256,10 @@ async fn recent_ticks(
     console: &Console,
     name: &str,
 ) -> Result<Vec<AttemptRecord>, worker_core::Failure> {
-    let names: Vec<&str> =
-        crate::settings::find(name).map_or_else(|| vec![name], |spec| spec.names().collect());
+    let names: Vec<&str> = console
+        .runtime
+        .job(name)
+        .map_or_else(|| vec![name], |spec| spec.names().collect());
     let mut rows = Vec::new();
     for job in names {
         rows.extend(attempt_log::recent(&console.pool, job, RECENT).await?);
@@ -266,4 +267,9 @@ async fn recent_ticks(
     rows.sort_by_key(|row| std::cmp::Reverse(row.at));
     rows.truncate(RECENT as usize);
     Ok(rows)
+}
+
+/// Whether this host runs a job called `name`.
+pub fn runs(console: &Console, name: &str) -> bool {
+    console.runtime.jobs().iter().any(|job| job.name == name)
 }

@@ -2,10 +2,10 @@
 //! the queues and the outbox), on a job's page (its units and failures, its durations) and on
 //! a queue's page (`/queues/{name}`: its depth, retry tiers and dead letters). The range is a
 //! link (`?range=hour|day|week|month`, `range.rs`). Each chart's numbers (`table.rs`) are
-//! drawn as an SVG ([`super::chart`]), shown as a table beside it, and served again as JSON
+//! drawn as an SVG ([`crate::chart`]), shown as a table beside it, and served again as JSON
 //! (`/api/history`, `/api/jobs/{name}/history`, `/api/queues/{name}`).
 
-use worker_console::history::{range, table};
+use crate::history::{range, table};
 
 use std::collections::BTreeMap;
 
@@ -257,7 +257,7 @@ pub async fn job_api(
     Query(query): Query<RangeQuery>,
 ) -> PageResult {
     may_read_api(&caller)?;
-    if !console.board.jobs.iter().any(|job| job.name == name) {
+    if !super::jobs::runs(&console, &name) {
         return Err(Problem::not_found(format!("this host runs no job called `{name}`")).json());
     }
     let range = Range::of(&query).map_err(Problem::json)?;
@@ -269,17 +269,13 @@ pub async fn job_api(
 struct QueuePage {
     name: String,
     /// The sampler's latest reading of the queue, its tiers and its dead queue.
-    reading: crate::sampler::QueueReading,
+    reading: crate::runtime::QueueReading,
     dead_letters: u64,
     history: History,
 }
 
 async fn queue_page(console: &Console, name: &str, range: Range) -> Result<QueuePage, Problem> {
-    let readings = console
-        .readings
-        .read()
-        .map(|r| r.clone())
-        .unwrap_or_default();
+    let readings = console.runtime.readings();
     let reading = readings
         .queues
         .iter()

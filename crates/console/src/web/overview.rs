@@ -14,7 +14,7 @@ use super::caller::Who;
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use super::personal;
 use crate::open_circuits::ShownCircuit;
-use crate::sampler::QueueReading;
+use crate::runtime::{QueueReading, Runtime, pause_of};
 
 #[derive(Debug, Serialize)]
 struct DeadLetters {
@@ -55,11 +55,7 @@ struct Overview {
 }
 
 async fn overview(console: &Console) -> Result<Overview, Problem> {
-    let readings = console
-        .readings
-        .read()
-        .map(|r| r.clone())
-        .unwrap_or_default();
+    let readings = console.runtime.readings();
     let paused = pauses::list(&console.pool)
         .await
         .map_err(|e| Problem::failed("Reading the paused jobs", e))?;
@@ -67,12 +63,12 @@ async fn overview(console: &Console) -> Result<Overview, Problem> {
         .await
         .map_err(|e| Problem::failed("Reading the replicas", e))?;
     let circuits = super::circuits::open(console).await?;
-    let status = console.board.render();
+    let status = console.runtime.status();
     let jobs = status["jobs"]
         .as_array()
         .map(|jobs| {
             jobs.iter()
-                .map(|job| with_state(job, &paused, &circuits))
+                .map(|job| with_state(&*console.runtime, job, &paused, &circuits))
                 .collect()
         })
         .unwrap_or_default();
@@ -82,7 +78,7 @@ async fn overview(console: &Console) -> Result<Overview, Problem> {
         db_latency_ms: readings.db_latency.map(|d| d.as_millis()),
         paused,
         circuits,
-        queues: readings.queues.clone(),
+        queues: readings.queues,
         dead_letters: DeadLetters {
             waiting: readings.dead_letter_depth.values().sum(),
             by_queue: readings.dead_letter_depth.clone(),
@@ -106,13 +102,14 @@ fn at(value: &serde_json::Value) -> Option<chrono::DateTime<chrono::Utc>> {
 
 /// `job` (a `/status` entry) with its `state`.
 fn with_state(
+    runtime: &dyn Runtime,
     job: &serde_json::Value,
     paused: &[pauses::Pause],
     circuits: &[ShownCircuit],
 ) -> serde_json::Value {
     let counts = &job["counts"];
     let name = job["name"].as_str().unwrap_or_default();
-    let pause = crate::jobs::pause_of(paused, name);
+    let pause = pause_of(runtime, paused, name);
     let circuit = circuits.iter().find(|c| c.job == Some(name));
     let state = if pause.is_some() {
         "paused"

@@ -13,7 +13,6 @@ use super::caller::Who;
 use super::filter::FilterForm;
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use super::personal;
-use crate::status::JobStats;
 
 /// Groups on one page.
 const GROUPS_PER_PAGE: u32 = 50;
@@ -81,13 +80,10 @@ struct Groups {
 /// The consumer queues of this host, and the job of each.
 fn consumers(console: &Console) -> Vec<(String, String)> {
     let mut queues: Vec<(String, String)> = console
-        .board
-        .jobs
-        .iter()
-        .filter_map(|job| match &job.stats {
-            JobStats::Consumer { queue, .. } => Some((queue.clone(), job.name.clone())),
-            JobStats::Timer(_) => None,
-        })
+        .runtime
+        .jobs()
+        .into_iter()
+        .filter_map(|job| Some((job.queue?, job.name)))
         .collect();
     queues.push((archive::OUTBOX_QUEUE.to_string(), String::new()));
     queues
@@ -321,7 +317,7 @@ async fn one(console: &Console, id: i64) -> Result<One, Problem> {
     }
     .group(&dead.queue, &dead.fingerprint);
     let story = match &dead.message_id {
-        Some(message_id) => worker_console::story::mail_of_message(&console.pool, message_id)
+        Some(message_id) => crate::story::mail_of_message(&console.pool, message_id)
             .await
             .map_err(|e| Problem::failed("Finding the dead letter's mail", e))?,
         None => None,

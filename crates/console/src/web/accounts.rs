@@ -14,7 +14,7 @@ use worker_store::operators::{self, Account, AccountError, Role};
 use super::Console;
 use super::caller::Who;
 use super::page::{PageResult, Problem, State, may_read_api, render, see_other, sign_in_first};
-use worker_console::credentials::{self, CredentialError};
+use crate::credentials::{self, CredentialError};
 
 #[derive(Debug, Serialize)]
 struct AccountsPage {

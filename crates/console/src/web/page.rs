@@ -1,6 +1,6 @@
 //! The frame around every page (installation, replica, who is signed in, the session's CSRF
-//! token), rendered from the running host's board; the rest of what pages share (a problem
-//! shown as a page or as JSON, the guards on reading and acting) is `worker_console::page`.
+//! token), rendered from the console's settings; the rest of what pages share (a problem
+//! shown as a page or as JSON, the guards on reading and acting) is `crate::page`.
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::Console;
 use super::access::Caller;
-pub use worker_console::page::*;
+pub use crate::page::*;
 
 /// The frame of every page.
 #[derive(Debug, Serialize)]
@@ -36,7 +36,7 @@ struct Chrome {
 /// Renders page `template` with `context`, framed for the caller.
 pub fn render(console: &Console, caller: &Caller, template: &str, context: Value) -> PageResult {
     let chrome = Chrome {
-        installation: console.board.installation.clone(),
+        installation: console.installation.clone(),
         replica: console.replica.clone(),
         operator: caller.signed.as_ref().map(super::access::Signed::label),
         role: caller.signed.as_ref().map(|s| s.role.to_string()),
@@ -48,7 +48,7 @@ pub fn render(console: &Console, caller: &Caller, template: &str, context: Value
             .is_some_and(|s| s.role >= worker_store::operators::Role::Admin)
             && caller.csrf().is_some(),
         open_reading: console.access.open_reading(),
-        environment: console.board.environment.clone(),
+        environment: console.environment.clone(),
     };
     let context = minijinja::context! { chrome => Value::from_serialize(&chrome), ..context };
     console

@@ -1,5 +1,5 @@
 //! `/mail` (a search for mails, each with its end state) and `/mail/{id}` (one mail's story
-//! as a timeline), with their JSON under `/api/mail`. The same [`worker_console::story`] as
+//! as a timeline), with their JSON under `/api/mail`. The same [`crate::story`] as
 //! `worker-host mail show|find`.
 
 use axum::extract::{Path, Query};
@@ -13,7 +13,7 @@ use super::caller::Who;
 use super::filter::{given, parse_time};
 use super::page::{PageResult, Problem, State, may_read_api, render, sign_in_first};
 use super::personal;
-use worker_console::story::{self, Found, Search, Story};
+use crate::story::{self, Found, Search, Story};
 
 /// Mails on one page of a search.
 const PER_PAGE: u32 = 50;
