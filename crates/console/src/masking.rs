@@ -43,6 +43,11 @@ pub fn address(found: &str) -> String {
     }
 }
 
+/// A person's name as `A***`.
+pub fn name(text: &str) -> String {
+    format!("{}***", first_char(text))
+}
+
 fn first_char(text: &str) -> String {
     text.chars().next().map(String::from).unwrap_or_default()
 }
@@ -79,7 +84,7 @@ fn field(key: &str, value: Value) -> Value {
         hidden(value)
     } else if NAMES.contains(&key) {
         match value {
-            Value::String(name) => Value::String(format!("{}***", first_char(&name))),
+            Value::String(text) => Value::String(name(&text)),
             other => masked(other),
         }
     } else {

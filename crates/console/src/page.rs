@@ -1,6 +1,6 @@
 //! What every page and API answer shares: a problem shown as a page or as JSON, the guards on
 //! reading and acting, and the paths a page may send a browser to. The frame around a page is
-//! rendered by the host's console module, from the running host's board.
+//! rendered by [`crate::web::page`].
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Json, Redirect, Response};
@@ -78,7 +78,7 @@ impl From<Refusal> for Problem {
 }
 
 /// A problem's JSON, kept on its page's response so that the API's layer can answer with it
-/// instead (the host's `console::caller::api_answers`).
+/// instead ([`crate::web::caller::api_answers`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct ProblemBody {
     pub error: String,

@@ -331,6 +331,7 @@ async fn console(
         replica: settings.replica_name(),
         archive_retention: settings.jobs.dead_letter_archive.job.archiver.retention,
         story_retention: settings.story_retention(),
+        audit_log_retention: settings.jobs.retention.job.audit_log,
         bulk_rate: admin.bulk_rate,
         email_max_age: settings.jobs.email_send.max_age,
         password_hashing: admin.password_hashing,

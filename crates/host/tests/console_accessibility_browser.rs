@@ -110,7 +110,7 @@ async fn every_console_page_passes_axe_core_and_fits_a_phone() -> anyhow::Result
         problems.extend(check_page(&browser, path, shot.map(|s| shots.join(s))).await);
     }
 
-    // The pages past the anchors: the mail search, a queue's history, the outbound mail a
+    // The pages past the anchors: the mail search, the audit log, a queue's history, the outbound mail a
     // dead letter names and its edit form, a malformed dead letter's edit form.
     let malformed: i64 =
         sqlx::query_scalar("SELECT id FROM dead_letters WHERE message_id = 'broken-0'")
@@ -126,6 +126,7 @@ async fn every_console_page_passes_axe_core_and_fits_a_phone() -> anyhow::Result
     let outbound = link(&browser, "#mail-link a").await;
     let more: Vec<(String, &str)> = vec![
         ("/mail".into(), "#mails"),
+        ("/audit-log".into(), "#entries"),
         ("/queues/email.send".into(), "h1"),
         (outbound.clone(), "#mail-status"),
         (format!("{outbound}/edit"), "form"),

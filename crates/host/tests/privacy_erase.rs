@@ -224,6 +224,16 @@ async fn an_erased_address_is_found_nowhere_and_another_is_untouched() -> anyhow
         .await?;
     }
 
+    // Another team's audit entry naming her: exported, counted, kept (docs/PRIVACY.md).
+    sqlx::query(
+        "INSERT INTO audit_log_entries (id, occurred_at, actor, action, entity_type, entity_id, data) \
+         VALUES (gen_random_uuid(), now(), 'dispatch-7', 'customer.contacted', 'customer', $1, \
+                 jsonb_build_object('channel', 'mail'))",
+    )
+    .bind(&ann)
+    .execute(&db.pool)
+    .await?;
+
     let ann_before = scan(&db, &ann).await?;
     let bob_before = scan(&db, &bob).await?;
     for place in [
@@ -276,6 +286,7 @@ async fn an_erased_address_is_found_nowhere_and_another_is_untouched() -> anyhow
     assert_eq!(rows_of(&export, "outbound_email_recipients"), 3);
     assert!(rows_of(&export, "dead_letters") >= 1);
     assert!(rows_of(&export, "dead_letter_actions") >= 1, "the edit");
+    assert_eq!(rows_of(&export, "audit_log_entries"), 1, "{export:#}");
     assert!(!out.contains(&bob), "only her rows");
 
     // The dry run: counts, and nothing changed.
@@ -321,14 +332,16 @@ async fn an_erased_address_is_found_nowhere_and_another_is_untouched() -> anyhow
     let hash = erasure["address_hash"].as_str().unwrap().to_string();
     assert_eq!(hash.len(), 64);
 
+    // Found nowhere but in the audit log, which the erasure keeps.
+    let kept = BTreeMap::from([("audit_log_entries.entity_id".to_string(), 1)]);
     let ann_after = scan(&db, &ann).await?;
-    assert!(
-        ann_after.is_empty(),
-        "the erased address is found nowhere: {ann_after:#?}"
+    assert_eq!(
+        ann_after, kept,
+        "the erased address is found nowhere else: {ann_after:#?}"
     );
     // Not even by its local part.
     let local = ann.split('@').next().unwrap();
-    assert_eq!(scan(&db, local).await?, BTreeMap::new());
+    assert_eq!(scan(&db, local).await?, kept);
     // The dead letter that was still in its queue was archived, then erased.
     let stuck_body: Vec<u8> =
         sqlx::query_scalar("SELECT body FROM dead_letters WHERE message_id = $1")
@@ -357,21 +370,23 @@ async fn an_erased_address_is_found_nowhere_and_another_is_untouched() -> anyhow
             .fetch_all(&db.pool)
             .await?;
     assert_eq!(statuses, ["failed"], "statuses stay");
-    // Nothing is left to export.
+    // Nothing is left to export but the kept audit entry.
     let (code, out, _) = host
         .cli(&["privacy", "export", "--address", &ann, "--json"])
         .await?;
     assert_eq!(code, Some(0));
+    let left: Value = serde_json::from_str(&out)?;
     assert_eq!(
-        serde_json::from_str::<Value>(&out)?["tables"]
+        left["tables"]
             .as_array()
             .unwrap()
             .iter()
             .map(|t| t["rows"].as_array().unwrap().len())
             .sum::<usize>(),
-        0,
+        1,
         "{out}"
     );
+    assert_eq!(rows_of(&left, "audit_log_entries"), 1, "{out}");
 
     // Bob's data is where it was.
     assert_eq!(

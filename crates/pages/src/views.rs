@@ -29,6 +29,7 @@ const TEMPLATES: &[(&str, &str)] = &[
     ),
     ("problem.html", include_str!("templates/problem.html")),
     ("mails.html", include_str!("templates/mails.html")),
+    ("audit_log.html", include_str!("templates/audit_log.html")),
     ("mail.html", include_str!("templates/mail.html")),
     ("history.html", include_str!("templates/history.html")),
     ("queue.html", include_str!("templates/queue.html")),
@@ -143,10 +144,24 @@ fn when(at: Option<String>) -> String {
 /// A number of seconds as `1h 2m 3s`; nothing as `-`.
 fn seconds(secs: Option<f64>) -> String {
     match secs {
-        Some(s) if s.is_finite() && s >= 0.0 => {
-            humantime::format_duration(std::time::Duration::from_secs(s.round() as u64)).to_string()
-        }
+        Some(s) if s.is_finite() && s >= 0.0 => span(s.round() as u64),
         _ => "-".into(),
+    }
+}
+
+/// A span in whole days and the rest (`90 days`, `1 day 12h`), since humantime counts in
+/// months of 30.44 days, which no setting is written in (`90d` read back as
+/// `2months 29days 2h 52m 48s`).
+fn span(secs: u64) -> String {
+    const DAY: u64 = 86_400;
+    let (days, rest) = (secs / DAY, secs % DAY);
+    let rest = humantime::format_duration(std::time::Duration::from_secs(rest)).to_string();
+    match days {
+        0 => rest,
+        1 if secs % DAY == 0 => "1 day".into(),
+        1 => format!("1 day {rest}"),
+        _ if secs % DAY == 0 => format!("{days} days"),
+        _ => format!("{days} days {rest}"),
     }
 }
 
@@ -223,5 +238,13 @@ mod tests {
         assert_eq!(bytes(Some(2048.0)), "2.0 KiB");
         assert_eq!(seconds(Some(75.0)), "1m 15s");
         assert_eq!(when(None), "-");
+    }
+
+    #[test]
+    fn a_span_of_days_reads_in_days_not_months() {
+        assert_eq!(seconds(Some(90.0 * 86_400.0)), "90 days");
+        assert_eq!(seconds(Some(86_400.0)), "1 day");
+        assert_eq!(seconds(Some(129_600.0)), "1 day 12h");
+        assert_eq!(seconds(Some(3.0 * 86_400.0 + 60.0)), "3 days 1m");
     }
 }

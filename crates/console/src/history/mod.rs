@@ -1,5 +1,5 @@
 //! The history's ranges (`range.rs`) and its charts' tables (`table.rs`), apart from its
-//! pages (the host's `console::history`).
+//! pages (`web/history.rs`).
 
 pub mod range;
 pub mod table;

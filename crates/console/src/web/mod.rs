@@ -22,6 +22,7 @@
 //! - `send_now.rs`: a queue's parked messages sent now (a dry run, then the confirmed count);
 //! - `mail.rs`: `/mail`, a search for mails with their end states, and `/mail/{id}`, one
 //!   mail's story;
+//! - `audit_log.rs`: `/audit-log`, other teams' audit entries, searched and paged;
 //! - `sign_in.rs`: the operator session;
 //! - `accounts.rs`: `/accounts`, the operator accounts, which an admin manages;
 //! - `personal.rs`: who sees customers' personal data ([`masking`] hides it from the rest),
@@ -31,6 +32,7 @@
 //!   fast credentials may be tried.
 
 mod accounts;
+mod audit_log;
 mod bulk;
 pub mod caller;
 mod circuits;
@@ -81,6 +83,8 @@ pub struct Console {
     pub replica: String,
     /// How long the archive keeps replayed and purged dead letters before the sweep.
     pub archive_retention: Duration,
+    /// `jobs.retention.audit_log`: how long the audit log keeps an entry (`None`: kept).
+    pub audit_log_retention: Option<Duration>,
     /// How long the tables a mail's story reads keep their rows.
     pub story_retention: crate::story::Retention,
     /// The rate a bulk action offers first.
@@ -98,12 +102,17 @@ pub struct Console {
     pub privacy_key: Option<worker_store::privacy::HashKey>,
 }
 
-/// The pages' templates, with the console's own filter: an audit entry's stored kind as
-/// operators read it (`trigger` as "run now").
+/// The pages' templates, with the console's own filters: an audit entry's stored kind as
+/// operators read it (`trigger` as "run now"), and a value as indented JSON (escaped by the
+/// page like any text).
 pub fn views() -> Result<Views, minijinja::Error> {
-    Ok(Views::new()?.with_filter("shown_kind", |stored: String| {
-        worker_store::audit::shown(&stored).to_string()
-    }))
+    Ok(Views::new()?
+        .with_filter("shown_kind", |stored: String| {
+            worker_store::audit::shown(&stored).to_string()
+        })
+        .with_filter("pretty_json", |value: minijinja::Value| {
+            serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("({e})"))
+        }))
 }
 
 /// The operator actions, each a form's target and, under `/api/`, a script's.
@@ -150,6 +159,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/outbox", get(outbox::page))
         .route("/mail", get(mail::search_page))
         .route("/mail/{id}", get(mail::story_page))
+        .route("/audit-log", get(audit_log::page))
         .route("/accounts", get(accounts::page))
         .route("/privacy", get(privacy::page))
         .route("/outbound/{id}", get(edit::mail_page))
@@ -178,6 +188,7 @@ pub fn routes(console: Arc<Console>) -> Router {
         .route("/api/outbox", get(outbox::api))
         .route("/api/mail", get(mail::search_api))
         .route("/api/mail/{id}", get(mail::story_api))
+        .route("/api/audit-log", get(audit_log::api))
         .route("/api/accounts", get(accounts::api))
         .route("/api/outbound/{id}", get(edit::mail_api))
         .layer(axum::middleware::from_fn_with_state(

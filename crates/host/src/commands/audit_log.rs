@@ -54,6 +54,7 @@ pub async fn run(settings: &Settings, action: AuditLogAction) -> Result<(), Fata
         since: args.since,
         until: args.until,
         limit: args.limit,
+        before: None,
     };
     let found = job_audit_log::find(&pool, &search)
         .await

@@ -22,7 +22,7 @@ use worker_core::{ConsumerJob, Failure, Handled, WorkContext};
 use worker_messages::AuditEntry;
 
 pub use settings::AuditLogSettings;
-pub use store::{Search, StoredEntry, find};
+pub use store::{Cursor, Search, StoredEntry, find};
 
 /// The job's name, in logs, metrics and the attempt log.
 pub const JOB_NAME: &str = "audit-log";

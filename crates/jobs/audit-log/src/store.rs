@@ -35,7 +35,7 @@ pub async fn append(pool: &PgPool, entry: &AuditEntry) -> Result<bool, Failure> 
     Ok(inserted == 1)
 }
 
-/// What `worker-host audit-log find` (and a console page, later) searches by; every field
+/// What `worker-host audit-log find` and the console's `/audit-log` search by; every field
 /// that is set must hold.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Search {
@@ -48,6 +48,51 @@ pub struct Search {
     pub until: Option<DateTime<Utc>>,
     /// At most this many, newest first (1 to [`MAX_LIMIT`]).
     pub limit: u32,
+    /// Only entries older than this one, in the search's order (a page's "older" link): keyset
+    /// paging, so that a page never repeats or skips an entry stored meanwhile.
+    pub before: Option<Cursor>,
+}
+
+/// Where a page of a search ended: its last entry's time and id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub occurred_at: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+impl Cursor {
+    /// The cursor after `entry`.
+    pub fn after(entry: &StoredEntry) -> Self {
+        Self {
+            occurred_at: entry.occurred_at,
+            id: entry.id,
+        }
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    /// `2026-12-04T10:00:00.123456Z_<uuid>`, as a page's link carries it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self
+            .occurred_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        write!(f, "{at}_{}", self.id)
+    }
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let expected = || format!("expected a page's cursor (time_id), found `{text}`");
+        let (at, id) = text.rsplit_once('_').ok_or_else(expected)?;
+        Ok(Self {
+            occurred_at: DateTime::parse_from_rfc3339(at)
+                .map_err(|_| expected())?
+                .with_timezone(&Utc),
+            id: id.parse().map_err(|_| expected())?,
+        })
+    }
 }
 
 /// One stored entry, as the search returns it.
@@ -74,6 +119,7 @@ pub async fn find(pool: &PgPool, search: &Search) -> Result<Vec<StoredEntry>, Fa
            AND ($3::text IS NULL OR entity_id = $3) \
            AND ($4::timestamptz IS NULL OR occurred_at >= $4) \
            AND ($5::timestamptz IS NULL OR occurred_at < $5) \
+           AND ($7::timestamptz IS NULL OR (occurred_at, id) < ($7, $8)) \
          ORDER BY occurred_at DESC, id DESC \
          LIMIT $6",
     )
@@ -83,6 +129,8 @@ pub async fn find(pool: &PgPool, search: &Search) -> Result<Vec<StoredEntry>, Fa
     .bind(search.since)
     .bind(search.until)
     .bind(limit)
+    .bind(search.before.map(|c| c.occurred_at))
+    .bind(search.before.map(|c| c.id))
     .fetch_all(pool)
     .await
     .map_err(classify)

@@ -231,4 +231,17 @@ pub const TABLES: &[Table] = &[
         ids: &[],
         read_only: true,
     },
+    Table {
+        name: "audit_log_entries",
+        what: "other teams' audit entries naming the address (their append-only record of who did what: shown, never erased here; jobs.retention.audit_log deletes them by age)",
+        columns: &[
+            col("actor", Text, Scrub),
+            col("entity_id", Text, Scrub),
+            col("data", Json, Scrub),
+        ],
+        link: None,
+        only: None,
+        ids: &[],
+        read_only: true,
+    },
 ];
