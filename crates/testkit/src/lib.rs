@@ -10,7 +10,8 @@
 //! - [`Browser`]: a headless Debian Chromium driven through a ChromeDriver of the test's own
 //!   (on a free port, with an empty profile), for the console's browser tests;
 //! - private servers for tests that stop a server or need it configured otherwise: a
-//!   PostgreSQL cluster ([`PgCluster`]), a RabbitMQ node ([`RabbitNode`]) or cluster of them
+//!   PostgreSQL cluster ([`PgCluster`]) or a primary and a standby streaming from it
+//!   ([`PgReplicaSet`]: synchronous or not, failover, switchover), a RabbitMQ node ([`RabbitNode`]) or cluster of them
 //!   ([`RabbitCluster`]) and a Dovecot ([`Dovecot`]), each on ports and in a folder of its
 //!   own, optionally serving TLS with a certificate from a [`TestCa`], a certificate authority
 //!   of the test's own.
@@ -35,6 +36,7 @@ mod browser;
 mod dovecot;
 pub mod oauth;
 mod pg_cluster;
+mod pg_replica;
 pub mod plan;
 mod proxy;
 mod rabbit_cluster;
@@ -48,6 +50,7 @@ pub mod wait;
 pub use browser::Browser;
 pub use dovecot::Dovecot;
 pub use pg_cluster::PgCluster;
+pub use pg_replica::{MEMBER_NAMES, PgReplicaSet, Rejoin, Replication};
 pub use proxy::FaultProxy;
 pub use rabbit_cluster::RabbitCluster;
 pub use rabbit_node::RabbitNode;

@@ -56,6 +56,10 @@ pub struct PgCluster {
     keep_log: Option<PathBuf>,
     /// The certificate and key it serves TLS with (copies in its folder), if any.
     tls: Option<ServerCert>,
+    /// Settings its role in a replica set adds after the kit's own (`pg_replica.rs`): what a
+    /// primary needs to serve standbys, a standby's `primary_conninfo`, the synchronous
+    /// standbys' names. Written with the rest by every [`Self::configure`].
+    pub(crate) role_settings: std::sync::Mutex<String>,
 }
 
 impl PgCluster {
@@ -74,7 +78,35 @@ impl PgCluster {
         keep_log: Option<PathBuf>,
         tls: Option<&ServerCert>,
     ) -> anyhow::Result<Self> {
+        Self::start_configured(keep_log, tls, String::new()).await
+    }
+
+    /// Creates and starts a cluster with `role_settings` after the kit's own settings.
+    pub(crate) async fn start_configured(
+        keep_log: Option<PathBuf>,
+        tls: Option<&ServerCert>,
+        role_settings: String,
+    ) -> anyhow::Result<Self> {
         let began = Instant::now();
+        let mut cluster = Self::new_folder(keep_log, role_settings)?;
+        if let Some(cert) = tls {
+            // PostgreSQL reads its key only if the server's user owns it and no one else may.
+            cluster.tls = Some(cert.copy_to(&cluster.root.join("tls"))?);
+        }
+        cluster.chown_root()?;
+        cluster.initdb()?;
+        cluster.start_on_a_free_port().await?;
+        cluster.create_role().await?;
+        cluster.startup = began.elapsed();
+        Ok(cluster)
+    }
+
+    /// A cluster's folder, created, with nothing in it yet: removed with the value from here
+    /// on, so a failure while filling it still cleans up.
+    pub(crate) fn new_folder(
+        keep_log: Option<PathBuf>,
+        role_settings: String,
+    ) -> anyhow::Result<Self> {
         let bin = newest_bin_dir()?;
         let run_as = is_root().then(|| "postgres".to_string());
         sweep_leftovers(&bin, run_as.as_deref());
@@ -83,8 +115,7 @@ impl PgCluster {
             &uuid::Uuid::new_v4().simple().to_string()[..12]
         ));
         std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-        // From here on the value exists, so a failure below still removes the folder.
-        let mut cluster = Self {
+        Ok(Self {
             port: 0,
             startup: Duration::ZERO,
             root,
@@ -92,37 +123,41 @@ impl PgCluster {
             run_as,
             keep_log,
             tls: None,
-        };
-        if let Some(cert) = tls {
-            // PostgreSQL reads its key only if the server's user owns it and no one else may.
-            cluster.tls = Some(cert.copy_to(&cluster.root.join("tls"))?);
-        }
-        if let Some(user) = &cluster.run_as {
+            role_settings: std::sync::Mutex::new(role_settings),
+        })
+    }
+
+    /// Gives the cluster's folder to the user its programs run as.
+    pub(crate) fn chown_root(&self) -> anyhow::Result<()> {
+        if let Some(user) = &self.run_as {
             run(Command::new("chown")
                 .arg("-R")
                 .arg(format!("{user}:"))
-                .arg(&cluster.root))?;
+                .arg(&self.root))?;
         }
-        cluster.initdb()?;
+        Ok(())
+    }
+
+    /// Starts the server in its data directory on a free port (another one if the port was
+    /// taken meanwhile).
+    pub(crate) async fn start_on_a_free_port(&mut self) -> anyhow::Result<()> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            cluster.port = free_port()?;
-            cluster.configure()?;
-            match cluster.pg_ctl(&["start", "-l", &cluster.log_file_arg()]) {
-                Ok(()) => break,
+            self.port = free_port()?;
+            self.configure()?;
+            let args = ["start", "-l", &self.log_file_arg()].map(str::to_string);
+            match self.pg_ctl_async(args.to_vec()).await {
+                Ok(()) => return Ok(()),
                 Err(err) if attempt < START_ATTEMPTS => {
                     eprintln!(
                         "testkit: private PostgreSQL did not start on port {}, trying another: {err:#}",
-                        cluster.port
+                        self.port
                     );
                 }
-                Err(err) => return Err(err.context(cluster.log_tail())),
+                Err(err) => return Err(err.context(self.log_tail())),
             }
         }
-        cluster.create_role().await?;
-        cluster.startup = began.elapsed();
-        Ok(cluster)
     }
 
     /// The admin URL of the `worker_host` role on this cluster, as
@@ -141,6 +176,7 @@ impl PgCluster {
             run_as: run_as.map(str::to_string),
             keep_log: None,
             tls: None,
+            role_settings: std::sync::Mutex::new(String::new()),
         }
     }
 
@@ -163,11 +199,11 @@ impl PgCluster {
             .await
     }
 
-    fn data_dir(&self) -> PathBuf {
+    pub(crate) fn data_dir(&self) -> PathBuf {
         self.root.join("data")
     }
 
-    fn socket_dir(&self) -> PathBuf {
+    pub(crate) fn socket_dir(&self) -> PathBuf {
         self.root.join("socket")
     }
 
@@ -175,12 +211,12 @@ impl PgCluster {
         self.root.join("postgres.log")
     }
 
-    fn log_file_arg(&self) -> String {
+    pub(crate) fn log_file_arg(&self) -> String {
         self.log_file().display().to_string()
     }
 
     /// A command for one of the cluster's programs, as the user it runs as.
-    fn program(&self, name: &str) -> Command {
+    pub(crate) fn program(&self, name: &str) -> Command {
         let path = self.bin.join(name);
         let mut command = match &self.run_as {
             Some(user) => {
@@ -206,8 +242,8 @@ impl PgCluster {
     }
 
     /// Writes the server's settings for the current port (an `include`d file of its own, so
-    /// a retry on another port rewrites it).
-    fn configure(&self) -> anyhow::Result<()> {
+    /// a retry on another port rewrites it), its role's settings last.
+    pub(crate) fn configure(&self) -> anyhow::Result<()> {
         let socket = self.socket_dir();
         if !socket.exists() {
             std::fs::create_dir_all(&socket)?;
@@ -235,29 +271,25 @@ impl PgCluster {
                 tls.key.display()
             ));
         }
+        match self.role_settings.lock() {
+            Ok(role) => settings.push_str(&role),
+            Err(poisoned) => settings.push_str(&poisoned.into_inner()),
+        }
         let conf = self.data_dir().join("postgresql.auto.conf");
         std::fs::write(&conf, settings).with_context(|| format!("writing {}", conf.display()))?;
         // TCP logins with a password (as the host and the harness log in); the socket trusts
-        // local users (only the cluster's owner and root can reach it).
-        let hba = "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n";
+        // local users (only the cluster's owner and root can reach it), also for replication
+        // (a standby of the kit streams from its primary's socket).
+        let hba = "local all all trust\nlocal replication all trust\nhost all all 127.0.0.1/32 scram-sha-256\n";
         let hba_path = self.data_dir().join("pg_hba.conf");
         std::fs::write(&hba_path, hba)
             .with_context(|| format!("writing {}", hba_path.display()))?;
         Ok(())
     }
 
-    fn pg_ctl(&self, args: &[&str]) -> anyhow::Result<()> {
-        let mut command = self.program("pg_ctl");
-        command
-            .arg("-D")
-            .arg(self.data_dir())
-            .args(["-w", "-t", PG_CTL_WAIT_SECS])
-            .args(args);
-        run(&mut command).with_context(|| format!("pg_ctl {}", args.join(" ")))
-    }
-
-    /// [`Self::pg_ctl`] off the runtime's threads (it blocks until the server answers).
-    async fn pg_ctl_async(&self, args: Vec<String>) -> anyhow::Result<()> {
+    /// `pg_ctl -w` with `args`, off the runtime's threads (it blocks until the server
+    /// answers).
+    pub(crate) async fn pg_ctl_async(&self, args: Vec<String>) -> anyhow::Result<()> {
         let mut command = self.program("pg_ctl");
         command
             .arg("-D")
@@ -271,17 +303,27 @@ impl PgCluster {
             .with_context(|| what)
     }
 
-    /// The `worker_host` role (`CREATEDB`, the password) and its database, as the superuser
-    /// over the socket.
-    async fn create_role(&self) -> anyhow::Result<()> {
-        let mut admin = PgConnectOptions::new()
+    /// A connection as the cluster's superuser, over its socket.
+    pub async fn superuser(&self) -> anyhow::Result<sqlx::PgConnection> {
+        PgConnectOptions::new()
             .socket(self.socket_dir())
             .port(self.port)
             .username("postgres")
             .database("postgres")
             .connect()
             .await
-            .context("connecting to the private PostgreSQL as its superuser")?;
+            .with_context(|| {
+                format!(
+                    "connecting to the private PostgreSQL on port {} as its superuser",
+                    self.port
+                )
+            })
+    }
+
+    /// The `worker_host` role (`CREATEDB`, the password) and its database, as the superuser
+    /// over the socket.
+    async fn create_role(&self) -> anyhow::Result<()> {
+        let mut admin = self.superuser().await?;
         for sql in [
             format!("CREATE ROLE {ROLE} LOGIN CREATEDB PASSWORD '{ROLE}'"),
             format!("CREATE DATABASE {ROLE} OWNER {ROLE}"),
@@ -295,7 +337,7 @@ impl PgCluster {
         Ok(())
     }
 
-    fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.log_file()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let from = lines.len().saturating_sub(20);
@@ -403,7 +445,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 /// Runs a command to its end; fails with its output when it does not exit 0.
-fn run(command: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run(command: &mut Command) -> anyhow::Result<()> {
     let Output {
         status,
         stdout,
