@@ -36,6 +36,8 @@ enum Mode {
 /// resets and heals are events: a connection acts on a change of them, not on their value.
 #[derive(Clone, Copy, Debug)]
 struct Control {
+    /// Where new connections go ([`FaultProxy::retarget`] moves it).
+    upstream: SocketAddr,
     mode: Mode,
     delay: Duration,
     listening: bool,
@@ -89,6 +91,7 @@ impl Drop for OpenGuard {
 /// | [`slow`](Self::slow) | every chunk forwarded after the delay | the same |
 /// | [`refuse`](Self::refuse) | unchanged | refused: the port stops listening |
 /// | [`heal`](Self::heal) | stalled and blackholed ones closed (clients reconnect), the others unchanged | pass |
+/// | [`retarget`](Self::retarget) | closed now (FIN) | pass, to the new upstream |
 ///
 /// `cut` and `reset` are events, the others are states: `refuse` and `slow` combine with
 /// the rest; `stall` and `blackhole` replace each other. A connection stalled on its client
@@ -101,7 +104,6 @@ impl Drop for OpenGuard {
 #[derive(Debug)]
 pub struct FaultProxy {
     addr: SocketAddr,
-    upstream: SocketAddr,
     control: watch::Sender<Control>,
     counters: Arc<Counters>,
     accept: JoinHandle<()>,
@@ -119,6 +121,7 @@ impl FaultProxy {
         let listener = listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
         let addr = listener.local_addr()?;
         let (control, watcher) = watch::channel(Control {
+            upstream,
             mode: Mode::Pass,
             delay: Duration::ZERO,
             listening: true,
@@ -127,16 +130,9 @@ impl FaultProxy {
             heals: 0,
         });
         let counters = Arc::new(Counters::default());
-        let accept = tokio::spawn(accept_loop(
-            listener,
-            addr,
-            upstream,
-            watcher,
-            counters.clone(),
-        ));
+        let accept = tokio::spawn(accept_loop(listener, addr, watcher, counters.clone()));
         Ok(Self {
             addr,
-            upstream,
             control,
             counters,
             accept,
@@ -153,9 +149,18 @@ impl FaultProxy {
         self.addr.port()
     }
 
-    /// The service the proxy forwards to.
+    /// The service the proxy forwards new connections to.
     pub fn upstream(&self) -> SocketAddr {
-        self.upstream
+        self.control.borrow().upstream
+    }
+
+    /// Forwards new connections to `upstream` from now on, and closes the open ones (their
+    /// clients reconnect, to it), as a name moved to a promoted server would look.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        self.control.send_modify(|c| {
+            c.upstream = upstream;
+            c.cuts += 1;
+        });
     }
 
     /// How many connections the proxy has accepted since it started.
@@ -233,7 +238,6 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 async fn accept_loop(
     listener: TcpListener,
     addr: SocketAddr,
-    upstream: SocketAddr,
     mut control: watch::Receiver<Control>,
     counters: Arc<Counters>,
 ) {
@@ -250,7 +254,6 @@ async fn accept_loop(
                 {
                     connections.spawn(connection(
                         client,
-                        upstream,
                         control.clone(),
                         OpenGuard::accepted(&counters),
                     ));
@@ -275,7 +278,7 @@ async fn accept_loop(
             accepted = accept(listener.as_ref()) => match accepted {
                 Ok((client, _)) => {
                     let open = OpenGuard::accepted(&counters);
-                    connections.spawn(connection(client, upstream, control.clone(), open));
+                    connections.spawn(connection(client, control.clone(), open));
                 }
                 // Out of descriptors, or the like: do not spin on it.
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -295,11 +298,11 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, S
 /// One proxied connection, from its acceptance to its close.
 async fn connection(
     mut client: TcpStream,
-    upstream: SocketAddr,
     mut control: watch::Receiver<Control>,
     _open: OpenGuard,
 ) {
     let start = *control.borrow_and_update();
+    let upstream = start.upstream;
     let mut affected = start.mode != Mode::Pass;
     let mut server = None;
     if !affected {

@@ -302,3 +302,18 @@ async fn an_upstream_that_refuses_closes_the_client_connection() {
     wait_until("nothing open", || proxy.open() == 0).await;
     assert_eq!(proxy.accepted(), 1);
 }
+
+#[tokio::test]
+async fn retarget_closes_open_connections_and_sends_new_ones_to_the_new_upstream() {
+    let (first, proxy) = proxied().await;
+    let second = Echo::start().await;
+    let mut before = connect(&proxy).await;
+    ping(&mut before, SOON).await.unwrap();
+
+    proxy.retarget(second.addr);
+    assert!(is_closed(next_read(&mut before, SOON).await));
+    assert_eq!(proxy.upstream(), second.addr);
+    let mut after = connect(&proxy).await;
+    ping(&mut after, SOON).await.unwrap();
+    assert_eq!((first.accepted(), second.accepted()), (1, 1));
+}
