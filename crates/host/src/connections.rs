@@ -56,6 +56,7 @@ fn pool_options_with(
     }
     worker_store::PoolOptions {
         connect,
+        members: Vec::new(),
         max_connections: settings.max_connections,
         min_connections: 1,
         acquire_timeout: settings.acquire_timeout,

@@ -1,7 +1,8 @@
-//! The PostgreSQL adapter: the connection pool, the embedded migrations, the processed-message
-//! guard and the singleton lease for timer jobs, the outbox, the attempt log and the
-//! dead-letter archive's table ([`dead_letters`]: its row, fingerprint and readings), and what
-//! operators act through: the audit trail, job pauses, the replicas' reports, and the
+//! The PostgreSQL adapter: the connection pool (on the member of a list that takes writes,
+//! following it when a standby is promoted: [`primary`]), the embedded migrations, the
+//! processed-message guard and the singleton lease for timer jobs, the outbox, the attempt log
+//! and the dead-letter archive's table ([`dead_letters`]: its row, fingerprint and readings),
+//! and what operators act through: the audit trail, job pauses, the replicas' reports, and the
 //! operators' accounts and console sessions; and the schema's contract ([`schema`]): which
 //! release migrated the database, and whether this binary may run on it.
 //!
@@ -16,11 +17,16 @@ mod classify;
 mod guard;
 pub mod lease;
 mod pool;
+pub mod primary;
 
 pub use classify::{classify, classify_sqlx};
 pub use guard::ProcessedMessages;
 pub use lease::{AdvisoryLease, KeepAlive, LeaseGuard};
-pub use pool::{ConnectError, PING_IF_IDLE_FOR, PoolOptions, Redacted, SLOW_STATEMENT, connect};
+pub use pool::{
+    ConnectError, Connected, PING_IF_IDLE_FOR, PoolOptions, Redacted, SLOW_STATEMENT, connect,
+    connect_watched,
+};
+pub use primary::{Member, PrimaryStatus, PrimaryWatch};
 pub use schema::migrate;
 
 /// The migrations in `migrations/` at the workspace root, embedded in the binary.

@@ -1,8 +1,11 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use worker_core::Backoff;
+
+use crate::primary::{self, Member, PrimaryWatch, Shared};
 
 /// A statement that runs longer than this is logged as a warning (sqlx's slow-statement log,
 /// set on every connection [`connect`] opens). The lease's deliberate waits stay below it
@@ -20,7 +23,13 @@ pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// How to reach the database and how patiently.
 #[derive(Clone)]
 pub struct PoolOptions {
+    /// Credentials, database, TLS and session settings; its host and port are the database's
+    /// when `members` is empty.
     pub connect: PgConnectOptions,
+    /// The members of a database with standbys, in the order they are tried: the pool
+    /// connects to the first that takes writes and follows the primary ([`crate::primary`]).
+    /// Empty: the one server of `connect`.
+    pub members: Vec<Member>,
     pub max_connections: u32,
     pub min_connections: u32,
     pub acquire_timeout: Duration,
@@ -37,6 +46,7 @@ impl std::fmt::Debug for PoolOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PoolOptions")
             .field("connect", &Redacted(&self.connect))
+            .field("members", &self.members)
             .field("max_connections", &self.max_connections)
             .field("min_connections", &self.min_connections)
             .field("acquire_timeout", &self.acquire_timeout)
@@ -82,11 +92,151 @@ pub enum ConnectError {
     /// under `require`): not retried, since waiting does not change a certificate.
     #[error("PostgreSQL at {server}: the TLS handshake failed: {cause}")]
     Tls { server: String, cause: String },
+    /// No member of the list took writes, attempt after attempt.
+    #[error(
+        "no member of the database ({server}) took writes after {attempts} attempts: {answers}"
+    )]
+    NoPrimary {
+        server: String,
+        attempts: u32,
+        /// Each member's last answer (`db-a:5432: a standby (read-only); …`).
+        answers: String,
+    },
+}
+
+/// An open pool, and, for a list of members, the view of its follower: which member is
+/// primary.
+#[derive(Debug)]
+pub struct Connected {
+    pub pool: PgPool,
+    /// `Some` when [`PoolOptions::members`] is set.
+    pub primary: Option<PrimaryWatch>,
 }
 
 /// Opens the pool, retrying a bounded number of times with backoff, and names the server in
-/// the error when it stays unreachable. A failed TLS handshake is returned at once.
+/// the error when it stays unreachable. A failed TLS handshake is returned at once. With
+/// [`PoolOptions::members`], the pool is on the member that takes writes and follows the
+/// primary ([`crate::primary`]; [`connect_watched`] also returns which member that is).
 pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
+    Ok(connect_watched(options).await?.pool)
+}
+
+/// [`connect`], with the view of the primary's follower when there are members.
+pub async fn connect_watched(options: &PoolOptions) -> Result<Connected, ConnectError> {
+    if options.members.is_empty() {
+        let pool = connect_single(options).await?;
+        return Ok(Connected {
+            pool,
+            primary: None,
+        });
+    }
+    connect_members(options).await
+}
+
+/// The sqlx pool options: the sizes, and the hooks. Every pooled connection idle for
+/// [`PoolOptions::ping_if_idle_for`] is pinged before it is handed out; with `shared` (a
+/// list of members), a new connection to a member that takes no writes is refused, and a
+/// connection opened before the pool moved to another member is closed instead of handed out.
+fn pool_options(options: &PoolOptions, shared: Option<Arc<Shared>>) -> PgPoolOptions {
+    let ping_if_idle_for = options.ping_if_idle_for;
+    let before = shared.clone();
+    let mut pool = PgPoolOptions::new()
+        .max_connections(options.max_connections)
+        .min_connections(options.min_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            let shared = before.clone();
+            Box::pin(async move {
+                if let Some(shared) = &shared
+                    && shared.opened_before_switch(meta.age)
+                {
+                    // To the member that was primary before: closed, and the pool opens
+                    // another (to the new one).
+                    return Ok(false);
+                }
+                if meta.idle_for >= ping_if_idle_for
+                    && let Err(err) = conn.ping().await
+                {
+                    if let Some(shared) = &shared {
+                        shared.suspect();
+                    }
+                    // An error closes the connection, and the pool opens another.
+                    return Err(err);
+                }
+                Ok(true)
+            })
+        });
+    if let Some(shared) = shared {
+        pool = pool.after_connect(move |conn, _meta| {
+            let shared = shared.clone();
+            Box::pin(async move { primary::refuse_standby(conn, &shared).await })
+        });
+    }
+    pool
+}
+
+fn with_slow_log(connect: PgConnectOptions) -> PgConnectOptions {
+    connect.log_slow_statements(tracing::log::LevelFilter::Warn, SLOW_STATEMENT)
+}
+
+/// Every member asked in order, attempt after attempt, until one takes writes; the pool opens
+/// on it and its follower starts.
+async fn connect_members(options: &PoolOptions) -> Result<Connected, ConnectError> {
+    let attempts = options.connect_attempts.max(1);
+    let members: Vec<String> = options.members.iter().map(Member::to_string).collect();
+    let server = format!(
+        "{}/{}",
+        members.join(", "),
+        options.connect.get_database().unwrap_or("")
+    );
+    let base = with_slow_log(options.connect.clone());
+    let mut backoff = Backoff::doubling(options.connect_backoff, Duration::from_secs(10));
+    let mut answers = String::new();
+    for attempt in 1..=attempts {
+        let (found, survey) = primary::survey(&base, &options.members).await;
+        answers = primary::describe(&survey);
+        if let Some(index) = found {
+            let shared = Arc::new(Shared::default());
+            let opened = pool_options(options, Some(shared.clone()))
+                .connect_with(options.members[index].connect_options(&base))
+                .await;
+            match opened {
+                Ok(pool) => {
+                    let found = primary::Found {
+                        members: options.members.clone(),
+                        base,
+                        primary: index,
+                        survey,
+                    };
+                    let watch = primary::follow(pool.clone(), found, shared);
+                    return Ok(Connected {
+                        pool,
+                        primary: Some(watch),
+                    });
+                }
+                Err(err) => {
+                    answers = format!(
+                        "{}: the pool did not open: {}",
+                        options.members[index],
+                        worker_core::error_chain(&err)
+                    );
+                }
+            }
+        }
+        tracing::warn!(%server, attempt, attempts, %answers, "no member of the database takes writes yet");
+        if attempt < attempts {
+            tokio::time::sleep(backoff.next_wait()).await;
+        }
+    }
+    Err(ConnectError::NoPrimary {
+        server,
+        attempts,
+        answers,
+    })
+}
+
+async fn connect_single(options: &PoolOptions) -> Result<PgPool, ConnectError> {
     let attempts = options.connect_attempts.max(1);
     let server = format!(
         "{}:{}/{}",
@@ -96,28 +246,9 @@ pub async fn connect(options: &PoolOptions) -> Result<PgPool, ConnectError> {
     );
     let mut backoff = Backoff::doubling(options.connect_backoff, Duration::from_secs(10));
     let mut last_error = String::new();
-    let ping_if_idle_for = options.ping_if_idle_for;
     for attempt in 1..=attempts {
-        let result = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .min_connections(options.min_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .test_before_acquire(false)
-            .before_acquire(move |conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= ping_if_idle_for {
-                        // An error closes the connection, and the pool opens another.
-                        conn.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_with(
-                options
-                    .connect
-                    .clone()
-                    .log_slow_statements(tracing::log::LevelFilter::Warn, SLOW_STATEMENT),
-            )
+        let result = pool_options(options, None)
+            .connect_with(with_slow_log(options.connect.clone()))
             .await;
         match result {
             Ok(pool) => return Ok(pool),
@@ -176,6 +307,7 @@ mod tests {
                 .username("worker")
                 .password("hunter2-secret")
                 .database("jobs"),
+            members: vec![Member::new("db-a", 5432)],
             max_connections: 7,
             min_connections: 1,
             acquire_timeout: Duration::from_secs(3),
@@ -185,7 +317,14 @@ mod tests {
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("hunter2-secret"), "{shown}");
-        for part in ["db.example", "6543", "worker", "jobs", "max_connections: 7"] {
+        for part in [
+            "db.example",
+            "6543",
+            "worker",
+            "jobs",
+            "max_connections: 7",
+            "db-a",
+        ] {
             assert!(shown.contains(part), "{part} in {shown}");
         }
     }

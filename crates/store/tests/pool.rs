@@ -14,6 +14,7 @@ use worker_testkit::TestDb;
 fn options(db: &TestDb, ping_if_idle_for: Duration) -> PoolOptions {
     PoolOptions {
         connect: db.url.parse::<PgConnectOptions>().unwrap(),
+        members: Vec::new(),
         max_connections: 1,
         min_connections: 0,
         acquire_timeout: Duration::from_secs(5),
