@@ -1,9 +1,9 @@
 //! # job-db-health: is the database answering, and how fast?
 //!
-//! A timer job that times a probe query (`SELECT 1`, connecting included when it has to) under
-//! its own timeout and keeps the latest result in a [`HealthHandle`]. The host's `/readyz`
-//! and its metrics read the handle; they never touch the database themselves, so a slow
-//! database cannot make the admin endpoints slow.
+//! A timer job that times a probe query (`SELECT pg_is_in_recovery()`, connecting included
+//! when it has to) under its own timeout and keeps the latest result in a [`HealthHandle`].
+//! The host's `/readyz` and its metrics read the handle; they never touch the database
+//! themselves, so a slow database cannot make the admin endpoints slow.
 //!
 //! ## A connection of its own
 //!
@@ -13,6 +13,15 @@
 //! slow SMTP server, a webhook that takes its time) is a busy host, not a sick database: it
 //! must not make `/readyz` answer 503, which would take a healthy replica out of rotation
 //! just when it has most to do.
+//!
+//! ## A standby is not healthy
+//!
+//! The probe asks `SELECT pg_is_in_recovery()`: a server that answers but takes no writes (a
+//! standby, before or after a failover) fails it, so readiness and the alert on failed probes
+//! see "no primary" as the outage it is for the jobs. Beside a pool that follows the primary
+//! of a list of members ([`worker_store::primary`]), each fresh connection of the probe goes
+//! where the pool's connect options point at that moment, so the probe follows the primary
+//! too.
 //!
 //! ## What a tick does
 //!
@@ -70,7 +79,8 @@ pub const JOB: worker_core::JobSpec =
 /// How the probe runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbHealthConfig {
-    /// The probe (`SELECT 1`, and connecting when it has to) must answer within this.
+    /// The probe (`SELECT pg_is_in_recovery()`, and connecting when it has to) must answer
+    /// within this.
     pub probe_timeout: Duration,
     /// Consecutive failed probes before the database is declared unhealthy (at least 1).
     /// One successful probe makes it healthy again.
@@ -261,6 +271,9 @@ impl HealthHandle {
 #[derive(Clone)]
 pub struct DbHealth {
     options: PgConnectOptions,
+    /// The pool whose connect options each fresh connection takes at that moment (they
+    /// change when the pool follows a new primary); `None`: `options`, fixed.
+    beside: Option<PgPool>,
     /// The dedicated connection, while the last probe on it succeeded. A probe takes it out
     /// and puts it back only after it answered, so that a probe cut short (its timeout, the
     /// host stopping) drops a connection that may be mid-query rather than reuse it.
@@ -288,10 +301,9 @@ impl DbHealth {
     /// A monitor on a connection of its own to the database `pool` connects to (its connect
     /// options, named `worker-host health probe`); the pool itself is never used.
     pub fn beside(pool: &PgPool, config: DbHealthConfig) -> Self {
-        let options = (*pool.connect_options())
-            .clone()
-            .application_name("worker-host health probe");
-        Self::new(options, config)
+        let mut health = Self::new(probe_options(pool), config);
+        health.beside = Some(pool.clone());
+        health
     }
 
     /// A monitor writing into an existing `handle` (so that the host can hand the handle to
@@ -303,6 +315,7 @@ impl DbHealth {
     ) -> Self {
         Self {
             options,
+            beside: None,
             connection: Arc::new(Mutex::new(None)),
             config,
             handle,
@@ -332,7 +345,7 @@ impl DbHealth {
     async fn probe_untimed(&self) -> Result<(), Failure> {
         let mut slot = self.connection.lock().await;
         if let Some(mut open) = slot.take() {
-            match select_one(&mut open).await {
+            match probe_query(&mut open).await {
                 Ok(()) => {
                     *slot = Some(open);
                     return Ok(());
@@ -344,27 +357,38 @@ impl DbHealth {
                 ),
             }
         }
-        let mut fresh = PgConnection::connect_with(&self.options)
+        let options = match &self.beside {
+            Some(pool) => probe_options(pool),
+            None => self.options.clone(),
+        };
+        let mut fresh = PgConnection::connect_with(&options)
             .await
             .map_err(worker_store::classify)?;
-        select_one(&mut fresh).await?;
+        probe_query(&mut fresh).await?;
         *slot = Some(fresh);
         Ok(())
     }
 }
 
-async fn select_one(connection: &mut PgConnection) -> Result<(), Failure> {
-    let one: i32 = sqlx::query_scalar("SELECT 1")
+/// The pool's connect options as they are now, named `worker-host health probe`.
+fn probe_options(pool: &PgPool) -> PgConnectOptions {
+    (*pool.connect_options())
+        .clone()
+        .application_name("worker-host health probe")
+}
+
+/// The probe query: the server answers, and takes writes (see the crate's doc).
+async fn probe_query(connection: &mut PgConnection) -> Result<(), Failure> {
+    let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
         .fetch_one(connection)
         .await
         .map_err(worker_store::classify)?;
-    if one == 1 {
-        Ok(())
-    } else {
-        Err(Failure::permanent(
-            "probe-answer",
-            format!("the probe query answered {one}, not 1"),
+    if standby {
+        Err(Failure::transient(
+            "no primary: the server answers but is a standby (in recovery), which takes no writes",
         ))
+    } else {
+        Ok(())
     }
 }
 
