@@ -21,7 +21,8 @@
 //!
 //! The shipped recheck (a `NOOP` every 150 ms) is measured beside the one it replaced (`DONE`
 //! and a new IDLE every 250 ms), `BENCH_PINGS` each, one after the other in the same run;
-//! `BENCH_OLD_RECHECK=0` leaves the old one out.
+//! `BENCH_OLD_RECHECK=0` leaves the old one out. `BENCH_HOST=<a worker-host binary>` measures
+//! that build instead of this one.
 
 // A benchmark program: a failure should stop it loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -191,9 +192,11 @@ fn report(label: &str, latencies: impl IntoIterator<Item = Duration>) -> (Durati
 }
 
 /// A host with the shipped defaults but for where the services are, its IMAP account and
-/// the demo's automation; `extra` sections besides (IDLE off).
+/// the demo's automation; `extra` sections besides (IDLE off). `BENCH_HOST` names another
+/// build of the host to measure instead of this one (to compare builds run by run).
 async fn host(account: &str, extra: &str) -> (Host, TestDb, TestVhost) {
-    common::launch_binary(None, "latency-bench", account, extra, &[]).await
+    let binary = std::env::var_os("BENCH_HOST").map(PathBuf::from);
+    common::launch_binary(binary.as_deref(), "latency-bench", account, extra, &[]).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

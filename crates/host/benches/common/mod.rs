@@ -21,10 +21,6 @@ pub const AUTOMATION: &str = include_str!("../../../../config/automations.demo.t
 
 /// [`launch`] with another build of the host (`binary`; `None`: this one's), for a benchmark
 /// that compares two builds side by side.
-#[allow(
-    dead_code,
-    reason = "the throughput bench compares builds; the latency bench does not"
-)]
 pub async fn launch_binary(
     binary: Option<&Path>,
     installation: &str,
