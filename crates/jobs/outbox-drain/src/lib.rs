@@ -20,8 +20,11 @@
 //!
 //! A tick woken for a few rows first waits `gather` (a few milliseconds), so that the rows
 //! committed right after the one that woke it go out in the same batch: one claim and one
-//! transaction for them, not one each. A tick that follows one ending on a full batch does
-//! not wait (more is due).
+//! transaction for them, not one each. It waits only when that pays ([`gathers`]): when the
+//! previous drain ended less than `gather` ago or claimed more than one row, the signs that
+//! rows are coming together. At a trickle (a row now and then, each drained on its own) the
+//! wait would only add `gather` to every hop of every mail. A tick that follows one ending on
+//! a full batch with more due does not wait either.
 //!
 //! When the first batch is full, `batches_in_flight` lanes of batches run at once, and each lane
 //! claims and publishes its next batch while the previous one writes its deletes and commits, so
@@ -62,8 +65,8 @@ pub mod settings;
 pub mod waker;
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -91,8 +94,8 @@ pub struct OutboxDrain {
     pool: PgPool,
     publisher: Publisher,
     settings: OutboxDrainSettings,
-    /// The last drain stopped with full batches still coming: the next one does not gather.
-    backlog: AtomicBool,
+    /// What the last drain saw: whether the next one gathers ([`gathers`]).
+    last: Mutex<Option<LastDrain>>,
     wake: Option<Arc<Notify>>,
 }
 
@@ -113,7 +116,7 @@ impl OutboxDrain {
             pool,
             publisher,
             settings,
-            backlog: AtomicBool::new(false),
+            last: Mutex::new(None),
             wake: None,
         }
     }
@@ -132,13 +135,19 @@ impl OutboxDrain {
     }
 
     /// Drains batches until the outbox is drained, `cancel` fires, a batch fails, or the tick
-    /// budget is spent (then the report says `more_due`). Waits the gather window first,
-    /// unless the last drain stopped with more due.
+    /// budget is spent (then the report says `more_due`). Waits the gather window first when
+    /// the last drain says rows are coming together ([`gathers`]).
     pub async fn drain(&self, cancel: &CancellationToken) -> Result<BatchReport, Failure> {
         self.gather(cancel).await;
         let report = self.drain_now(cancel).await;
-        let backlog = report.as_ref().is_ok_and(|r| r.more_due);
-        self.backlog.store(backlog, Ordering::Relaxed);
+        let seen = LastDrain {
+            ended: Instant::now(),
+            claimed: report.as_ref().map_or(0, |r| r.claimed),
+            more_due: report.as_ref().is_ok_and(|r| r.more_due),
+        };
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(seen);
+        }
         report
     }
 
@@ -146,7 +155,8 @@ impl OutboxDrain {
     /// together, and one claim a few milliseconds later takes them all.
     async fn gather(&self, cancel: &CancellationToken) {
         let wait = self.settings.gather;
-        if wait.is_zero() || self.backlog.load(Ordering::Relaxed) {
+        let last = self.last.lock().ok().and_then(|last| *last);
+        if !gathers(last, Instant::now(), wait) {
             return;
         }
         tokio::select! {
@@ -304,6 +314,33 @@ impl OutboxDrain {
     }
 }
 
+/// What a drain saw, for whether the next one gathers.
+#[derive(Debug, Clone, Copy)]
+pub struct LastDrain {
+    /// When it ended.
+    pub ended: Instant,
+    /// The rows it claimed, in all its batches.
+    pub claimed: u64,
+    /// It stopped on its budget with more rows due.
+    pub more_due: bool,
+}
+
+/// Whether a drain starting `now` waits the gather window `gather` first, after `last`: only
+/// when rows are coming together, so that the wait takes more than one row into its claim.
+/// They are when the last drain claimed more than one row (several were committed within its
+/// own window or while it ran), or ended less than a window ago (the wake followed it at once,
+/// as under load). Not when more is due (the rows are there: claim at once), and not after a
+/// quiet spell or before any drain: a trickle's row is drained on its own anyway, and the wait
+/// would be a delay of every hop.
+pub fn gathers(last: Option<LastDrain>, now: Instant, gather: Duration) -> bool {
+    let Some(last) = last else {
+        return false;
+    };
+    !gather.is_zero()
+        && !last.more_due
+        && (last.claimed > 1 || now.saturating_duration_since(last.ended) < gather)
+}
+
 impl TimerJob for OutboxDrain {
     fn name(&self) -> &str {
         JOB_NAME
@@ -329,5 +366,44 @@ impl TimerJob for OutboxDrain {
             ));
         }
         Ok(tick)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_drain_gathers_only_after_one_that_was_recent_or_took_several_rows() {
+        let now = Instant::now() + Duration::from_secs(10);
+        let gather = ms(5);
+        let last = |ago: Duration, claimed: u64, more_due: bool| {
+            Some(LastDrain {
+                ended: now - ago,
+                claimed,
+                more_due,
+            })
+        };
+        assert!(!gathers(None, now, gather), "nothing says rows are coming");
+        assert!(!gathers(last(ms(500), 1, false), now, gather), "a trickle");
+        assert!(
+            !gathers(last(ms(500), 0, false), now, gather),
+            "an idle tick"
+        );
+        assert!(gathers(last(ms(2), 1, false), now, gather), "recent");
+        assert!(
+            gathers(last(ms(500), 2, false), now, gather),
+            "several rows"
+        );
+        assert!(
+            gathers(last(ms(500), 500, false), now, gather),
+            "a full batch"
+        );
+        assert!(!gathers(last(ms(1), 500, true), now, gather), "more is due");
+        assert!(!gathers(last(ms(1), 5, false), now, Duration::ZERO), "off");
     }
 }

@@ -75,8 +75,10 @@ pub struct OutboxDrainSettings {
     pub backoff: DrainBackoff,
     /// How long a tick woken for a few rows waits before its first claim, so that it takes
     /// the rows committed right after the one that woke it in the same batch (fewer claims
-    /// and transactions under a trickle). Zero claims at once. A tick that follows a full
-    /// batch does not wait: more is due. Shorter than the drain's tick interval.
+    /// and transactions when rows come together). Only when they do: after a drain that ended
+    /// less than this long ago or claimed more than one row, never after a quiet spell, where
+    /// it would delay every row. Zero claims at once. A tick that follows a full batch with
+    /// more due does not wait: more is due. Shorter than the drain's tick interval.
     #[serde(with = "humantime_serde")]
     pub gather: Duration,
     /// A tick starts no new batch after this long; the batches in flight finish and commit.
