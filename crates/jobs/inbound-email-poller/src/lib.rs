@@ -155,6 +155,7 @@ pub use ids::{event_id, inbound_email_id};
 pub use imap::{ImapError, Stage, classify_imap};
 pub use limits::{MailLimits, OverLimit};
 pub use parse::{ParsedEmail, parse_email};
+pub use record::{Batch, BatchEvent, BatchRow, Identity, record_batch};
 pub use report::{AccountReport, MessageCounts, PollReport};
 pub use settings::InboundEmailPollerSettings;
 pub use stats::{AccountStatus, PollerStats};
