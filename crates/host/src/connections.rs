@@ -39,7 +39,9 @@ fn pool_options_with(
             // Encryption over loopback protects nothing: the traffic never leaves the kernel,
             // and `prefer` checks no certificate. It cost a quarter of PostgreSQL's CPU per
             // mail, and a quarter of the host's (docs/SCALING.md). `require` still encrypts.
-            SslMode::Prefer if is_loopback(&settings.host) => PgSslMode::Disable,
+            SslMode::Prefer if settings.server_hosts().iter().all(|h| is_loopback(h)) => {
+                PgSslMode::Disable
+            }
             SslMode::Prefer => PgSslMode::Prefer,
             SslMode::Require => PgSslMode::Require,
             SslMode::VerifyCa => PgSslMode::VerifyCa,
@@ -56,7 +58,8 @@ fn pool_options_with(
     }
     worker_store::PoolOptions {
         connect,
-        members: Vec::new(),
+        // Validation refused a malformed entry before anything connects.
+        members: settings.members().unwrap_or_default(),
         max_connections: settings.max_connections,
         min_connections: 1,
         acquire_timeout: settings.acquire_timeout,
@@ -157,12 +160,16 @@ pub async fn connect_broker_from(
     })
 }
 
-/// Ready while the health monitor's last probe succeeded, and is recent.
+/// Ready while the health monitor's last probe succeeded, and is recent; with
+/// `database.hosts`, also while a member takes writes ("no primary" otherwise, with each
+/// member's answer).
 #[derive(Debug)]
 pub struct DatabaseCheck {
     pub health: job_db_health::HealthHandle,
     /// A monitor that stopped probing is not trusted past this.
     pub stale_after: Duration,
+    /// The pool's follower of the primary, with `database.hosts`.
+    pub primary: Option<worker_store::PrimaryWatch>,
 }
 
 impl ReadinessCheck for DatabaseCheck {
@@ -171,7 +178,9 @@ impl ReadinessCheck for DatabaseCheck {
     }
 
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
-        futures::future::ready(self.health.readiness(Some(self.stale_after))).boxed()
+        let primary = self.primary.as_ref().map_or(Ok(()), |p| p.readiness());
+        let result = primary.and_then(|()| self.health.readiness(Some(self.stale_after)));
+        futures::future::ready(result).boxed()
     }
 }
 

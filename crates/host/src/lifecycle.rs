@@ -38,7 +38,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         tracing::warn!(old = %deprecation.old, new = ?deprecation.new, until = deprecation.until, "{deprecation}");
     }
 
-    let (pool, supervisor) = reach_services(&settings)
+    let (pool, supervisor, primary) = reach_services(&settings)
         .instrument(tracing::info_span!("host.start", installation = %settings.installation))
         .await?;
     let schema = crate::schema::version(&pool).await;
@@ -110,7 +110,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
         &crate::metrics::jobs::Build::of(&settings),
     );
     crate::metrics::circuits::register(&observability.metrics.meter, &circuits);
-    let readiness = readiness(&settings, &supervisor, &started);
+    let readiness = readiness(&settings, &supervisor, &started, primary.clone());
     let notifier = Notifier::from_env();
     tracker.spawn(notify::supervise(
         notifier,
@@ -148,6 +148,7 @@ pub async fn run(settings: Settings, observability: Observability) -> Result<(),
                 readiness,
                 schema,
                 circuits,
+                primary,
             },
             &observability,
             &tracker,
@@ -230,18 +231,23 @@ struct Watched {
     schema: Option<worker_store::schema::SchemaVersion>,
     /// The dependencies' circuits, for `/status`.
     circuits: worker_store::circuits::Circuits,
+    /// Which member of `database.hosts` is primary, for `/status` (`None` without the list).
+    primary: Option<worker_store::PrimaryWatch>,
 }
 
-/// What readiness depends on: the database probe's last result and the broker link.
+/// What readiness depends on: the database probe's last result (and, with `database.hosts`,
+/// a member that takes writes) and the broker link.
 fn readiness(
     settings: &Settings,
     supervisor: &worker_broker::Supervisor,
     started: &jobs::Started,
+    primary: Option<worker_store::PrimaryWatch>,
 ) -> Readiness {
     let checks: Vec<Box<dyn ReadinessCheck>> = vec![
         Box::new(DatabaseCheck {
             health: started.health.clone(),
             stale_after: settings.jobs.db_health.timeout() * 3,
+            primary,
         }),
         Box::new(BrokerCheck(supervisor.status())),
     ];
@@ -266,7 +272,10 @@ async fn serve_admin(
         jobs: started.entries,
         broker: supervisor.status(),
         alerts: watched.alerts.clone(),
-        database: Arc::new(DatabaseReading(started.health.clone())),
+        database: Arc::new(DatabaseReading(
+            started.health.clone(),
+            watched.primary.clone(),
+        )),
         environment: settings.admin.environment(),
         schema: watched.schema.clone(),
         circuits: watched.circuits.clone(),
@@ -377,10 +386,18 @@ async fn sync_bootstrap(pool: &sqlx::PgPool, token: Option<&Secret>) -> Result<(
 /// the broker (declaring the topology), each with bounded retries.
 async fn reach_services(
     settings: &Settings,
-) -> Result<(sqlx::PgPool, worker_broker::Supervisor), Fatal> {
-    let pool = worker_store::connect(&connections::run_pool_options(settings))
-        .await
-        .map_err(Fatal::unavailable)?;
+) -> Result<
+    (
+        sqlx::PgPool,
+        worker_broker::Supervisor,
+        Option<worker_store::PrimaryWatch>,
+    ),
+    Fatal,
+> {
+    let worker_store::Connected { pool, primary } =
+        worker_store::connect_watched(&connections::run_pool_options(settings))
+            .await
+            .map_err(Fatal::unavailable)?;
     match crate::schema::check(&pool).await? {
         crate::schema::Plan::Migrate { .. } if settings.database.migrate_on_start => {
             worker_store::migrate(&pool, crate::version::VERSION)
@@ -408,7 +425,7 @@ async fn reach_services(
     let topology = settings.topology().map_err(topology_failure)?;
     let connection = connections::broker_connection(settings).map_err(Fatal::usage)?;
     let supervisor = worker_broker::Supervisor::new(connection, topology);
-    Ok((pool, supervisor))
+    Ok((pool, supervisor, primary))
 }
 
 /// Waits for SIGTERM or SIGINT (the fleet view stops on them too).
@@ -437,12 +454,31 @@ pub(crate) async fn wait_for_signal() {
     }
 }
 
-/// The database line of `/status`: what the health monitor last saw.
+/// The database line of `/status`: what the health monitor last saw, and, with
+/// `database.hosts`, the members and which one is primary.
 #[derive(Debug)]
-struct DatabaseReading(job_db_health::HealthHandle);
+struct DatabaseReading(
+    job_db_health::HealthHandle,
+    Option<worker_store::PrimaryWatch>,
+);
 
 impl Reading for DatabaseReading {
     fn read(&self) -> serde_json::Value {
-        serde_json::to_value(self.0.snapshot()).unwrap_or_default()
+        let mut value = serde_json::to_value(self.0.snapshot()).unwrap_or_default();
+        if let (Some(primary), Some(fields)) = (&self.1, value.as_object_mut()) {
+            let status = primary.status();
+            fields.insert("members".into(), serde_json::json!(status.members));
+            fields.insert("primary".into(), serde_json::json!(status.primary));
+            fields.insert("primary_since".into(), serde_json::json!(status.since));
+            fields.insert(
+                "primary_switches".into(),
+                serde_json::json!(status.switches),
+            );
+            fields.insert(
+                "member_answers".into(),
+                serde_json::json!(status.last_survey),
+            );
+        }
+        value
     }
 }

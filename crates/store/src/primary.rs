@@ -258,6 +258,30 @@ pub async fn survey(
     (None, answers)
 }
 
+/// Asks every member at once (for an operator's look: `config check`), each within
+/// [`MEMBER_TIMEOUT`]; the answers in the list's order.
+pub async fn ask_each(base: &PgConnectOptions, members: &[Member]) -> Vec<MemberState> {
+    let mut asking = tokio::task::JoinSet::new();
+    for (index, member) in members.iter().enumerate() {
+        let (base, member) = (base.clone(), member.clone());
+        asking.spawn(async move { (index, ask(&base, &member).await) });
+    }
+    let mut roles: Vec<Option<MemberRole>> = vec![None; members.len()];
+    while let Some(joined) = asking.join_next().await {
+        if let Ok((index, role)) = joined {
+            roles[index] = Some(role);
+        }
+    }
+    members
+        .iter()
+        .zip(roles)
+        .map(|(member, role)| MemberState {
+            member: member.to_string(),
+            role: role.unwrap_or_else(|| MemberRole::Unreachable("the question failed".into())),
+        })
+        .collect()
+}
+
 async fn takes_writes(session: &mut PgConnection) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(TAKES_WRITES).fetch_one(session).await
 }

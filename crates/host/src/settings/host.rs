@@ -15,8 +15,16 @@ use crate::secret::Secret;
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseSettings {
+    /// The one server's host, when `hosts` is unset.
     pub host: String,
+    /// The one server's port, when `hosts` is unset.
     pub port: u16,
+    /// The members of a database with standbys, `host:port` each, tried in order: the host
+    /// connects to the first that takes writes (as libpq's `target_session_attrs=read-write`)
+    /// and follows the primary when a standby is promoted (`worker_store::primary`). Set, it
+    /// replaces `host` and `port`, which are then not used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
     pub name: String,
     pub username: String,
     pub password: Option<Secret>,
@@ -46,6 +54,7 @@ impl Default for DatabaseSettings {
         Self {
             host: "127.0.0.1".into(),
             port: 5432,
+            hosts: None,
             name: "worker_host".into(),
             username: "worker_host".into(),
             password: None,
@@ -58,6 +67,52 @@ impl Default for DatabaseSettings {
             ssl_mode: SslMode::Prefer,
             ssl_root_cert: None,
             allow_plaintext: false,
+        }
+    }
+}
+
+impl DatabaseSettings {
+    /// Each member of `hosts` with the key that sets it (`database.hosts[i]`), or why it is
+    /// not `host:port`; empty when `hosts` is unset (the one server of `host` and `port`).
+    pub fn member_entries(
+        &self,
+    ) -> Vec<(
+        String,
+        Result<worker_store::Member, worker_store::primary::MemberError>,
+    )> {
+        self.hosts
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, text)| (format!("database.hosts[{i}]"), text.parse()))
+            .collect()
+    }
+
+    /// The members the pool follows the primary among, in order (empty without `hosts`);
+    /// the first entry that is not `host:port` (settings validation refuses those before
+    /// anything starts) as a settings error.
+    pub fn members(&self) -> Result<Vec<worker_store::Member>, SettingsError> {
+        self.member_entries()
+            .into_iter()
+            .map(|(key, entry)| {
+                entry.map_err(|e| SettingsError {
+                    source: None,
+                    key,
+                    problem: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Every host the host may reach the database at: each member's, else `host`.
+    pub fn server_hosts(&self) -> Vec<String> {
+        match &self.hosts {
+            Some(_) => self
+                .member_entries()
+                .into_iter()
+                .filter_map(|(_, entry)| entry.ok().map(|member| member.host))
+                .collect(),
+            None => vec![self.host.clone()],
         }
     }
 }

@@ -1060,3 +1060,83 @@ fn an_environment_band_is_read_and_an_empty_name_or_a_lone_colour_is_named() {
     .unwrap_err();
     assert_eq!(errors[0].key, "admin.environment_colour", "{errors:?}");
 }
+
+/// `[database]` with the given lines after the password.
+fn database(lines: &str) -> String {
+    format!("[database]\npassword = \"pw\"\n{lines}[broker]\npassword = \"guest\"\n")
+}
+
+#[test]
+fn database_hosts_replace_host_and_port_and_keep_their_order() {
+    let settings = load_text(&database(
+        "hosts = [\"127.0.0.1:5433\", \"localhost:5434\", \"[::1]:5435\"]\n",
+    ))
+    .unwrap();
+    let options = crate::connections::pool_options(&settings.database);
+    let shown: Vec<String> = options.members.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["127.0.0.1:5433", "localhost:5434", "[::1]:5435"]);
+    // Every member on this machine: `prefer` talks plain, as to one local server.
+    assert!(matches!(
+        options.connect.get_ssl_mode(),
+        sqlx::postgres::PgSslMode::Disable
+    ));
+}
+
+#[test]
+fn without_hosts_the_pool_has_the_one_server_of_host_and_port() {
+    let settings = load_text(&database("host = \"localhost\"\nport = 5440\n")).unwrap();
+    let options = crate::connections::pool_options(&settings.database);
+    assert!(options.members.is_empty());
+    assert_eq!(
+        (options.connect.get_host(), options.connect.get_port()),
+        ("localhost", 5440)
+    );
+}
+
+#[test]
+fn database_hosts_come_from_the_environment_as_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = write(&dir, "s.toml", SECRETS);
+    let env = vec![(
+        "WORKER_HOST__DATABASE__HOSTS".to_string(),
+        "[\"127.0.0.1:5433\", \"127.0.0.1:5434\"]".to_string(),
+    )];
+    let settings = Settings::load(&source, &env).unwrap();
+    assert_eq!(settings.database.members().unwrap().len(), 2);
+}
+
+#[test]
+fn a_bad_database_member_is_named_by_its_entry() {
+    let error = only_error(&database(
+        "hosts = [\"127.0.0.1:5433\", \"db-b\", \"127.0.0.1:5435\"]\n",
+    ));
+    assert_eq!(error.key, "database.hosts[1]", "{error}");
+    assert!(error.problem.contains("host:port"), "{error}");
+    assert!(error.problem.contains("`db-b`"), "{error}");
+
+    let error = only_error(&database("hosts = [\"127.0.0.1:0\"]\n"));
+    assert_eq!(error.key, "database.hosts[0]", "{error}");
+    assert!(error.problem.contains("port"), "{error}");
+}
+
+#[test]
+fn an_empty_or_repeating_database_host_list_is_refused() {
+    let error = only_error(&database("hosts = []\n"));
+    assert_eq!(error.key, "database.hosts", "{error}");
+    assert!(error.problem.contains("at least one"), "{error}");
+
+    let error = only_error(&database(
+        "hosts = [\"127.0.0.1:5433\", \"127.0.0.1:5434\", \"127.0.0.1:5433\"]\n",
+    ));
+    assert_eq!(error.key, "database.hosts[2]", "{error}");
+    assert!(error.problem.contains("database.hosts[0]"), "{error}");
+}
+
+#[test]
+fn a_database_member_off_this_machine_needs_tls() {
+    let error = only_error(&database(
+        "hosts = [\"127.0.0.1:5433\", \"db-b.example.com:5432\"]\n",
+    ));
+    assert_eq!(error.key, "database.ssl_mode", "{error}");
+    assert!(error.problem.contains("db-b.example.com"), "{error}");
+}

@@ -196,6 +196,7 @@ impl Settings {
             );
         }
         self.validate_broker_addresses(&mut fail);
+        self.validate_database_hosts(&mut fail);
         self.validate_transport(&mut fail);
         self.validate_console(&mut fail);
     }
@@ -225,6 +226,34 @@ impl Settings {
                         format!("expected each node once, but {address} is {earlier} again"),
                     ),
                     None => seen.push((key, address)),
+                },
+            }
+        }
+    }
+
+    /// `database.hosts`: a list of at least one `host:port`, no member twice. It replaces
+    /// `host` and `port`, as `broker.addresses` does the broker's.
+    fn validate_database_hosts(&self, fail: &mut impl FnMut(&str, String)) {
+        let Some(list) = &self.database.hosts else {
+            return;
+        };
+        if list.is_empty() {
+            fail(
+                "database.hosts",
+                "expected at least one `host:port`, found an empty list (leave the key out to use database.host and database.port)".into(),
+            );
+            return;
+        }
+        let mut seen: Vec<(String, worker_store::Member)> = Vec::new();
+        for (key, entry) in self.database.member_entries() {
+            match entry {
+                Err(problem) => fail(&key, problem.to_string()),
+                Ok(member) => match seen.iter().find(|(_, earlier)| *earlier == member) {
+                    Some((earlier, _)) => fail(
+                        &key,
+                        format!("expected each member once, but {member} is {earlier} again"),
+                    ),
+                    None => seen.push((key, member)),
                 },
             }
         }
@@ -401,12 +430,16 @@ impl Settings {
             )
         };
         let db = &self.database;
-        if db.ssl_mode.may_be_plaintext() && !db.allow_plaintext && !is_loopback(&db.host) {
+        // Each member on its own, as the broker's nodes: one off this machine is enough.
+        if let Some(remote) = db.server_hosts().into_iter().find(|h| !is_loopback(h))
+            && db.ssl_mode.may_be_plaintext()
+            && !db.allow_plaintext
+        {
             fail(
                 "database.ssl_mode",
                 plain(
                     "the database password",
-                    &db.host,
+                    &remote,
                     "set `ssl_mode = \"verify-full\"` (with `ssl_root_cert` for a private CA)",
                     "database",
                 ),
