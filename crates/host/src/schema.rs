@@ -35,7 +35,10 @@ pub async fn check(pool: &sqlx::PgPool) -> Result<Plan, Fatal> {
         Err(e @ SchemaError::Contracted { .. }) => Err(Fatal::usage(e)),
         // The newer release's next start records what it applied: worth retrying.
         Err(e @ SchemaError::Unrecorded { .. }) => Err(Fatal::unavailable(e)),
-        Err(e @ SchemaError::Database(_)) => Err(Fatal::unavailable(e)),
+        // A standby may be promoted, or the settings corrected: worth retrying.
+        Err(e @ (SchemaError::Standby { .. } | SchemaError::Database(_))) => {
+            Err(Fatal::unavailable(e))
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The host on a database with a standby (`database.hosts`, the kit's private replica set):
 //! `config check` says which member is primary; `run` writes to the primary though the
 //! standby is listed first; when the primary is killed `/readyz` says "no primary", and once
-//! the standby is promoted the host is ready again on it.
+//! the standby is promoted the host is ready again on it. `upgrade check` and `migrate` on a
+//! standby (one `database.host`) say it is one, and change nothing.
 //!
 //! Needs Debian's PostgreSQL server binaries (as the kit's clusters do); skipped without.
 
@@ -30,12 +31,18 @@ fn host(hosts: &[String], vhost: &TestVhost, admin_port: u16, args: &[&str]) -> 
         .map(|h| format!("\"{h}\""))
         .collect::<Vec<_>>()
         .join(", ");
+    let mut command = host_on(vhost, admin_port, args);
+    command.env("WORKER_HOST__DATABASE__HOSTS", format!("[{list}]"));
+    command
+}
+
+/// The host on the test's vhost, on a free admin port, its database to be given.
+fn host_on(vhost: &TestVhost, admin_port: u16, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_worker-host"));
     command
         .args(args)
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .env_remove("WORKER_HOST_CONFIG")
-        .env("WORKER_HOST__DATABASE__HOSTS", format!("[{list}]"))
         .env("WORKER_HOST__DATABASE__NAME", "worker_host")
         .env("WORKER_HOST__DATABASE__USERNAME", "worker_host")
         .env("WORKER_HOST__DATABASE__PASSWORD", "worker_host")
@@ -168,5 +175,44 @@ async fn the_host_writes_to_the_primary_says_no_primary_and_follows_a_promotion(
         "{status}"
     );
     assert_eq!(status["database"]["primary_switches"], 1, "{status}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_check_and_migrate_on_a_standby_say_so_and_change_nothing() -> anyhow::Result<()> {
+    if !std::path::Path::new("/usr/lib/postgresql").exists() {
+        eprintln!("no PostgreSQL server binaries: skipped");
+        return Ok(());
+    }
+    let set = PgReplicaSet::start(Replication::Asynchronous, None).await?;
+    let vhost = TestVhost::create().await?;
+    for args in [&["upgrade", "check"][..], &["migrate"][..]] {
+        let output = host_on(&vhost, free_port(), args)
+            .env("WORKER_HOST__DATABASE__HOST", "127.0.0.1")
+            .env(
+                "WORKER_HOST__DATABASE__PORT",
+                set.standby().port.to_string(),
+            )
+            .output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(69), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "127.0.0.1:{} is a standby (read-only, in recovery)",
+                set.standby().port
+            )),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("read-only transaction"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Nothing was migrated: the primary has no migrations table yet.
+    let mut primary = <sqlx::PgConnection as sqlx::Connection>::connect(&set.admin_url()).await?;
+    let migrated: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut primary)
+        .await?;
+    assert!(!migrated);
     Ok(())
 }

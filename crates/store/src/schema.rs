@@ -93,12 +93,19 @@ pub enum SchemaError {
         newest: Option<String>,
         unknown: Vec<i64>,
     },
+    /// The server reached is a standby: it takes no writes, so the schema cannot be migrated
+    /// there, and what it shows may lag the primary's.
+    #[error(
+        "the database server at {server} is a standby (read-only, in recovery): the schema is checked and migrated only on the primary; point database.host at the primary, or list every member in database.hosts so the host finds the one that takes writes"
+    )]
+    Standby { server: String },
     #[error("reading the database's migrations: {0}")]
     Database(#[from] sqlx::Error),
 }
 
 /// Compares the migrations the database has applied with this binary's ([`crate::MIGRATOR`]);
-/// `release` is this binary's release, for the errors. Reads only.
+/// `release` is this binary's release, for the errors. Reads only; refuses a standby
+/// ([`SchemaError::Standby`]), where a migration would fail on the first statement.
 pub async fn check(pool: &PgPool, release: &str) -> Result<Compatibility, SchemaError> {
     check_against(pool, &crate::MIGRATOR, release).await
 }
@@ -109,6 +116,15 @@ pub async fn check_against(
     migrator: &Migrator,
     release: &str,
 ) -> Result<Compatibility, SchemaError> {
+    let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+        .fetch_one(pool)
+        .await?;
+    if standby {
+        let options = pool.connect_options();
+        return Err(SchemaError::Standby {
+            server: format!("{}:{}", options.get_host(), options.get_port()),
+        });
+    }
     let known: BTreeSet<i64> = migrator.iter().map(|m| m.version).collect();
     let applied: BTreeSet<i64> = if table_exists(pool, "_sqlx_migrations").await? {
         // Every row, as sqlx reads them: a failed one is sqlx's to report (`Dirty`).
