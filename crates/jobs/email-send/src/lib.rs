@@ -79,7 +79,9 @@
 //! to the pool only after a whole mail transaction ended with the server's positive answer
 //! read; any error, timeout or cancelled send closes it, so a late answer is never read as
 //! another mail's (lettre's own pool hands such a connection back). An idle connection is
-//! checked with NOOP before reuse and closed after a minute idle.
+//! checked with NOOP before reuse once it has sat idle 5 s (a mail sent on one reused sooner
+//! that the server had dropped is tried once more on a new connection), and closed after a
+//! minute idle.
 //!
 //! ## The sending rate
 //!

@@ -10,6 +10,12 @@
 //!
 //! Each send also reports where it stopped: before the final "." of DATA (the server cannot
 //! have taken the mail) or after it with no answer (it may have).
+//!
+//! A connection used within [`NOOP_AFTER_IDLE`] is reused without a NOOP first: the NOOP was
+//! a round trip on every mail (to a remote relay, tens of milliseconds), and a connection
+//! used a moment ago is as good as its last answer. Should the server have dropped it all the
+//! same, the mail fails before its final "." (the server cannot have taken it), and it is
+//! tried once more on a new connection.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +35,14 @@ use crate::error::SendError;
 /// An idle connection older than this is closed rather than reused: servers drop idle
 /// clients after a few minutes, and a NOOP on a dead one costs a round trip.
 const IDLE_MAX: Duration = Duration::from_secs(60);
+
+/// An idle connection is checked with a NOOP before reuse only once it has sat idle this
+/// long. Servers drop idle clients after minutes (Postfix's `smtpd_timeout` is 300 s), and
+/// NAT tables forget a flow after tens of seconds at the soonest: within a few seconds a
+/// connection is almost surely alive, and one that is not fails its `MAIL` and is replaced
+/// (see the module's docs). Past it, the NOOP (bounded by the connect timeout) also catches
+/// a connection dropped silently, which a `MAIL` would wait on until the send's timeout.
+const NOOP_AFTER_IDLE: Duration = Duration::from_secs(5);
 
 /// How the connection is protected, with what lettre needs for it.
 pub(crate) enum Security {
@@ -109,8 +123,28 @@ impl SmtpPool {
             .acquire()
             .await
             .map_err(|_| SendError::Connection("the SMTP pool is closed".into()))?;
-        let (mut connection, renew_at) = self.checkout().await?;
+        let (connection, renew_at, reused) = self.checkout().await?;
+        match self.mail(connection, renew_at, message, final_dot).await {
+            Err(err) if reused && dropped_before_the_dot(&err, final_dot) => {
+                // A reused connection the server had dropped (it was not checked with a NOOP):
+                // the server cannot have taken the mail, so it is sent once on a new one.
+                tracing::debug!(error = %err, "the reused SMTP connection had been dropped; sending on a new one");
+                let (connection, renew_at) = self.connect().await?;
+                self.mail(connection, renew_at, message, final_dot).await
+            }
+            sent => sent,
+        }
+    }
 
+    /// One mail transaction on `connection`, which goes back to the idle list only when the
+    /// server's answer to the final "." was read.
+    async fn mail(
+        &self,
+        mut connection: AsyncSmtpConnection,
+        renew_at: Option<tokio::time::Instant>,
+        message: &Message,
+        final_dot: &AtomicBool,
+    ) -> Result<Response, SendError> {
         let envelope = message.envelope();
         let body = message.formatted();
         let mut options = Vec::new();
@@ -177,10 +211,11 @@ impl SmtpPool {
         }
     }
 
-    /// An idle connection that still answers a NOOP, or a new one.
+    /// An idle connection (checked with a NOOP once idle [`NOOP_AFTER_IDLE`]), or a new one;
+    /// and whether it was reused.
     async fn checkout(
         &self,
-    ) -> Result<(AsyncSmtpConnection, Option<tokio::time::Instant>), SendError> {
+    ) -> Result<(AsyncSmtpConnection, Option<tokio::time::Instant>, bool), SendError> {
         loop {
             let idle = self.idle.lock().map(|mut idle| idle.pop()).ok().flatten();
             let Some(Idle {
@@ -189,7 +224,8 @@ impl SmtpPool {
                 renew_at,
             }) = idle
             else {
-                return self.connect().await;
+                let (connection, renew_at) = self.connect().await?;
+                return Ok((connection, renew_at, false));
             };
             // A session outliving its token may be ended by the server (Microsoft does so
             // for IMAP): one signed in with a token is used until the token is renewed.
@@ -197,11 +233,14 @@ impl SmtpPool {
             if since.elapsed() > IDLE_MAX || renewed {
                 continue;
             }
+            if since.elapsed() < NOOP_AFTER_IDLE {
+                return Ok((connection, renew_at, true));
+            }
             let alive =
                 tokio::time::timeout(self.server.connect_timeout, connection.test_connected())
                     .await;
             if matches!(alive, Ok(true)) {
-                return Ok((connection, renew_at));
+                return Ok((connection, renew_at, true));
             }
         }
     }
@@ -323,6 +362,20 @@ pub async fn try_sign_in(
     let offered = connection.server_info().to_string();
     connection.quit().await.ok();
     Ok(format!("signed in with {how}; the server: {offered}"))
+}
+
+/// Whether a send failed as a connection the server had dropped fails: before the final "."
+/// (so the server cannot have taken the mail), with no answer of the server's (the connection
+/// closed or reset), or with `421`, the answer a server leaves on a connection it closes (as
+/// Postfix does on its idle timeout).
+fn dropped_before_the_dot(err: &SendError, final_dot: &AtomicBool) -> bool {
+    if final_dot.load(Ordering::SeqCst) {
+        return false;
+    }
+    match err {
+        SendError::Smtp(err) => err.status().is_none_or(|code| code.to_string() == "421"),
+        _ => false,
+    }
 }
 
 /// Whether a connect failed because the server's certificate did not verify: a rustls
