@@ -98,3 +98,50 @@ pub(crate) async fn fetch_one(
     }
     Ok(found)
 }
+
+/// `UID FETCH <first>:* (UID RFC822.SIZE)`: the messages from UID `first` on, with their
+/// sizes, in UID order; the IDLE session's one command for "what is new" (where the tick
+/// searches, then fetches the sizes). `first:*` also matches the last message when none is
+/// newer (RFC 3501 6.4.8): only UIDs from `first` on are kept. An answer cut short by a lost
+/// connection reads as fewer messages: the ones left out come after those listed (a FETCH
+/// answers in sequence, so UID, order), and the last UID moves only as far as those read.
+pub(crate) async fn fetch_new_sizes(
+    session: &mut Session,
+    first: u32,
+) -> Result<Vec<(u32, u32)>, async_imap::error::Error> {
+    let fetches: Vec<_> = session
+        .uid_fetch(format!("{first}:*"), "(UID RFC822.SIZE)")
+        .await?
+        .try_collect()
+        .await?;
+    let mut sizes: Vec<(u32, u32)> = fetches
+        .iter()
+        .filter_map(|f| Some((f.uid?, f.size?)))
+        .filter(|(uid, _)| *uid >= first)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup_by_key(|(uid, _)| *uid);
+    Ok(sizes)
+}
+
+/// `UID FETCH <uids> (UID BODY.PEEK[])`: the bodies of several messages in one command (not
+/// marked seen). A message missing from the answer is left out, not taken as gone: it is
+/// then fetched on its own, which makes sure of that (see [`fetch_one`]).
+pub(crate) async fn fetch_bodies(
+    session: &mut Session,
+    uids: &[u32],
+) -> Result<HashMap<u32, Vec<u8>>, async_imap::error::Error> {
+    let mut answers = session
+        .uid_fetch(imap::uid_set(uids), "(UID BODY.PEEK[])")
+        .await?;
+    // Each answer is dropped once its body is copied out: a batch's bytes are held once.
+    let mut bodies = HashMap::with_capacity(uids.len());
+    while let Some(fetch) = answers.try_next().await? {
+        if let (Some(uid), Some(body)) = (fetch.uid, fetch.body())
+            && uids.binary_search(&uid).is_ok()
+        {
+            bodies.insert(uid, body.to_vec());
+        }
+    }
+    Ok(bodies)
+}

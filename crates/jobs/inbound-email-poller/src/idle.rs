@@ -1,10 +1,13 @@
-//! IMAP IDLE (RFC 2177): news in a mailbox wakes the poller at once, so that a mail is
-//! fetched within a round trip of its arrival instead of at the next scheduled poll.
+//! IMAP IDLE (RFC 2177): news in a mailbox is fetched at once, so that a mail is stored
+//! within a few round trips of its arrival instead of at the next scheduled poll.
 //!
 //! [`Idler::run`] holds one IDLE session per account and, whenever the server reports a
-//! change (a new message's `EXISTS`, say), wakes the poller's tick, which fetches as it
-//! always does: IDLE only says *when*, the tick decides *what*, so nothing about
-//! idempotency or the first poll changes. The scheduled poll stays as the safety net.
+//! change (a new message's `EXISTS`, say), fetches what is new on that session
+//! (`idle_fetch.rs`: out of IDLE, `UID FETCH <last+1>:*`, the tick's own read and batch
+//! write, back to IDLE), with no new connection or login. What it does not fetch (the first
+//! poll, a UIDVALIDITY other than the stored one, a backlog, a failure) wakes the poller's
+//! tick, which polls as it always has; so does every (re)connect. The scheduled poll stays as
+//! the safety net.
 //!
 //! * **One replica idles.** The sessions are held by the replica that holds the idle lease
 //!   ([`IDLE_LEASE`], beside the tick's own lease), so that replicas do not each hold a
@@ -31,7 +34,6 @@
 //!   reconnects.
 //! * Every (re)connect wakes the poller once, for mail that came while nobody idled.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,13 +45,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use worker_core::{Backoff, Failure, SingletonLease};
 
-use worker_store::circuits::Circuits;
-
-use crate::auth::{Access, SignedIn};
+use crate::auth::SignedIn;
 use crate::circuit::{self, CircuitOpen, NotConnected};
+use crate::idle_fetch::IdleFetch;
 use crate::imap::{ImapError, Session, Stage, classify_imap, timed};
 use crate::stats::PollerStats;
-use crate::{ImapAccount, PollerConfig};
+use crate::{ImapAccount, InboundEmailPoller};
 
 /// The lease whose holder idles, beside the poller's tick lease.
 pub const IDLE_LEASE: &str = "inbound-email-poller:idle";
@@ -144,7 +145,7 @@ enum Ended {
     /// Shut down (or the lease lost): stop.
     Cancelled,
     /// The connection failed or went silent: reconnect after a wait.
-    Failed(ImapError),
+    Failed(Failure),
     /// The session's token is about to expire: sign in again now, with a fresh one.
     Renew,
     /// The account's circuit is open: wait for its probe, do not reconnect.
@@ -155,17 +156,17 @@ enum Ended {
 /// [`InboundEmailPoller::idler`](crate::InboundEmailPoller::idler).
 #[derive(Debug, Clone)]
 pub struct Idler {
-    pub(crate) config: Arc<PollerConfig>,
-    pub(crate) access: HashMap<String, Access>,
-    pub(crate) stats: PollerStats,
-    /// Each account's circuit: a session is not opened while it is open.
-    pub(crate) circuits: Option<Circuits>,
+    /// The poller whose accounts it idles on, sharing its state: its settings, how each
+    /// account is reached, its circuits (a session is not opened while one is open), its
+    /// stats, its failed attempts and its accounts' locks, and the path that reads and writes
+    /// a mailbox's new mail.
+    pub(crate) poller: InboundEmailPoller,
 }
 
 impl Idler {
     /// Each account's idle state and counts (with the polls').
     pub fn stats(&self) -> PollerStats {
-        self.stats.clone()
+        self.poller.stats.clone()
     }
 
     /// Until `shutdown`: holds the idle lease when it can and, while it does, an IDLE session
@@ -176,10 +177,10 @@ impl Idler {
         wake: Arc<Notify>,
         shutdown: CancellationToken,
     ) {
-        if !self.config.idle.enabled || self.config.accounts.is_empty() {
+        if !self.poller.config.idle.enabled || self.poller.config.accounts.is_empty() {
             return;
         }
-        let retry = self.config.idle.lease_retry;
+        let retry = self.poller.config.idle.lease_retry;
         loop {
             let held = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -189,7 +190,7 @@ impl Idler {
                 Ok(Some(mut guard)) => {
                     tracing::info!(
                         job = crate::JOB_NAME,
-                        accounts = self.config.accounts.len(),
+                        accounts = self.poller.config.accounts.len(),
                         "this replica holds the idle lease: idling on every account"
                     );
                     let sessions = CancellationToken::new();
@@ -231,6 +232,7 @@ impl Idler {
     /// ended for good).
     async fn idle_accounts(&self, wake: &Arc<Notify>, cancel: &CancellationToken) {
         let loops = self
+            .poller
             .config
             .accounts
             .iter()
@@ -246,7 +248,7 @@ impl Idler {
         wake: &Arc<Notify>,
         cancel: &CancellationToken,
     ) {
-        let mut backoff = Backoff::doubling(RECONNECT_FIRST, self.config.idle.reconnect_max);
+        let mut backoff = Backoff::doubling(RECONNECT_FIRST, self.poller.config.idle.reconnect_max);
         loop {
             match self.session(account, wake, cancel, &mut backoff).await {
                 Ended::Cancelled => return,
@@ -255,7 +257,7 @@ impl Idler {
                 }
                 Ended::Unsupported => {
                     tracing::info!(job = crate::JOB_NAME, account = %account.name, "the server offers no IMAP IDLE: the account is polled on the schedule only");
-                    self.stats.set_idle(
+                    self.poller.stats.set_idle(
                         &account.name,
                         "not offered by the server: polled on the schedule",
                     );
@@ -263,22 +265,22 @@ impl Idler {
                 }
                 Ended::CircuitOpen(open) => {
                     tracing::debug!(job = crate::JOB_NAME, account = %account.name, reason = %open.reason, probe_in = ?open.probe_in, "the account's circuit is open: IDLE waits for its probe");
-                    self.stats.set_idle(
+                    self.poller.stats.set_idle(
                         &account.name,
                         &format!("waiting: its circuit is open ({})", open.reason),
                     );
-                    let Some(circuits) = &self.circuits else {
+                    let Some(circuits) = &self.poller.circuits else {
                         return;
                     };
                     if circuit::wait_for_probe(circuits.subscribe(), open.probe_in, cancel).await {
                         return;
                     }
                 }
-                Ended::Failed(err) => {
+                Ended::Failed(failure) => {
                     let wait = backoff.next_wait();
-                    let failure: Failure = classify_imap(&err);
                     tracing::warn!(job = crate::JOB_NAME, account = %account.name, error = %failure, retry_in = ?wait, "the IDLE session failed; the schedule polls the account until it is back");
-                    self.stats
+                    self.poller
+                        .stats
                         .set_idle(&account.name, &format!("reconnecting: {failure}"));
                     tokio::select! {
                         () = cancel.cancelled() => return,
@@ -303,26 +305,31 @@ impl Idler {
         };
         // Microsoft ends a session when its token expires (`* BYE ... AccessTokenExpired`):
         // this one signs in again when the source renews the token, a margin before that.
-        let (mut session, renew_at) = match connected {
-            Ok(Some(signed_in)) => (signed_in.session, signed_in.renew_at),
+        let (signed_in, uidvalidity) = match connected {
+            Ok(Some(opened)) => opened,
             Ok(None) => return Ended::Unsupported,
             Err(NotConnected::CircuitOpen(open)) => return Ended::CircuitOpen(open),
-            Err(NotConnected::Failed(err)) => return Ended::Failed(err),
+            Err(NotConnected::Failed(err)) => return failed(&err),
+        };
+        let (mut session, renew_at) = (signed_in.session, signed_in.renew_at);
+        let news = News {
+            account,
+            uidvalidity,
+            wake,
+            cancel,
         };
         // What arrived while nobody idled.
         wake.notify_one();
-        self.stats.set_idle(&account.name, "idling");
-        let command = self.config.message_timeout;
-        let idle = &self.config.idle;
+        self.poller.stats.set_idle(&account.name, "idling");
+        let command = self.poller.config.message_timeout;
+        let idle = &self.poller.config.idle;
         let recheck = idle.recheck_for(account);
         if idle.recheck_with == RecheckWith::Noop && !recheck.is_zero() {
             let rechecks = Rechecks {
                 every: recheck,
                 renew_at,
             };
-            return self
-                .noop_rechecks(session, account, wake, cancel, backoff, rechecks)
-                .await;
+            return self.noop_rechecks(session, &news, backoff, rechecks).await;
         }
         let each = if recheck.is_zero() {
             idle.refresh
@@ -332,7 +339,7 @@ impl Idler {
         loop {
             let mut handle = session.idle();
             if let Err(err) = timed(Stage::Idle, command, handle.init()).await {
-                return Ended::Failed(err);
+                return failed(&err);
             }
             // The server's answer to DONE is the liveness check: it comes with the next
             // refresh at the latest.
@@ -345,6 +352,7 @@ impl Idler {
                     news = news => Some(news),
                 }
             };
+            let mut heard = false;
             match outcome {
                 None => {
                     // Shutting down: a polite DONE and LOGOUT, bounded; failures change nothing.
@@ -364,25 +372,27 @@ impl Idler {
                     }
                     return Ended::Cancelled;
                 }
-                Some(Ok(IdleResponse::NewData(_))) => {
-                    self.stats.idle_news(&account.name);
-                    wake.notify_one();
-                }
+                Some(Ok(IdleResponse::NewData(_))) => heard = true,
                 Some(Ok(IdleResponse::Timeout | IdleResponse::ManualInterrupt)) => {}
                 Some(Err(source)) => {
-                    return Ended::Failed(ImapError::Imap {
+                    return failed(&ImapError::Imap {
                         stage: Stage::Idle,
                         source,
                     });
                 }
             }
+            // The news is fetched out of IDLE, on this session: DONE first.
             session = match timed(Stage::Idle, command, handle.done()).await {
                 Ok(session) => session,
-                Err(err) => return Ended::Failed(err),
+                Err(err) => return failed(&err),
             };
-            if news_between(&session) {
-                self.stats.idle_news(&account.name);
-                wake.notify_one();
+            // Read even when the IDLE's own news came: what is left would be taken for news
+            // after the fetch, and fetched for again.
+            let between = news_between(&session);
+            if (heard || between)
+                && let Some(ended) = self.on_news(&mut session, &news).await
+            {
+                return ended;
             }
             if due(renew_at) {
                 return renew(session, command).await;
@@ -395,13 +405,12 @@ impl Idler {
     async fn noop_rechecks(
         &self,
         mut session: Session,
-        account: &ImapAccount,
-        wake: &Arc<Notify>,
-        cancel: &CancellationToken,
+        news: &News<'_>,
         backoff: &mut Backoff,
         Rechecks { every, renew_at }: Rechecks,
     ) -> Ended {
-        let command = self.config.message_timeout;
+        let cancel = news.cancel;
+        let command = self.poller.config.message_timeout;
         // Ticks that a slow answer made late are not caught up in a burst.
         let mut every = tokio::time::interval(every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -420,12 +429,13 @@ impl Idler {
                 answered = timed(Stage::Idle, command, session.noop()) => answered,
             };
             if let Err(err) = answered {
-                return Ended::Failed(err);
+                return failed(&err);
             }
             backoff.reset();
-            if news_between(&session) {
-                self.stats.idle_news(&account.name);
-                wake.notify_one();
+            if news_between(&session)
+                && let Some(ended) = self.on_news(&mut session, news).await
+            {
+                return ended;
             }
             if due(renew_at) {
                 return renew(session, command).await;
@@ -433,20 +443,62 @@ impl Idler {
         }
     }
 
+    /// What the server reported: fetched on this session ([`InboundEmailPoller::fetch_on_idle`]),
+    /// or left to the tick, woken. Mail that arrives during a fetch is reported in its
+    /// answers, and fetched in turn. Returns how the session ends, if it does.
+    async fn on_news(&self, session: &mut Session, news: &News<'_>) -> Option<Ended> {
+        let account = news.account;
+        self.poller.stats.idle_news(&account.name);
+        let Some(uidvalidity) = news.uidvalidity else {
+            // No UIDVALIDITY to fetch under: the tick's SELECT finds why.
+            news.wake.notify_one();
+            return None;
+        };
+        for _ in 0..FETCH_ROUNDS {
+            let fetched = self
+                .poller
+                .fetch_on_idle(session, account, uidvalidity, news.cancel)
+                .await;
+            match fetched {
+                IdleFetch::Done => {}
+                IdleFetch::ToTick(_) => {
+                    news.wake.notify_one();
+                    return None;
+                }
+                IdleFetch::Broken(failure) => {
+                    // What was read before the failure is written; the tick reads the rest.
+                    news.wake.notify_one();
+                    return Some(Ended::Failed(failure));
+                }
+                IdleFetch::Cancelled => return Some(Ended::Cancelled),
+            }
+            if !news_between(session) {
+                return None;
+            }
+        }
+        // Mail keeps coming: the tick, on a connection of its own, catches up with it.
+        news.wake.notify_one();
+        None
+    }
+
     /// Connects and logs in, checks that the server offers IDLE, and opens the mailbox
-    /// read-only; `None` when the server offers no IDLE.
-    async fn open(&self, account: &ImapAccount) -> Result<Option<SignedIn>, NotConnected> {
-        let limit = self.config.connect_timeout;
-        let access = self.access.get(&account.name).ok_or_else(|| {
+    /// read-only; `None` when the server offers no IDLE. With the session, the mailbox's
+    /// UIDVALIDITY, under which the session fetches (none: the server named none).
+    async fn open(
+        &self,
+        account: &ImapAccount,
+    ) -> Result<Option<(SignedIn, Option<u32>)>, NotConnected> {
+        let limit = self.poller.config.connect_timeout;
+        let access = self.poller.access.get(&account.name).ok_or_else(|| {
             NotConnected::Failed(ImapError::Protocol {
                 stage: Stage::Connect,
                 detail: format!("no TLS client for account `{}`", account.name),
             })
         })?;
         let mut signed_in =
-            circuit::connect(self.circuits.as_ref(), account, access, limit).await?;
+            circuit::connect(self.poller.circuits.as_ref(), account, access, limit).await?;
         let session = &mut signed_in.session;
-        let command = self.config.message_timeout;
+        let command = self.poller.config.message_timeout;
         let capabilities = timed(Stage::Idle, command, session.capabilities())
             .await
             .map_err(NotConnected::Failed)?;
@@ -454,15 +506,34 @@ impl Idler {
             let _ = timed(Stage::Logout, command, session.logout()).await;
             return Ok(None);
         }
-        timed(
+        let mailbox = timed(
             Stage::Select,
             command,
             session.examine(crate::mailbox_name::encode(&account.mailbox)),
         )
         .await
         .map_err(NotConnected::Failed)?;
-        Ok(Some(signed_in))
+        Ok(Some((signed_in, mailbox.uid_validity)))
     }
+}
+
+/// How many fetches in a row a session makes for news that keeps coming during them, before
+/// it leaves the rest to the tick.
+const FETCH_ROUNDS: usize = 4;
+
+/// What a session's news is about, and whom to tell of what it leaves.
+struct News<'a> {
+    account: &'a ImapAccount,
+    /// The examined mailbox's UIDVALIDITY.
+    uidvalidity: Option<u32>,
+    /// The tick's wake.
+    wake: &'a Arc<Notify>,
+    cancel: &'a CancellationToken,
+}
+
+/// An IMAP failure that ends the session.
+fn failed(err: &ImapError) -> Ended {
+    Ended::Failed(classify_imap(err))
 }
 
 /// A NOOP-rechecking session's pace, and when its token is to be renewed.

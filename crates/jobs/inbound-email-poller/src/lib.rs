@@ -103,9 +103,11 @@
 //! ## Between the ticks: IMAP IDLE
 //!
 //! Where the server offers IDLE, [`Idler`] holds a session per account on the replica that
-//! holds the idle lease and wakes the tick as soon as the server reports news, so a mail is
-//! fetched within a round trip of its arrival; the schedule stays as the safety net. See
-//! [`idle`].
+//! holds the idle lease. When the server reports news, that session fetches what is new
+//! itself (`UID FETCH <last+1>:*`, sizes then bodies) and writes it through the tick's own
+//! batch statement, with no new connection or login; what it leaves (a UIDVALIDITY that
+//! differs from the stored one, the first poll, a backlog, a failed message) wakes the tick.
+//! The schedule stays as the safety net. See [`idle`] and `idle_fetch.rs`.
 //!
 //! ## How the host runs it
 //!
@@ -121,6 +123,7 @@ pub mod circuit;
 pub mod config;
 mod fetch;
 pub mod idle;
+mod idle_fetch;
 pub mod ids;
 pub mod imap;
 pub mod limits;
@@ -175,18 +178,25 @@ pub const JOB: worker_core::JobSpec =
 /// mail sent to a host that is just starting must not be taken for history.
 pub const HISTORY_MARGIN: Duration = Duration::from_secs(5 * 60);
 
-/// The inbound email poller. See the crate docs.
+/// The inbound email poller. See the crate docs. Its clones share its state (the failed
+/// attempts, the accounts' locks, the stats): the [`Idler`] fetches through one.
+#[derive(Clone)]
 pub struct InboundEmailPoller {
     pool: PgPool,
     config: Arc<PollerConfig>,
     /// How each account is reached (its TLS client, how it signs in), by account name.
     access: HashMap<String, Access>,
     stats: PollerStats,
-    failed_attempts: Mutex<HashMap<AttemptKey, FailedAttempts>>,
+    failed_attempts: Arc<Mutex<HashMap<AttemptKey, FailedAttempts>>>,
     /// When this poller was made: the `watching_since` of an account it is the first to poll.
     started_at: DateTime<Utc>,
     /// The accounts whose poll state row this process has made sure of.
-    watched: Mutex<HashSet<String>>,
+    watched: Arc<Mutex<HashSet<String>>>,
+    /// Each account's lock, held by whatever reads and writes its mailbox in this process (a
+    /// tick's poll of it, a fetch on its IDLE session), so that the two never read the same
+    /// mail side by side. Across replicas, the batch's statement is the guard (see
+    /// `idle_fetch.rs`).
+    busy: Arc<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Woken when a tick leaves mail waiting (an account past `max_messages_per_account`), so
     /// that the next tick follows at once instead of on the schedule.
     wake: Option<Arc<tokio::sync::Notify>>,
@@ -226,14 +236,20 @@ impl InboundEmailPoller {
         for account in &config.accounts {
             stats.register(&account.name);
         }
+        let busy = config
+            .accounts
+            .iter()
+            .map(|a| (a.name.clone(), Arc::default()))
+            .collect();
         Ok(Self {
             pool,
             config: Arc::new(config),
             access,
             stats,
-            failed_attempts: Mutex::new(HashMap::new()),
+            failed_attempts: Arc::default(),
             started_at: Utc::now(),
-            watched: Mutex::new(HashSet::new()),
+            watched: Arc::default(),
+            busy: Arc::new(busy),
             wake: None,
             circuits: None,
             on_bounces: None,
@@ -263,14 +279,22 @@ impl InboundEmailPoller {
         &self.config
     }
 
-    /// What idles on this poller's accounts and wakes its tick ([`Idler::run`]).
+    /// What idles on this poller's accounts, fetches what its sessions hear of, and wakes
+    /// its tick for the rest ([`Idler::run`]). Made after the poller's own settings (its
+    /// circuits, its bounce observer), which it shares.
     pub fn idler(&self) -> Idler {
         Idler {
-            config: self.config.clone(),
-            access: self.access.clone(),
-            stats: self.stats.clone(),
-            circuits: self.circuits.clone(),
+            poller: self.clone(),
         }
+    }
+
+    /// `account`'s lock (see `busy`), held while its mailbox is read and written.
+    pub(crate) async fn lock_account(
+        &self,
+        account: &str,
+    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let lock = self.busy.get(account)?.clone();
+        Some(lock.lock_owned().await)
     }
 
     /// One tick's work, account by account (the [`TimerJob::tick`] is this, summarised).
@@ -385,9 +409,12 @@ impl InboundEmailPoller {
                 return;
             }
         };
+        // Not while this account's IDLE session fetches (it is done within a few round trips).
+        let held = self.lock_account(&account.name).await;
         let session_ok = self
             .poll_mailbox(&mut session, account, cancel, report)
             .await;
+        drop(held);
         if session_ok {
             // A polite goodbye, bounded; its failure changes nothing.
             let limit = self.config.message_timeout.min(Duration::from_secs(5));

@@ -3,6 +3,7 @@
 //! [`crate::message`] under its own timeout, and the messages read written together
 //! ([`crate::record`]).
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -21,7 +22,16 @@ use crate::*;
 
 /// The most body bytes a batch holds before it is written: a tick of large mails is written
 /// in several batches rather than held in memory whole.
-const BATCH_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// The messages of one read: their UIDs in order, under their UIDVALIDITY, with their sizes
+/// (a UID without one is gone) and those stored already.
+pub(crate) struct Uids<'a> {
+    pub(crate) uidvalidity: u32,
+    pub(crate) uids: Vec<u32>,
+    pub(crate) sizes: &'a HashMap<u32, u32>,
+    pub(crate) stored: &'a HashSet<u32>,
+}
 
 /// A message read, waiting for its batch's write, with its span (ended by the write).
 pub(crate) struct Pending {
@@ -111,9 +121,11 @@ impl InboundEmailPoller {
             }
         };
 
-        // Only the lease holder polls this mailbox, so what is stored now stays so for the
-        // tick; the batch's write refuses a second row all the same. Nothing is stored above
-        // the last UID unless the poll state was set back or started over (`stored_above`).
+        // Only the lease holder ticks, and this process's IDLE session waits for the
+        // account's lock, so what is stored now stays so for the tick; an IDLE session on
+        // another replica may store one of these meanwhile, and the batch's write refuses a
+        // second row (and its event) all the same. Nothing is stored above the last UID unless
+        // the poll state was set back or started over (`stored_above`).
         let stored = if state.stored_above {
             match store::stored_among(
                 &self.pool,
@@ -131,20 +143,56 @@ impl InboundEmailPoller {
                 }
             }
         } else {
-            std::collections::HashSet::new()
+            HashSet::new()
         };
 
-        // Each message is read under its own span and timeout; they are written together,
-        // a batch (at most BATCH_BYTES of bodies) in one statement.
+        self.read_and_write(
+            session,
+            account,
+            Uids {
+                uidvalidity,
+                uids,
+                sizes: &sizes,
+                stored: &stored,
+            },
+            &mut HashMap::new(),
+            cancel,
+            report,
+        )
+        .await
+    }
+
+    /// Reads `uids` in order, each under its own span and timeout ([`Self::prepare_message`],
+    /// taking its body from `bodies` when it was fetched already, by the IDLE session), and
+    /// writes them together, a batch (at most BATCH_BYTES of bodies) in one statement; the
+    /// first failure ends it, after the messages before it are written. The tick's path and
+    /// the IDLE session's alike. Returns whether the session is still usable.
+    pub(crate) async fn read_and_write(
+        &self,
+        session: &mut Session,
+        account: &ImapAccount,
+        Uids {
+            uidvalidity,
+            uids,
+            sizes,
+            stored,
+        }: Uids<'_>,
+        bodies: &mut HashMap<u32, Vec<u8>>,
+        cancel: &CancellationToken,
+        report: &mut AccountReport,
+    ) -> bool {
+        let limit = self.config.message_timeout;
         let mut batch: Vec<Pending> = Vec::new();
+
         let mut bytes = 0;
         for uid in uids {
             let size = sizes.get(&uid).copied();
             let stored = stored.contains(&uid);
+            let body = bodies.remove(&uid);
             let span = message_span(account, uidvalidity, uid);
             let unit = run_unit(JOB_NAME, limit, cancel, |_token| async {
                 Ok(self
-                    .prepare_message(session, account, uidvalidity, uid, size, stored)
+                    .prepare_message(session, account, uidvalidity, uid, size, stored, body)
                     .await)
             })
             .instrument(span.clone())
@@ -498,7 +546,7 @@ impl InboundEmailPoller {
 }
 
 /// A database step of the poll under `limit`.
-async fn db_timed<T>(
+pub(crate) async fn db_timed<T>(
     limit: Duration,
     what: &str,
     step: impl Future<Output = Result<T, Failure>>,

@@ -165,7 +165,10 @@ impl PreparedRow {
 
 impl InboundEmailPoller {
     /// Reads the message and decides its row, writing nothing: its batch is written once
-    /// the tick's messages are read ([`crate::record`]). Runs in the message's span.
+    /// the tick's messages are read ([`crate::record`]). Runs in the message's span. `body`:
+    /// the message's bytes when they were fetched already (by the IDLE session, several
+    /// messages in one FETCH); otherwise it is fetched here.
+    #[allow(clippy::too_many_arguments)] // one message's coordinates, each its own
     pub(crate) async fn prepare_message(
         &self,
         session: &mut Session,
@@ -174,6 +177,7 @@ impl InboundEmailPoller {
         uid: u32,
         size: Option<u32>,
         stored: bool,
+        body: Option<Vec<u8>>,
     ) -> Result<Prepared, MessageFailure> {
         let (name, mailbox) = (account.name.as_str(), account.mailbox.as_str());
         let limit = self.config.message_timeout;
@@ -245,13 +249,16 @@ impl InboundEmailPoller {
             return Ok(Prepared::Row(Box::new(too_large)));
         }
 
-        let raw = timed(
-            Stage::Fetch,
-            limit,
-            fetch_one(session, uid, "BODY.PEEK[]", Part::Body),
-        )
-        .await
-        .map_err(|e| MessageFailure::imap(&e))?;
+        let raw = match body {
+            Some(body) => Some(body),
+            None => timed(
+                Stage::Fetch,
+                limit,
+                fetch_one(session, uid, "BODY.PEEK[]", Part::Body),
+            )
+            .await
+            .map_err(|e| MessageFailure::imap(&e))?,
+        };
         let Some(raw) = raw else {
             return Ok(Prepared::Pass(Disposition::Vanished));
         };

@@ -27,8 +27,12 @@ pub struct AccountStatus {
     /// Its IMAP IDLE session: `idling`, `reconnecting: <why>`, `not offered by the server…`;
     /// absent while this replica does not idle on it.
     pub idle: Option<String>,
-    /// Changes the server reported while idling, each of which woke the poller.
+    /// Changes the server reported while idling, each of which had the IDLE session fetch
+    /// (or, for what it leaves, woke the tick).
     pub idle_news: u64,
+    /// Fetches made on the IDLE session itself, without a new connection; what they stored
+    /// and skipped is counted in `stored`, `parse_errors` and `skipped` with the polls'.
+    pub idle_fetches: u64,
     /// Ticks that skipped it because its circuit was open (not counted in `polls`).
     pub circuit_skips: u64,
     /// Why its circuit is open, while a tick last found it so; cleared when it is polled.
@@ -69,6 +73,19 @@ impl PollerStats {
     pub(crate) fn idle_news(&self, name: &str) {
         if let Ok(mut map) = self.inner.lock() {
             map.entry(name.to_string()).or_default().idle_news += 1;
+        }
+    }
+
+    /// A fetch on the IDLE session: what it recorded. Not a poll: its failures are left to
+    /// the tick that it wakes, which records them as its own.
+    pub(crate) fn record_idle_fetch(&self, report: &AccountReport) {
+        if let Ok(mut map) = self.inner.lock() {
+            let status = map.entry(report.account.clone()).or_default();
+            status.idle_fetches += 1;
+            status.stored += report.counts.stored;
+            status.parse_errors += report.counts.parse_errors;
+            status.skipped +=
+                report.counts.too_large + report.counts.too_complex + report.counts.gave_up;
         }
     }
 

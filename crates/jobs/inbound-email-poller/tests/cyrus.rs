@@ -289,8 +289,9 @@ async fn an_inbox_deleted_and_made_again_is_rescanned_without_duplicates() -> an
     Ok(())
 }
 
-/// Cyrus's idled tells an IDLE session of new mail at once (no recheck here), and the poll
-/// the wake starts finds it.
+/// Cyrus's idled tells an IDLE session of new mail at once (no recheck here), and, the
+/// account never polled, the session leaves it to the poll that its wake starts (the fetch on
+/// the session itself: `idle_fetch.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_wakes_the_poller_when_mail_arrives() -> anyhow::Result<()> {
     let db = TestDb::create().await?;

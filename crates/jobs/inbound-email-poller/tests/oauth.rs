@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::idling::Idling;
+use common::idling::{Host, rows_reach};
 use common::*;
 use job_inbound_email_poller::{IdleConfig, ImapAccount, RecheckWith};
 use worker_mail_auth::{AuthMethod, TokenSources};
@@ -129,25 +129,25 @@ async fn an_idle_session_signs_in_again_as_its_token_is_renewed_and_misses_no_ma
         reconnect_max: Duration::from_secs(1),
         ..IdleConfig::default()
     };
-    let poller = poller(&db.pool, config);
-    let idling = Idling::start(poller.idler(), &db);
+    // Run as the host runs it: the ticks its wakes ask for (the first poll, each reconnect's)
+    // and the fetches on its IDLE sessions, across the sign-ins again.
+    let host = Host::start(poller(&db.pool, config), &db);
 
-    let mut stored = 0;
     for i in 0..5 {
         tokio::time::sleep(Duration::from_millis(2500)).await;
         let subject = format!("across the renewals {i}");
         let id = format!("idle-oauth-{i}@test");
         append(&u, "INBOX", &raw_mail(&id, "a@example.com", &subject, "x")).await?;
-        tokio::time::timeout(Duration::from_secs(3), idling.wake.notified())
-            .await
-            .unwrap_or_else(|_| panic!("mail {i} woke no poll"));
-        let report = poll(&poller).await;
-        assert_eq!(report.failed().count(), 0, "{report:?}");
-        stored += report.accounts[0].counts.stored;
+        let stored = rows_reach(&db.pool, "idle", i + 1).await?;
+        assert_eq!(stored.len(), i + 1, "mail {i} stored");
     }
-    idling.end().await;
+    let ticks = host.ticks.lock().unwrap().clone();
+    assert!(ticks.iter().all(|r| r.failed().count() == 0), "{ticks:?}");
+    let stored = host.poller.stats().account("idle").unwrap().stored;
+    host.end().await;
     assert_eq!(stored, 5, "each mail stored once");
     assert_eq!(rows(&db.pool, "idle").await?.len(), 5);
+    assert_eq!(outbox_count(&db.pool).await?, 5);
     let requests = client.stats().await?.token_requests;
     // 12.5 s of renewals every 4 s: 3 or 4 tokens (the polls share them), not one per poll.
     assert!((3..=5).contains(&requests), "{requests} token requests");
