@@ -192,3 +192,59 @@ async fn after_a_switchover_the_pool_connects_to_the_new_primary() -> anyhow::Re
     eprintln!("switchover: the first write through the pool {took:?} after the promotion");
     Ok(())
 }
+
+/// A primary turned read-only while it runs (as a failover manager fences the old primary
+/// before demoting it): its writes fail with 25006, the follower sees it is no longer the
+/// primary, says so, and moves to the standby once that is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_turned_read_only_is_left_for_the_promoted_standby() -> anyhow::Result<()> {
+    if !have_binaries() {
+        return Ok(());
+    }
+    let mut set = PgReplicaSet::start(Replication::Asynchronous, None).await?;
+    create_table(&set).await?;
+    let hosts = set.hosts();
+    let connected = worker_store::connect_watched(&options(&set, &hosts)).await?;
+    let (pool, watch) = (connected.pool, connected.primary.expect("a watch"));
+    write(&pool, 1).await?;
+
+    let mut admin = set.primary().superuser().await?;
+    sqlx::query("ALTER SYSTEM SET default_transaction_read_only = on")
+        .execute(&mut admin)
+        .await?;
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&mut admin)
+        .await?;
+    let refused = eventually("a write refused", Duration::from_secs(10), || {
+        let pool = pool.clone();
+        async move { Ok(write(&pool, 2).await.err()) }
+    })
+    .await?;
+    let code = refused
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("25006"), "{refused}");
+    eventually("no primary", Duration::from_secs(10), || {
+        let watch = watch.clone();
+        async move { Ok(watch.readiness().err()) }
+    })
+    .await?;
+
+    set.promote_standby().await?;
+    eventually(
+        "a write on the promoted standby",
+        Duration::from_secs(30),
+        || {
+            let pool = pool.clone();
+            async move { Ok(write(&pool, 3).await.ok()) }
+        },
+    )
+    .await?;
+    assert_eq!(watch.status().primary.as_deref(), Some(hosts[1].as_str()));
+    for (port, _) in every_connection(&pool).await? {
+        assert_eq!(port, i32::from(set.members()[1].port));
+    }
+    pool.close().await;
+    Ok(())
+}
