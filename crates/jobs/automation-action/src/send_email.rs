@@ -130,7 +130,8 @@ impl SendEmail {
         if !self.queue_email(tx, id, execution, &email, max_age).await? {
             return Ok(duplicate());
         }
-        tracing::info!(action = execution.action.kind(), "action done");
+        // Debug, not info: the mail's "email sent" is its one line at info.
+        tracing::debug!(action = execution.action.kind(), "action done");
         Ok(Handled::Done)
     }
 
@@ -182,7 +183,7 @@ impl SendEmail {
             .await
             .map_err(classify)?;
         if new {
-            tracing::info!(email_id = %email_id, to = ?email.to, "email queued");
+            tracing::debug!(email_id = %email_id, to = ?email.to, "email queued");
         }
         Ok(new)
     }

@@ -312,7 +312,8 @@ impl AutomationTrigger {
             }
         }
         let commands = commands.iter().filter(|(a, _)| present.contains(a)).count();
-        tracing::info!(
+        // Debug, not info: the mail's own lines say it (recorded, sent), one a mail at info.
+        tracing::debug!(
             automations = queued.len(),
             commands,
             matched = ?queued,
