@@ -282,6 +282,44 @@ pub async fn ask_each(base: &PgConnectOptions, members: &[Member]) -> Vec<Member
         .collect()
 }
 
+/// Keeps `own`, a pool of its own beside `main` (a listener's, which must not take one of
+/// `main`'s connections), pointed where `main` points: when `main`'s follower moves it to a
+/// new primary, `own`'s next connections go there too, under `own`'s application name. A
+/// task that looks every [`CHECK_INTERVAL`], without a query; it ends when either pool is
+/// closed, so `own` must be closed when done with (a listener made anew on each reconnect
+/// needs none of this: it takes `main`'s options as they are then). Without a list of
+/// members `main` never moves, and this costs a timer.
+pub fn keep_in_step(main: &PgPool, own: &PgPool) {
+    let (main, own) = (main.clone(), own.clone());
+    tokio::spawn(async move {
+        let main_closed = main.close_event();
+        let own_closed = own.close_event();
+        tokio::pin!(main_closed, own_closed);
+        let mut seen = main.connect_options();
+        loop {
+            tokio::select! {
+                () = &mut main_closed => return,
+                () = &mut own_closed => return,
+                () = tokio::time::sleep(CHECK_INTERVAL) => {}
+            }
+            let now = main.connect_options();
+            if Arc::ptr_eq(&seen, &now) {
+                continue;
+            }
+            let name = own
+                .connect_options()
+                .get_application_name()
+                .map(str::to_string);
+            let mut options = (*now).clone();
+            if let Some(name) = name {
+                options = options.application_name(&name);
+            }
+            own.set_connect_options(options);
+            seen = now;
+        }
+    });
+}
+
 async fn takes_writes(session: &mut PgConnection) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(TAKES_WRITES).fetch_one(session).await
 }

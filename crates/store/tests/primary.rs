@@ -132,6 +132,15 @@ async fn the_pool_follows(change: Change) -> anyhow::Result<Duration> {
     let (pool, watch) = (connected.pool, connected.primary.expect("a watch"));
     write(&pool, 1).await?;
     assert_eq!(watch.status().primary.as_deref(), Some(hosts[0].as_str()));
+    // A listener's pool of its own beside it.
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(
+            (*pool.connect_options())
+                .clone()
+                .application_name("companion"),
+        );
+    worker_store::primary::keep_in_step(&pool, &own);
     match change {
         Change::Failover => {
             set.failover().await?;
@@ -147,6 +156,17 @@ async fn the_pool_follows(change: Change) -> anyhow::Result<Duration> {
     })
     .await?;
     let took = promoted.elapsed();
+    let promoted_port = set.members()[1].port;
+    eventually("the companion pool in step", Duration::from_secs(5), || {
+        let options = own.connect_options();
+        async move {
+            Ok((options.get_port() == promoted_port
+                && options.get_application_name() == Some("companion"))
+            .then_some(()))
+        }
+    })
+    .await?;
+    own.close().await;
     assert_eq!(watch.status().primary.as_deref(), Some(hosts[1].as_str()));
     assert_eq!(watch.status().switches, 1);
     for (port, in_recovery) in every_connection(&pool).await? {

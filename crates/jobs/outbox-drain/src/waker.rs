@@ -63,6 +63,8 @@ pub async fn listen(
         .idle_timeout(None)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(options);
+    // Reconnects go where `pool` points: to the primary it follows, after a failover too.
+    worker_store::primary::keep_in_step(&pool, &own);
     let mut backoff = worker_core::Backoff::doubling(
         settings.reconnect_min.max(Duration::from_millis(10)),
         settings.reconnect_max,
