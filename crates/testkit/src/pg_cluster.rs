@@ -193,6 +193,18 @@ impl PgCluster {
             .await
     }
 
+    /// Whether its server runs (`pg_ctl status`: the postmaster's pid is alive, not merely
+    /// written down, as after a `kill -9`).
+    pub async fn is_running(&self) -> bool {
+        let mut command = self.program("pg_ctl");
+        command.arg("status").arg("-D").arg(self.data_dir());
+        tokio::task::spawn_blocking(move || command.output())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .is_some_and(|output| output.status.success())
+    }
+
     /// `pg_ctl start` of a stopped cluster (after an immediate stop: crash recovery first).
     pub async fn start_again(&self) -> anyhow::Result<()> {
         self.pg_ctl_async(vec!["start".into(), "-l".into(), self.log_file_arg()])

@@ -333,7 +333,7 @@ impl PgReplicaSet {
     /// and the standby is there to answer) and has it reload them.
     async fn configure_primary(&self) -> anyhow::Result<()> {
         // Just promoted, the old primary is down: run alone until it rejoins.
-        let standby_running = self.standby().data_dir().join("postmaster.pid").exists();
+        let standby_running = self.standby().is_running().await;
         let mut settings = REPLICATION_SETTINGS.to_string();
         if self.replication == Replication::Synchronous && standby_running {
             settings.push_str(&format!(
