@@ -158,9 +158,9 @@ fn span(secs: u64) -> String {
     let rest = humantime::format_duration(std::time::Duration::from_secs(rest)).to_string();
     match days {
         0 => rest,
-        1 if secs % DAY == 0 => "1 day".into(),
+        1 if secs.is_multiple_of(DAY) => "1 day".into(),
         1 => format!("1 day {rest}"),
-        _ if secs % DAY == 0 => format!("{days} days"),
+        _ if secs.is_multiple_of(DAY) => format!("{days} days"),
         _ => format!("{days} days {rest}"),
     }
 }
