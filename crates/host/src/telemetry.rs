@@ -7,13 +7,6 @@
 //! Set up before the async runtime starts and shut down after it ends: the OTLP exporter
 //! runs its own blocking HTTP client on a thread of its own, which must not be created or
 //! dropped inside the runtime.
-//!
-//! Log lines go to stderr through `tracing-appender`'s non-blocking writer: a unit of work
-//! hands its line to a channel, and a thread of the writer's own does the write, so that no
-//! tokio worker waits on stderr (a pipe to journald or a container runtime that may be slow
-//! to read). The channel is lossless (a full one makes the logging thread wait rather than
-//! drop lines), and [`Telemetry::shutdown`] drops its guard last, which writes out every line
-//! still queued before the process exits.
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::MeterProvider as _;
@@ -40,8 +33,6 @@ pub const REPLICA_ATTRIBUTE: &str = "service.instance.id";
 /// Keeps the exporters alive; `shutdown` flushes what is buffered.
 #[derive(Debug)]
 pub struct Telemetry {
-    /// The log writer's thread: dropping it writes out the lines still queued.
-    log_writer: tracing_appender::non_blocking::WorkerGuard,
     tracer_provider: Option<SdkTracerProvider>,
     meter_provider: SdkMeterProvider,
     /// Where `/metrics` reads from.
@@ -61,8 +52,6 @@ impl Telemetry {
         if let Err(e) = self.meter_provider.shutdown() {
             eprintln!("worker-host: flushing metrics at exit failed: {e}");
         }
-        // Last, so that what the exporters logged while shutting down is written too.
-        drop(self.log_writer);
     }
 }
 
@@ -91,17 +80,15 @@ pub fn init(
         })?,
         _ => EnvFilter::try_new(&settings.log_level)?,
     };
-    let (writer, log_writer) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("worker-host-log")
-        .finish(std::io::stderr());
     let fmt_layer = match settings.log_format {
-        LogFormat::Human => tracing_subscriber::fmt::layer().with_writer(writer).boxed(),
+        LogFormat::Human => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .with_writer(writer)
+            .with_writer(std::io::stderr)
             .boxed(),
     };
 
@@ -168,7 +155,6 @@ pub fn init(
         .with(otel_layer)
         .try_init()?;
     Ok(Telemetry {
-        log_writer,
         tracer_provider,
         meter_provider,
         prometheus,
