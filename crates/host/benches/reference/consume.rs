@@ -53,7 +53,7 @@ pub async fn run<J: ConsumerJob>(channel: lapin::Channel, queue: &'static str, j
         let job = Arc::clone(&job);
         // Inert without a subscriber; named as the host's so that the counted run's
         // statements are charged to the same hop.
-        let span = tracing::info_span!("consume", messaging.destination.name = queue);
+        let span = tracing::info_span!("consume", messaging.destination.name = %queue);
         tokio::spawn(
             async move {
                 let _permit = permit;

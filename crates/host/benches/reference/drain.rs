@@ -2,9 +2,13 @@
 //! it claims the due rows with the store's own statements (`begin_batch`, `claim`), publishes
 //! them all on a confirming lapin channel (mandatory, persistent), awaits the confirms, and
 //! deletes the confirmed rows in the claim's transaction. A row not confirmed stays pending
-//! for the next batch. No publications rows (a mail's story), no attempt marks, no gather.
+//! for the next batch. No publications rows (a mail's story), no attempt marks.
+//!
+//! It gathers only when gathering pays: woken within [`RECENT`] of a batch that found rows
+//! (the loop is busy, more commits are on their way), it waits `BENCH_REF_GATHER_MS` (5 ms; 0:
+//! never) so that one batch takes them together; woken after a quiet spell, it claims at once.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -19,6 +23,9 @@ use worker_store::outbox::{CHANNEL, begin_batch, claim};
 /// Rows a batch claims at most (the host's `batch_size`).
 const BATCH: u32 = 500;
 
+/// How soon after a batch that found rows a wake counts as busy (see the module docs).
+const RECENT: Duration = Duration::from_millis(10);
+
 /// The store's `delete_published` without its publications rows (the story's writes).
 const DELETE_PUBLISHED: &str = "DELETE FROM outbox WHERE id = ANY($1) AND status = 'pending'";
 
@@ -29,6 +36,13 @@ pub async fn run(pool: PgPool, channel: Channel) {
         .expect("confirm.select");
     let mut listener = PgListener::connect_with(&pool).await.expect("a listener");
     listener.listen(CHANNEL).await.expect("LISTEN outbox");
+    let gather = Duration::from_millis(
+        std::env::var("BENCH_REF_GATHER_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5),
+    );
+    let mut found_rows: Option<Instant> = None;
     loop {
         // Everything due, a batch at a time, then wait for the next commit's notice (or a
         // second, for a row whose publish was not confirmed).
@@ -37,8 +51,14 @@ pub async fn run(pool: PgPool, channel: Channel) {
                 .instrument(tracing::info_span!("outbox.publish", batch = BATCH))
                 .await
             {
-                Ok(n) if n == BATCH as usize => continue,
-                Ok(_) => break,
+                Ok(n) => {
+                    if n > 0 {
+                        found_rows = Some(Instant::now());
+                    }
+                    if n < BATCH as usize {
+                        break;
+                    }
+                }
                 Err(err) => {
                     eprintln!("drain: {err}");
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -54,7 +74,10 @@ pub async fn run(pool: PgPool, channel: Channel) {
             }
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
-        // The notices of commits this batch already took: one batch serves them all.
+        if !gather.is_zero() && found_rows.is_some_and(|at| at.elapsed() < RECENT) {
+            tokio::time::sleep(gather).await;
+        }
+        // The notices of commits this batch will take: one batch serves them all.
         while listener.next_buffered().is_some() {}
     }
 }
