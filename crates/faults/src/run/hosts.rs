@@ -205,6 +205,13 @@ impl Run {
         self.unknown_before + running
     }
 
+    /// Counts `sends` whose record the fault took from the database after the SMTP server
+    /// had the mail (a failover that lost the commits of its last moments): the host cannot
+    /// know they went, so each may go again, as a send met by a fault in its window.
+    pub fn count_forgotten_sends(&mut self, sends: u64) {
+        self.unknown_before += sends;
+    }
+
     /// kill -9 of the host, then a new one; records the seconds from its start to ready.
     pub async fn kill9_and_restart(&mut self) -> anyhow::Result<()> {
         self.take_host().await?.kill9()?;

@@ -13,6 +13,7 @@ mod imap_drop_fetch;
 mod imap_restart;
 mod imap_uidvalidity;
 mod memory_alarm;
+mod pg_failover;
 mod pg_immediate;
 mod pg_restart;
 mod pg_stall;
@@ -117,8 +118,14 @@ pub const NEEDS_FAULT_INJECTION: &[&str] = &["poison-panic"];
 
 /// The scenarios `--quick` leaves out unless named with `--scenario`: what they start takes
 /// too long for CI's quick run (a three-node cluster: about 40 s before the first ping; the
-/// previous release's cold build: minutes).
-pub const FULL_RUN_ONLY: &[&str] = &["rabbit-cluster-node-stop", "rolling-upgrade"];
+/// previous release's cold build: minutes), or the quick run has their kind already (the
+/// synchronous failover stands for the asynchronous one and the switchover).
+pub const FULL_RUN_ONLY: &[&str] = &[
+    "rabbit-cluster-node-stop",
+    "rolling-upgrade",
+    "pg-failover-async",
+    "pg-switchover",
+];
 
 /// The host's own default `broker.heartbeat`, which most scenarios keep.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
@@ -141,6 +148,9 @@ pub fn all() -> Vec<Scenario> {
         pg_immediate::scenario(),
         pg_terminate::scenario(),
         pg_stall::scenario(),
+        pg_failover::sync(),
+        pg_failover::asynchronous(),
+        pg_failover::switchover(),
         // The host itself.
         host_kill9::scenario(),
         host_sigterm::scenario(),
