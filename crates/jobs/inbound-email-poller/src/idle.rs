@@ -148,6 +148,8 @@ enum Ended {
     Failed(Failure),
     /// The session's token is about to expire: sign in again now, with a fresh one.
     Renew,
+    /// A tick found the mailbox under a new UIDVALIDITY: open it again now.
+    Reopen,
     /// The account's circuit is open: wait for its probe, do not reconnect.
     CircuitOpen(CircuitOpen),
 }
@@ -252,6 +254,9 @@ impl Idler {
         loop {
             match self.session(account, wake, cancel, &mut backoff).await {
                 Ended::Cancelled => return,
+                Ended::Reopen => {
+                    tracing::info!(job = crate::JOB_NAME, account = %account.name, "the mailbox has a new UIDVALIDITY: the IDLE session opens it again");
+                }
                 Ended::Renew => {
                     tracing::debug!(job = crate::JOB_NAME, account = %account.name, "the IDLE session's token expires soon: signing in again");
                 }
@@ -312,6 +317,7 @@ impl Idler {
             Err(NotConnected::Failed(err)) => return failed(&err),
         };
         let (mut session, renew_at) = (signed_in.session, signed_in.renew_at);
+        let reopen = self.poller.reopen_signal(&account.name);
         let news = News {
             account,
             uidvalidity,
@@ -329,7 +335,9 @@ impl Idler {
                 every: recheck,
                 renew_at,
             };
-            return self.noop_rechecks(session, &news, backoff, rechecks).await;
+            return self
+                .noop_rechecks(session, &news, backoff, rechecks, reopen)
+                .await;
         }
         let each = if recheck.is_zero() {
             idle.refresh
@@ -344,11 +352,16 @@ impl Idler {
             // The server's answer to DONE is the liveness check: it comes with the next
             // refresh at the latest.
             backoff.reset();
+            let mut reopening = false;
             let outcome = {
                 let (news, _stop) = handle.wait_with_timeout(idle.refresh * 2);
                 tokio::select! {
                     () = cancel.cancelled() => None,
                     () = tokio::time::sleep(until_renewal(each, renew_at)) => Some(Ok(IdleResponse::Timeout)),
+                    () = reopened(reopen.as_deref()) => {
+                        reopening = true;
+                        Some(Ok(IdleResponse::ManualInterrupt))
+                    }
                     news = news => Some(news),
                 }
             };
@@ -386,6 +399,9 @@ impl Idler {
                 Ok(session) => session,
                 Err(err) => return failed(&err),
             };
+            if reopening {
+                return reopen_now(session, command).await;
+            }
             // Read even when the IDLE's own news came: what is left would be taken for news
             // after the fetch, and fetched for again.
             let between = news_between(&session);
@@ -408,6 +424,7 @@ impl Idler {
         news: &News<'_>,
         backoff: &mut Backoff,
         Rechecks { every, renew_at }: Rechecks,
+        reopen: Option<Arc<Notify>>,
     ) -> Ended {
         let cancel = news.cancel;
         let command = self.poller.config.message_timeout;
@@ -422,6 +439,9 @@ impl Idler {
                     return Ended::Cancelled;
                 }
                 _ = every.tick() => {}
+                () = reopened(reopen.as_deref()) => {
+                    return reopen_now(session, command).await;
+                }
             }
             let answered = tokio::select! {
                 // Shutting down mid-command: the connection is dropped, not logged out.
@@ -552,6 +572,25 @@ fn until_renewal(each: Duration, renew_at: Option<Instant>) -> Duration {
 
 fn due(renew_at: Option<Instant>) -> bool {
     renew_at.is_some_and(|at| Instant::now() >= at)
+}
+
+/// Resolves when a tick calls for the mailbox to be opened again; never without a signal.
+async fn reopened(signal: Option<&Notify>) {
+    match signal {
+        Some(signal) => signal.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Ends a session whose mailbox is to be opened again, politely and bounded.
+async fn reopen_now(mut session: Session, command: Duration) -> Ended {
+    let _ = timed(
+        Stage::Logout,
+        command.min(Duration::from_secs(2)),
+        session.logout(),
+    )
+    .await;
+    Ended::Reopen
 }
 
 /// Ends a session whose token is about to expire, politely and bounded.

@@ -197,6 +197,11 @@ pub struct InboundEmailPoller {
     /// mail side by side. Across replicas, the batch's statement is the guard (see
     /// `idle_fetch.rs`).
     busy: Arc<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Each account's call to its IDLE session to open its mailbox again: a tick that found
+    /// the mailbox under a new UIDVALIDITY rings it, since a server need not tell a session
+    /// that its mailbox was deleted and made again (Dovecot often does not), and the session
+    /// would go on watching the old one, hearing of no mail.
+    reopen: Arc<HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Woken when a tick leaves mail waiting (an account past `max_messages_per_account`), so
     /// that the next tick follows at once instead of on the schedule.
     wake: Option<Arc<tokio::sync::Notify>>,
@@ -241,6 +246,11 @@ impl InboundEmailPoller {
             .iter()
             .map(|a| (a.name.clone(), Arc::default()))
             .collect();
+        let reopen = config
+            .accounts
+            .iter()
+            .map(|a| (a.name.clone(), Arc::default()))
+            .collect();
         Ok(Self {
             pool,
             config: Arc::new(config),
@@ -250,6 +260,7 @@ impl InboundEmailPoller {
             started_at: Utc::now(),
             watched: Arc::default(),
             busy: Arc::new(busy),
+            reopen: Arc::new(reopen),
             wake: None,
             circuits: None,
             on_bounces: None,
@@ -286,6 +297,11 @@ impl InboundEmailPoller {
         Idler {
             poller: self.clone(),
         }
+    }
+
+    /// `account`'s call to its IDLE session to open its mailbox again (see `reopen`).
+    pub(crate) fn reopen_signal(&self, account: &str) -> Option<Arc<tokio::sync::Notify>> {
+        self.reopen.get(account).cloned()
     }
 
     /// `account`'s lock (see `busy`), held while its mailbox is read and written.

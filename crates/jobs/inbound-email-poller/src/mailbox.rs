@@ -81,6 +81,13 @@ impl InboundEmailPoller {
                 return session_ok;
             }
         };
+        if report.rescanned
+            && let Some(reopen) = self.reopen_signal(&account.name)
+        {
+            // The IDLE session may still watch the mailbox that was replaced. A permit kept
+            // while no session idles costs one needless reconnect at most.
+            reopen.notify_one();
+        }
         let Some(first) = state.last_uid.checked_add(1) else {
             return true;
         };

@@ -287,10 +287,20 @@ async fn a_changed_uidvalidity_under_the_idle_session_is_started_over_as_by_a_ti
     }
     let (after, _) = examine(&u, "Work").await?;
     assert_ne!(before, after);
+    // Dovecot often tells the IDLE session nothing of its mailbox deleted and made again (no
+    // news comes), so it is the schedule's tick, rung here, that finds the new UIDVALIDITY and
+    // starts the mailbox over, as it always has; and has the session open the new mailbox.
+    host.idling.wake.notify_one();
     let all = rows_reach(&db.pool, "work", 5).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let all2 = rows(&db.pool, "work").await?;
-    assert_eq!((all.len(), all2.len()), (5, 5), "{all2:?}");
+    assert_eq!(
+        (all.len(), all2.len()),
+        (5, 5),
+        "{all2:?}\nidle: {:?}\nticks: {:?}",
+        host.poller.stats().account("work"),
+        host.ticks.lock().unwrap()
+    );
     let stored: Vec<_> = all2.iter().filter(|r| r.status == "stored").collect();
     let ids: Vec<_> = stored
         .iter()
@@ -311,9 +321,14 @@ async fn a_changed_uidvalidity_under_the_idle_session_is_started_over_as_by_a_ti
         .await?;
     assert_eq!(state, (i64::from(after), 3));
 
-    // Back to the steady state: the next mail comes over the IDLE session.
+    // Back to the steady state, once the session opened the new mailbox (a new connection,
+    // and the tick it wakes): the next mail comes over the IDLE session.
+    let logins = settled_connections(&proxy).await;
+    assert!(
+        logins >= 4,
+        "the session opened the mailbox again: {logins} connections"
+    );
     host.settled("work").await;
-    let logins = proxy.accepted();
     append(
         &u,
         "Work",
@@ -328,6 +343,20 @@ async fn a_changed_uidvalidity_under_the_idle_session_is_started_over_as_by_a_ti
     assert_eq!(outbox_count(&db.pool).await?, 4);
     host.end().await;
     Ok(())
+}
+
+/// The proxy's count of connections, once it has not moved for a second.
+async fn settled_connections(proxy: &FaultProxy) -> u64 {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let mut last = proxy.accepted();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = proxy.accepted();
+        if now == last || tokio::time::Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
 }
 
 /// A stored UIDVALIDITY that is not the session's (set by hand here): the IDLE session writes
