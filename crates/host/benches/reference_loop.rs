@@ -29,9 +29,12 @@
 //! Defaults: `BENCH_PAIRS=5`, `BENCH_RATES=5,50,150`, `BENCH_WARMUP_SECS=15`,
 //! `BENCH_STEADY_SECS=120`, `BENCH_COUNT_MAILS=50` (0 leaves the counted runs out),
 //! `BENCH_REPLY_WAIT_SECS=180` (how long after the steady window a reply may still come; a
-//! mail without one by then counts at that wait and is reported missing). The full run takes
-//! about 3 rates × 2 loops × 5 pairs × 3 minutes. Needs the local services
-//! (`scripts/services.sh up`); the host is this build's binary.
+//! mail without one by then counts at that wait and is reported missing),
+//! `BENCH_REF_GATHER_MS=5` (the reference drain's gather when busy; 0: never). The full run takes
+//! about 3 rates × 2 loops × 5 pairs × 2.5 minutes, 75 minutes, and the counted runs. Needs the
+//! local services (`scripts/services.sh up`); the host is this build's binary (the release
+//! profile's fat LTO; `CARGO_PROFILE_BENCH_LTO=false CARGO_PROFILE_BENCH_CODEGEN_UNITS=16`
+//! builds in a third of the time, for a trial).
 //!
 //! The bench's own executable is the reference's process: `--reference-loop` runs the loop
 //! (`reference::main`) instead of the bench.
