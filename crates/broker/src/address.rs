@@ -10,6 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use worker_core::host_port::{self, Malformed};
 
 /// One node's AMQP listener: a host name or IP address and a port.
 ///
@@ -35,11 +36,7 @@ impl BrokerAddress {
 
 impl fmt::Display for BrokerAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
+        host_port::shown(&self.host, self.port).fmt(f)
     }
 }
 
@@ -59,31 +56,11 @@ impl FromStr for BrokerAddress {
     type Err = AddressError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let trimmed = text.trim();
-        let (host, port) = if let Some(rest) = trimmed.strip_prefix('[') {
-            let (host, after) = rest
-                .split_once(']')
-                .ok_or_else(|| AddressError::NotHostPort(text.into()))?;
-            let port = after
-                .strip_prefix(':')
-                .ok_or_else(|| AddressError::NotHostPort(text.into()))?;
-            (host, port)
-        } else {
-            let (host, port) = trimmed
-                .rsplit_once(':')
-                .ok_or_else(|| AddressError::NotHostPort(text.into()))?;
-            // An unbracketed IPv6 address cannot be told from its port.
-            if host.contains(':') {
-                return Err(AddressError::NotHostPort(text.into()));
-            }
-            (host, port)
-        };
-        if host.is_empty() || host.chars().any(char::is_whitespace) {
-            return Err(AddressError::EmptyHost(text.into()));
-        }
-        match port.parse::<u16>() {
-            Ok(port) if port > 0 => Ok(Self::new(host, port)),
-            _ => Err(AddressError::BadPort(text.into())),
+        match host_port::split(text) {
+            Ok((host, port)) => Ok(Self::new(host, port)),
+            Err(Malformed::NotHostPort) => Err(AddressError::NotHostPort(text.into())),
+            Err(Malformed::EmptyHost) => Err(AddressError::EmptyHost(text.into())),
+            Err(Malformed::BadPort) => Err(AddressError::BadPort(text.into())),
         }
     }
 }

@@ -93,6 +93,7 @@ pub mod catalog;
 pub mod circuit;
 pub mod dedup;
 pub mod failure;
+pub mod host_port;
 pub mod job;
 pub mod lease;
 pub mod liveness;

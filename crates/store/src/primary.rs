@@ -32,6 +32,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+use worker_core::host_port::{self, Malformed};
 
 /// How often the follower asks the current primary whether it still takes writes.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -75,11 +76,7 @@ impl Member {
 
 impl fmt::Display for Member {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
+        host_port::shown(&self.host, self.port).fmt(f)
     }
 }
 
@@ -99,34 +96,11 @@ impl FromStr for Member {
     type Err = MemberError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let trimmed = text.trim();
-        let (host, port) = match trimmed.strip_prefix('[') {
-            Some(rest) => {
-                let (host, after) = rest
-                    .split_once(']')
-                    .ok_or_else(|| MemberError::NotHostPort(text.into()))?;
-                let port = after
-                    .strip_prefix(':')
-                    .ok_or_else(|| MemberError::NotHostPort(text.into()))?;
-                (host, port)
-            }
-            None => {
-                let (host, port) = trimmed
-                    .rsplit_once(':')
-                    .ok_or_else(|| MemberError::NotHostPort(text.into()))?;
-                // An unbracketed IPv6 address cannot be told from its port.
-                if host.contains(':') {
-                    return Err(MemberError::NotHostPort(text.into()));
-                }
-                (host, port)
-            }
-        };
-        if host.is_empty() || host.chars().any(char::is_whitespace) {
-            return Err(MemberError::EmptyHost(text.into()));
-        }
-        match port.parse::<u16>() {
-            Ok(port) if port > 0 => Ok(Self::new(host, port)),
-            _ => Err(MemberError::BadPort(text.into())),
+        match host_port::split(text) {
+            Ok((host, port)) => Ok(Self::new(host, port)),
+            Err(Malformed::NotHostPort) => Err(MemberError::NotHostPort(text.into())),
+            Err(Malformed::EmptyHost) => Err(MemberError::EmptyHost(text.into())),
+            Err(Malformed::BadPort) => Err(MemberError::BadPort(text.into())),
         }
     }
 }
