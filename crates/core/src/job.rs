@@ -330,13 +330,17 @@ impl fmt::Display for TickOutcome {
     }
 }
 
-/// One tick's outcome from [`tick_once_timed`], with the moment its work began: after the
-/// busy guard and, for a leased job, once the lease was held. `None` when no work began
-/// (skipped, cancelled, or the lease could not be asked for).
+/// One tick's outcome from [`tick_once_timed`], with the moments its work began and ended.
 #[derive(Debug)]
 pub struct TimedTick {
     pub outcome: TickOutcome,
+    /// After the busy guard and, for a leased job, once the lease was held. `None` when no
+    /// work began (skipped, cancelled, or the lease could not be asked for).
     pub began: Option<tokio::time::Instant>,
+    /// When the work ended, before the lease was given back: a span from `began` to here lies
+    /// within the time the lease was held, so two replicas' spans of one job never overlap,
+    /// however late the record is stamped after the release. `None` when no work began.
+    pub ended: Option<tokio::time::Instant>,
 }
 
 /// Runs one tick of `job`: busy guard, then the lease if there is one, then the tick under
@@ -374,6 +378,7 @@ pub async fn tick_once_timed<J: TimerJob, L: SingletonLease>(
 ) -> TimedTick {
     let name = job.name();
     let mut began = None;
+    let mut ended = None;
     let guarded = busy.try_run(async {
         if ctx.cancel.is_cancelled() {
             return TickOutcome::Cancelled;
@@ -389,7 +394,9 @@ pub async fn tick_once_timed<J: TimerJob, L: SingletonLease>(
         };
         let Some(lease) = lease else {
             began = Some(tokio::time::Instant::now());
-            return outcome(run().await);
+            let ran = run().await;
+            ended = Some(tokio::time::Instant::now());
+            return outcome(ran);
         };
         let mut guard = match acquire(lease, name, timeout, &ctx.cancel).await {
             Ok(Some(guard)) => guard,
@@ -410,6 +417,7 @@ pub async fn tick_once_timed<J: TimerJob, L: SingletonLease>(
             // Dropping the tick's future here cancels it (and `run_unit` cancels its token).
             lost = lease.watch(&mut guard) => Err(lost),
         };
+        ended = Some(tokio::time::Instant::now());
         match watched {
             Ok(ran) => {
                 lease.release(guard).await;
@@ -426,7 +434,11 @@ pub async fn tick_once_timed<J: TimerJob, L: SingletonLease>(
         Busy::Ran(outcome) => outcome,
         Busy::Skipped => TickOutcome::SkippedBusy,
     };
-    TimedTick { outcome, began }
+    TimedTick {
+        outcome,
+        began,
+        ended,
+    }
 }
 
 fn outcome(ran: Result<TickReport, UnitError>) -> TickOutcome {
@@ -707,6 +719,8 @@ mod tests {
         released: AtomicU64,
         /// How long asking for the lease takes (a pooled connection to wait for, say).
         acquire_delay: Duration,
+        /// How long giving it back takes (the unlock's round trip, say).
+        release_delay: Duration,
     }
 
     #[derive(Debug)]
@@ -747,6 +761,7 @@ mod tests {
         }
 
         async fn release(&self, guard: FakeGuard) {
+            tokio::time::sleep(self.release_delay).await;
             self.released.fetch_add(1, Ordering::SeqCst);
             drop(guard);
         }
@@ -853,7 +868,26 @@ mod tests {
         let skipped = tick_once_timed(&job, &busy, Some(&lease), Duration::from_secs(5), &c).await;
         assert!(matches!(skipped.outcome, TickOutcome::SkippedLease));
         assert!(skipped.began.is_none(), "a skipped tick did no work");
+        assert!(skipped.ended.is_none(), "a skipped tick did no work");
         drop(other_replica);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_tick_ended_before_its_lease_was_given_back() {
+        let lease = Arc::new(FakeLease {
+            release_delay: Duration::from_millis(200),
+            ..FakeLease::default()
+        });
+        let mut job = Drain::new(Duration::from_millis(100));
+        job.lease = Some(Arc::clone(&lease));
+        let busy = SkipIfBusy::new("outbox-drain");
+        let c = ctx("outbox-drain");
+        let tick = tick_once_timed(&job, &busy, Some(&lease), Duration::from_secs(5), &c).await;
+        let returned = Instant::now();
+        let (began, ended) = (tick.began.expect("ran"), tick.ended.expect("ran"));
+        assert_eq!(ended - began, Duration::from_millis(100));
+        assert_eq!(returned - ended, Duration::from_millis(200), "the release");
+        assert_eq!(lease.released.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -105,17 +105,20 @@ async fn failed_tries_and_final_outcomes_are_written_successes_only_on_request()
         None,
         Duration::ZERO,
     );
+    let ended = chrono::Utc::now() - chrono::Duration::minutes(1);
     log.record_tick(
         "draft-expiry",
         41,
         &TickOutcome::Failed(Failure::transient("deadline")),
         Duration::from_millis(30),
+        ended,
     );
     log.record_tick(
         "draft-expiry",
         42,
         &TickOutcome::Ran(Default::default()),
         Duration::ZERO,
+        chrono::Utc::now(),
     );
 
     wait_rows(&db, 4).await?;
@@ -144,13 +147,24 @@ async fn failed_tries_and_final_outcomes_are_written_successes_only_on_request()
             .is_empty()
     );
 
-    let (tick, outcome, error): (Option<i64>, String, Option<String>) =
-        sqlx::query_as("SELECT tick, outcome, error FROM attempt_log WHERE job = 'draft-expiry'")
-            .fetch_one(&db.pool)
-            .await?;
+    let (tick, outcome, error, at): (
+        Option<i64>,
+        String,
+        Option<String>,
+        chrono::DateTime<chrono::Utc>,
+    ) = sqlx::query_as(
+        "SELECT tick, outcome, error, at FROM attempt_log WHERE job = 'draft-expiry'",
+    )
+    .fetch_one(&db.pool)
+    .await?;
     assert_eq!(
         (tick, outcome.as_str(), error.as_deref()),
         (Some(41), "failed", Some("deadline"))
+    );
+    // A tick's row is stamped with its work's end, not the moment it was recorded or written.
+    assert!(
+        (at - ended).num_milliseconds().abs() < 1,
+        "at {at}, ended {ended}"
     );
 
     let summary = attempt_log::summary(&db.pool, Duration::from_secs(3600)).await?;
@@ -211,7 +225,13 @@ async fn full_batches_are_written_without_waiting_for_the_interval() -> anyhow::
     );
     let task = tokio::spawn(writer.run(shutdown.clone()));
     for n in 0..250 {
-        log.record_tick("health", n, &TickOutcome::SkippedBusy, Duration::ZERO);
+        log.record_tick(
+            "health",
+            n,
+            &TickOutcome::SkippedBusy,
+            Duration::ZERO,
+            chrono::Utc::now(),
+        );
     }
     wait_rows(&db, 200).await?;
     shutdown.cancel();

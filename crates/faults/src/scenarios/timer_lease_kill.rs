@@ -42,7 +42,7 @@ pub fn scenario() -> Scenario {
                 holding the lease, sampled every 10 ms) must be within one interval plus the \
                 lease's 5 s check timeout. Checked beyond the common figures: that takeover \
                 bound, and no two poller (or other leased) ticks overlapping in the attempt log \
-                (100 ms slack; the killed process's last ticks may be missing, their rows not yet \
+                (25 ms slack; the killed process's last ticks may be missing, their rows not yet \
                 written). \"Ready again\" is from the kill until the lease was taken over and \
                 then the restarted process answered `/readyz` 200.",
         fault: Some(|| Box::new(TimerLeaseKill::default())),

@@ -31,7 +31,7 @@ pub fn scenario() -> Scenario {
                 lock (`pg_locks`, the session's client port matched to the process's sockets in \
                 `/proc`). Checked beyond the common figures: no two ticks of one leased job \
                 overlapping in the attempt log (every tick written, its span from the moment its \
-                work began with the lease held; 100 ms slack for the end's stamp); ticks skipped on the lease above \
+                work began with the lease held to its end before the lease went back; 25 ms slack); ticks skipped on the lease above \
                 0 (the replicas really met); both processes settled deliveries (the consumers \
                 compete); never two holders of one lease in a sample. The unknown send outcomes \
                 of both processes are counted. No fault, so no \"ready again\".",

@@ -284,15 +284,22 @@ async fn tick<J: TimerJob, L: SingletonLease>(
     let job_label = crate::metrics::job_labels(job.name());
     task.metrics.in_flight.add(1, &job_label);
     let started = Instant::now();
-    let TimedTick { outcome, began } = {
+    let TimedTick {
+        outcome,
+        began,
+        ended,
+    } = {
         use tracing::Instrument;
         tick_once_timed(job, &busy, task.lease.as_deref(), task.timeout, &ctx)
             .instrument(span.clone())
             .await
     };
-    // What the job ran for: from its work's start (the lease held), not from the tick's
-    // wake-up, so that the attempt log shows when it really ran.
-    let ran_for = began.unwrap_or(started).elapsed();
+    // What the job ran for: from its work's start (the lease held) to its end (before the
+    // lease went back), not from the tick's wake-up to now, so that the attempt log shows when
+    // it really ran, and two replicas' records of a leased job never seem to overlap.
+    let ended = ended.unwrap_or_else(Instant::now);
+    let ran_for = ended.saturating_duration_since(began.unwrap_or(started));
+    let ended_at = chrono::Utc::now() - ended.elapsed();
     task.metrics.in_flight.add(-1, &job_label);
     if rerun.swap(false, Ordering::Relaxed)
         && let Some(wake) = &task.wake
@@ -300,8 +307,13 @@ async fn tick<J: TimerJob, L: SingletonLease>(
         wake.notify_one();
     }
     span.record("outcome", outcome.as_str());
-    task.attempt_log
-        .record_tick(job.name(), ctx.tick.unwrap_or_default(), &outcome, ran_for);
+    task.attempt_log.record_tick(
+        job.name(),
+        ctx.tick.unwrap_or_default(),
+        &outcome,
+        ran_for,
+        ended_at,
+    );
     let ran = matches!(outcome, TickOutcome::Ran(_) | TickOutcome::Failed(_));
     task.metrics
         .tick(job.name(), outcome.as_str(), ran.then_some(ran_for));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use worker_core::{
@@ -167,15 +167,26 @@ impl AttemptLog {
         });
     }
 
-    /// The final outcome of tick number `tick` of a timer job. A tick that ran, or was
-    /// skipped because another replica holds the lease, is written only when successes are.
-    pub fn record_tick(&self, job: &str, tick: u64, outcome: &TickOutcome, duration: Duration) {
+    /// The final outcome of tick number `tick` of a timer job, which ran for `duration` up to
+    /// `ended` (its work's end, not this call's moment: a leased tick's record then spans only
+    /// the time its lease was held). A tick that ran, or was skipped because another replica
+    /// holds the lease, is written only when successes are.
+    pub fn record_tick(
+        &self,
+        job: &str,
+        tick: u64,
+        outcome: &TickOutcome,
+        duration: Duration,
+        ended: DateTime<Utc>,
+    ) {
         if self.inner.sender.is_none()
             || (!self.inner.log_successes && is_quiet(outcome.as_str(), 1))
         {
             return;
         }
-        self.push(AttemptRecord::from_tick(job, tick, outcome, duration));
+        self.push(AttemptRecord::from_tick(
+            job, tick, outcome, duration, ended,
+        ));
     }
 }
 

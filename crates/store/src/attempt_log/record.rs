@@ -55,8 +55,14 @@ impl AttemptRecord {
         }
     }
 
-    /// The final outcome of a timer tick.
-    pub fn from_tick(job: &str, tick: u64, outcome: &TickOutcome, duration: Duration) -> Self {
+    /// The final outcome of a timer tick that ended at `ended`.
+    pub fn from_tick(
+        job: &str,
+        tick: u64,
+        outcome: &TickOutcome,
+        duration: Duration,
+        ended: DateTime<Utc>,
+    ) -> Self {
         let failure = match outcome {
             TickOutcome::Failed(failure) => Some(failure),
             _ => None,
@@ -72,7 +78,7 @@ impl AttemptRecord {
             failure_class: failure.map(|f| f.class().as_str().to_string()),
             error: failure.map(|f| truncate(&f.to_string(), ERROR_MAX).to_string()),
             duration,
-            at: Utc::now(),
+            at: ended,
         }
     }
 }
