@@ -136,6 +136,9 @@ pub struct Run {
     /// Faults that should have made the host not ready (a silent broker, a stalled database)
     /// but during which `/readyz` stayed 200.
     pub unnoticed_faults: u64,
+    /// The Message-IDs of pings a fault sent itself (to make the host work while the fault
+    /// lasts): each must be answered once, as the load's are.
+    pub fault_pings: Vec<String>,
 }
 
 impl Run {
@@ -206,6 +209,7 @@ impl Run {
             expected_dead_letters: None,
             per_repetition: 0,
             unnoticed_faults: 0,
+            fault_pings: Vec::new(),
         })
     }
 

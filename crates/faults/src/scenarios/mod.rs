@@ -266,6 +266,7 @@ async fn run_inner(
         }
         let (sent, errors) = sending.await?;
         pings.extend(sent);
+        pings.append(&mut run.fault_pings);
         send_errors.extend(errors);
         let (expected, errors) = direct_sending.await?;
         run.direct_expected.extend(expected);
