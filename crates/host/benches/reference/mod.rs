@@ -18,8 +18,9 @@
 //! handlers' own `#[instrument]` spans are inert without one), no metrics, no leases, no busy
 //! guards, no retry tiers, no attempt log, no history, no publications rows (the story's), no
 //! circuits, no pauses, no admin endpoints. Its IMAP side holds one session, asks the server to
-//! look every 150 ms with a `NOOP` (the host's default recheck on loopback, since Dovecot holds
-//! its IDLE notices back by 500 ms) and fetches what is new on that same session.
+//! look every 150 ms with a `NOOP`, 75 ms after one that found mail (the host's default
+//! recheck on loopback and its rule; Dovecot holds its IDLE notices back by 500 ms), and
+//! fetches what is new on that same session.
 //!
 //! With `REF_STATEMENT_LOG=1` it logs sqlx's statements to stderr in each hop's span, named as
 //! the host names them, so that `throughput/hops.rs` counts both loops alike; only the counted

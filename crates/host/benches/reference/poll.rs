@@ -1,6 +1,7 @@
-//! The poller, bare: one IMAP session that stays signed in and selected. Every `recheck` it
-//! asks the server to look (`NOOP`, the host's default recheck on loopback: Dovecot holds its
-//! IDLE notices back by 500 ms); on `EXISTS` or `RECENT` it fetches what is past the last UID
+//! The poller, bare: one IMAP session that stays signed in and selected. Every `recheck` (half
+//! of it after a recheck that found mail, by the host's own `next_recheck`) it asks the
+//! server to look (`NOOP`, the host's default recheck on loopback: Dovecot holds its IDLE
+//! notices back by 500 ms); on `EXISTS` or `RECENT` it fetches what is past the last UID
 //! on the same session (sizes, then the bodies within the size limit, two commands for the
 //! whole batch) and writes the batch with the poller's own statement (`record_batch`: the
 //! UIDVALIDITY guard, the identity look-ups, the rows and their `email.received` outbox rows).
@@ -21,7 +22,7 @@ use worker_store::outbox::OutboxMessage;
 
 use job_inbound_email_poller::{
     Batch, BatchEvent, BatchRow, Identity, ParsedEmail, PollerConfig, event_id, inbound_email_id,
-    record_batch,
+    next_recheck, record_batch,
 };
 
 const MAILBOX: &str = "INBOX";
@@ -84,13 +85,13 @@ impl Poller {
     }
 
     pub async fn run(mut self, pool: PgPool, recheck: Duration) -> anyhow::Result<()> {
-        let mut ticks = tokio::time::interval(recheck);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A batch that failed is read again at the next recheck, news or not: the last UID
         // moved only with the rows.
         let mut behind = false;
+        let mut next = tokio::time::Instant::now();
         loop {
-            ticks.tick().await;
+            tokio::time::sleep_until(next).await;
+            let started = tokio::time::Instant::now();
             self.session.noop().await?;
             let mut news = behind;
             while let Ok(response) = self.session.unsolicited_responses.try_recv() {
@@ -109,6 +110,8 @@ impl Poller {
                     }
                 };
             }
+            // The host's rule: sooner after news, the whole interval after none.
+            next = next_recheck(started, tokio::time::Instant::now(), recheck, news);
         }
     }
 

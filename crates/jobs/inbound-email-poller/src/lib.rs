@@ -153,7 +153,7 @@ use worker_core::{Failure, TickReport, TimerJob, WorkContext};
 pub use auth::{Access, Login, try_sign_in};
 pub use circuit::CircuitOpen;
 pub use config::{ConfigError, IDLE_REFRESH_MAX, ImapAccount, PollerConfig, validate_accounts};
-pub use idle::{IDLE_LEASE, IdleConfig, Idler, RecheckWith};
+pub use idle::{IDLE_LEASE, IdleConfig, Idler, RecheckWith, next_recheck};
 pub use ids::{event_id, inbound_email_id};
 pub use imap::{ImapError, Stage, classify_imap};
 pub use limits::{MailLimits, OverLimit};

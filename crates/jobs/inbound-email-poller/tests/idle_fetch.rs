@@ -130,6 +130,44 @@ async fn a_mail_heard_while_idling_is_stored_without_a_new_login_on_cyrus() -> a
     stored_without_a_new_login(Server::Cyrus, "cyrus-fetch-quiet").await
 }
 
+/// A mail that comes right after one was fetched on the IDLE session is found by a recheck
+/// half the interval after the last, not a whole interval: with a 4 s recheck it is stored
+/// within 3 s (2 s, and a second of slack for a loaded machine), where a fixed interval leaves
+/// it waiting about 4 s.
+async fn the_next_mail_after_news_comes_sooner(server: Server, prefix: &str) -> anyhow::Result<()> {
+    let db = TestDb::create().await?;
+    let u = user(prefix);
+    let (through, _proxy) = proxied(server, "busy", &u).await?;
+    let config = quick(config(vec![through]), Duration::from_secs(4));
+    let host = Host::start(poller(&db.pool, config), &db);
+    host.settled("busy").await;
+    let first = raw_mail(&format!("m1@{prefix}"), "a@example.com", "ping 1", "x");
+    server.put(&u, &first).await?;
+    assert_eq!(rows_reach(&db.pool, "busy", 1).await?.len(), 1);
+    let fetched = std::time::Instant::now();
+    let second = raw_mail(&format!("m2@{prefix}"), "a@example.com", "ping 2", "x");
+    server.put(&u, &second).await?;
+    assert_eq!(rows_reach(&db.pool, "busy", 2).await?.len(), 2);
+    let waited = fetched.elapsed();
+    assert!(
+        waited < Duration::from_secs(3),
+        "the second mail waited {waited:?} after the first was stored"
+    );
+    assert_eq!(host.stored_by_ticks(), 0, "both were fetched while idling");
+    host.end().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_news_the_next_recheck_comes_sooner_on_dovecot() -> anyhow::Result<()> {
+    the_next_mail_after_news_comes_sooner(Server::Dovecot, "fetch-sooner").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_news_the_next_recheck_comes_sooner_on_cyrus() -> anyhow::Result<()> {
+    the_next_mail_after_news_comes_sooner(Server::Cyrus, "cyrus-fetch-sooner").await
+}
+
 /// Mails sent while the IDLE session rechecks every 20 ms and ticks come every 60 ms: each
 /// mail has one row and one event, and is counted stored once between the two paths.
 const RACED: usize = 12;
