@@ -355,7 +355,13 @@ mod tests {
             }),
         };
         for tick in 0..5 {
-            log.record_tick("drain", tick, &TickOutcome::SkippedBusy, Duration::ZERO);
+            log.record_tick(
+                "drain",
+                tick,
+                &TickOutcome::SkippedBusy,
+                Duration::ZERO,
+                Utc::now(),
+            );
         }
         assert_eq!(log.dropped(), 4);
     }
@@ -363,7 +369,13 @@ mod tests {
     #[test]
     fn a_disabled_log_records_nothing() {
         let log = AttemptLog::disabled();
-        log.record_tick("drain", 1, &TickOutcome::Failed(failure()), Duration::ZERO);
+        log.record_tick(
+            "drain",
+            1,
+            &TickOutcome::Failed(failure()),
+            Duration::ZERO,
+            Utc::now(),
+        );
         assert_eq!(log.dropped(), 0);
         assert!(!log.logs_successes());
     }
