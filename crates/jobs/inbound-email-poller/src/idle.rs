@@ -570,7 +570,7 @@ struct Rechecks {
 /// that late, so that a quiet account, or a slow server, is asked no more often than before.
 ///
 /// Why half (docs/SCALING.md, the reference loop at 50 mails/s, 3 pairs each): a reply's p50
-/// went from 112 to 75 ms, for 1.20 times the CPU a mail of the loop and its servers together
+/// went from 112 to 75 ms, for 1.21 times the CPU a mail of the loop and its servers together
 /// (the host's 1.25, PostgreSQL's 1.21, Dovecot's 1.73: smaller batches, more of them); a
 /// third gave 65 ms for 1.55 times the CPU.
 pub fn next_recheck(started: Instant, now: Instant, every: Duration, found: bool) -> Instant {
