@@ -115,26 +115,38 @@ pub enum Fault {
     AtOnce,
 }
 
-/// One replica's count of a dependency's calls: its failures in a row and the calls of the
-/// window. Cheap; keep one per dependency.
+/// One replica's count of a dependency's calls: its failures in a row, and the calls of the
+/// window in buckets of a [`BUCKET`] each. It holds at most a window's worth of buckets, however
+/// many calls a second go through. Cheap; keep one per dependency.
 #[derive(Debug, Default, Clone)]
 pub struct Counter {
     in_a_row: u32,
-    calls: VecDeque<(Instant, bool)>,
+    buckets: VecDeque<Bucket>,
+}
+
+/// How finely the window is counted: a call is forgotten with the others of its second, so the
+/// share may count up to a second more than the window.
+pub const BUCKET: Duration = Duration::from_secs(1);
+
+/// The calls that began a bucket or came within [`BUCKET`] after it.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    began: Instant,
+    calls: u32,
+    failed: u32,
 }
 
 impl Counter {
     /// A call that succeeded.
-    pub fn succeeded(&mut self, now: Instant) {
+    pub fn succeeded(&mut self, settings: &CircuitSettings, now: Instant) {
         self.in_a_row = 0;
-        self.calls.push_back((now, true));
+        self.count(settings, now, false);
     }
 
     /// A call that failed with the dependency's own `fault`: whether the circuit should open.
     pub fn failed(&mut self, settings: &CircuitSettings, fault: Fault, now: Instant) -> bool {
         self.in_a_row = self.in_a_row.saturating_add(1);
-        self.calls.push_back((now, false));
-        self.forget_before(now, settings.window);
+        self.count(settings, now, true);
         fault == Fault::AtOnce
             || self.in_a_row >= settings.failures.max(1)
             || self.share_exceeded(settings)
@@ -143,24 +155,51 @@ impl Counter {
     /// Starts counting afresh (after the circuit opened or closed).
     pub fn reset(&mut self) {
         self.in_a_row = 0;
-        self.calls.clear();
+        self.buckets.clear();
+    }
+
+    /// The calls in the window, as last counted.
+    pub fn calls(&self) -> u64 {
+        self.buckets.iter().map(|b| u64::from(b.calls)).sum()
+    }
+
+    // Forgetting on every call, successes included: a healthy dependency fails rarely, and a
+    // count trimmed only on failures grew by every call it ever made.
+    fn count(&mut self, settings: &CircuitSettings, now: Instant, failed: bool) {
+        self.forget_before(now, settings.window);
+        let bucket = match self.buckets.back_mut() {
+            Some(last) if now.saturating_duration_since(last.began) < BUCKET => last,
+            _ => {
+                self.buckets.push_back(Bucket {
+                    began: now,
+                    calls: 0,
+                    failed: 0,
+                });
+                let Some(last) = self.buckets.back_mut() else {
+                    return;
+                };
+                last
+            }
+        };
+        bucket.calls = bucket.calls.saturating_add(1);
+        bucket.failed = bucket.failed.saturating_add(u32::from(failed));
     }
 
     fn forget_before(&mut self, now: Instant, window: Duration) {
-        while let Some((at, _)) = self.calls.front() {
-            if now.saturating_duration_since(*at) <= window {
+        while let Some(first) = self.buckets.front() {
+            if now.saturating_duration_since(first.began) <= window {
                 break;
             }
-            self.calls.pop_front();
+            self.buckets.pop_front();
         }
     }
 
     fn share_exceeded(&self, settings: &CircuitSettings) -> bool {
-        let calls = self.calls.len();
-        if calls < settings.min_calls.max(1) as usize {
+        let calls = self.calls();
+        if calls < u64::from(settings.min_calls.max(1)) {
             return false;
         }
-        let failed = self.calls.iter().filter(|(_, ok)| !ok).count();
+        let failed: u64 = self.buckets.iter().map(|b| u64::from(b.failed)).sum();
         failed as f64 / calls as f64 >= settings.failure_share
     }
 }
@@ -181,7 +220,7 @@ mod tests {
             for _ in 0..4 {
                 assert!(!counter.failed(&settings, Fault::Counted, now));
             }
-            counter.succeeded(now);
+            counter.succeeded(&settings, now);
         }
     }
 
@@ -192,7 +231,7 @@ mod tests {
         let now = Instant::now();
         let mut opened = false;
         for _ in 0..5 {
-            counter.succeeded(now);
+            counter.succeeded(&settings, now);
             opened = counter.failed(&settings, Fault::Counted, now);
         }
         assert!(opened, "5 of 10 calls failed");
@@ -204,13 +243,35 @@ mod tests {
         let mut counter = Counter::default();
         let then = Instant::now();
         for _ in 0..9 {
-            counter.succeeded(then);
+            counter.succeeded(&settings, then);
         }
         counter.failed(&settings, Fault::Counted, then);
         let later = then + settings.window + Duration::from_secs(1);
-        counter.succeeded(later);
+        counter.succeeded(&settings, later);
         assert!(!counter.failed(&settings, Fault::Counted, later));
-        assert_eq!(counter.calls.len(), 2, "the old calls are forgotten");
+        assert_eq!(counter.calls(), 2, "the old calls are forgotten");
+    }
+
+    #[test]
+    fn a_healthy_dependency_is_counted_in_no_more_than_its_window() {
+        let settings = CircuitSettings::default();
+        let mut counter = Counter::default();
+        let start = Instant::now();
+        // Ten minutes of 100 calls a second, none failed: the soak hour's growth (24 bytes a
+        // call) until the count was trimmed on successes too.
+        for call in 0..60_000u64 {
+            counter.succeeded(&settings, start + Duration::from_millis(call * 10));
+        }
+        assert!(
+            counter.calls() <= 6_100,
+            "{} calls counted",
+            counter.calls()
+        );
+        assert!(
+            counter.buckets.len() <= 61,
+            "{} buckets held",
+            counter.buckets.len()
+        );
     }
 
     #[test]

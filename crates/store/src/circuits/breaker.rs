@@ -180,7 +180,7 @@ impl Circuits {
             counters
                 .entry(dependency.to_string())
                 .or_default()
-                .succeeded(Instant::now());
+                .succeeded(&self.inner.settings, Instant::now());
         }
         if *admission != Admission::Probe {
             return;
