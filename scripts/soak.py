@@ -44,7 +44,7 @@ SLACK = {"fds": 4, "threads": 2, "pg_conns": 2}  # above the highest value befor
 # A leak holds what it took; a pool that opens a few connections for a burst closes them again.
 # So descriptors, threads and connections are judged by the level they hold: the lowest of this
 # many samples in a row. The highest single sample is reported, and connections are held to
-# the ceiling the settings document (docs/SCALING.md, "What one replica uses").
+# the ceiling the settings document (docs/SCALING.md, "What each replica costs").
 HOLD_SAMPLES = 3
 TABLE_TOLERANCE = 0.25  # bytes per mail after the settle minute within 25 % of those before it
 TABLE_SLACK = 1 << 20  # plus 1 MiB per relation: page and B-tree split granularity, autovacuum's timing
